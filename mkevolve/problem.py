@@ -1,0 +1,207 @@
+"""Load and validate KernelBench-form problem files; every failure is one line naming the file."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import itertools
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+class ProblemError(ValueError):
+    """A problem (or solution) file that cannot be used, with the file and the reason in one line."""
+
+    def __init__(self, path: str | Path, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """One instantiation of a problem's Model: how it is built and what it is called with."""
+
+    get_init_inputs: Callable[[], Any]
+    get_inputs: Callable[[], Any]
+
+
+@dataclass
+class Problem:
+    path: Path
+    source: str
+    module: ModuleType
+    model_cls: type[nn.Module]
+    configs: list[InputConfig]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+
+_counter = itertools.count()
+
+
+def read_source(path: str | Path) -> str:
+    """The file's text, after the checks that need no execution."""
+    path = Path(path)
+    if not path.exists():
+        raise ProblemError(path, "no such file")
+    if path.is_dir():
+        raise ProblemError(path, "is a folder, expected a Python file")
+    try:
+        source = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProblemError(path, f"not UTF-8 text (byte {err.start})") from None
+    if not source.strip():
+        raise ProblemError(path, "file is empty")
+    try:
+        ast.parse(source, filename=str(path))
+    except SyntaxError as err:
+        raise ProblemError(path, f"syntax error at line {err.lineno}: {err.msg}") from None
+    return source
+
+
+def import_file(path: str | Path, prefix: str = "mkevolve_user") -> ModuleType:
+    """Execute a Python file as a fresh module with a unique name; sibling imports stay local."""
+    path = Path(path).resolve()
+    read_source(path)
+    name = f"{prefix}_{path.stem}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look a module up by name
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise ProblemError(path, f"syntax error at line {err.lineno}: {err.msg}") from None
+    except Exception as err:
+        sys.modules.pop(name, None)
+        raise ProblemError(path, f"import failed: {type(err).__name__}: {err}") from None
+    return module
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Import a problem file and check its shape: Model, get_inputs, get_init_inputs, configs."""
+    path = Path(path)
+    source = read_source(path)
+    module = import_file(path, prefix="mkevolve_problem")
+    model_cls = getattr(module, "Model", None)
+    if model_cls is None:
+        raise ProblemError(path, "defines no class named Model")
+    if not (isinstance(model_cls, type) and issubclass(model_cls, nn.Module)):
+        raise ProblemError(path, "Model is not a subclass of torch.nn.Module")
+    return Problem(path=path, source=source, module=module, model_cls=model_cls,
+                   configs=_input_configs(path, module))
+
+
+def _input_configs(path: Path, module: ModuleType) -> list[InputConfig]:
+    if hasattr(module, "get_input_configs"):
+        try:
+            raw = module.get_input_configs()
+        except Exception as err:
+            raise ProblemError(path, f"get_input_configs() raised {type(err).__name__}: {err}") from None
+        if not isinstance(raw, (list, tuple)) or not raw:
+            raise ProblemError(path, "get_input_configs() must return a non-empty list of dicts")
+        configs = []
+        for i, entry in enumerate(raw):
+            if not isinstance(entry, dict) or not all(
+                callable(entry.get(k)) for k in ("get_init_inputs", "get_inputs")
+            ):
+                raise ProblemError(path, f"get_input_configs()[{i}] must be a dict with callables "
+                                         "'get_init_inputs' and 'get_inputs'")
+            configs.append(InputConfig(entry["get_init_inputs"], entry["get_inputs"]))
+        return configs
+    missing = [n for n in ("get_inputs", "get_init_inputs") if not callable(getattr(module, n, None))]
+    if missing:
+        raise ProblemError(path, f"missing function(s): {', '.join(missing)}")
+    return [InputConfig(module.get_init_inputs, module.get_inputs)]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def call_inputs(path: Path, fn: Callable[[], Any], what: str) -> list:
+    """Call get_inputs / get_init_inputs and insist on a list or tuple."""
+    try:
+        value = fn()
+    except Exception as err:
+        raise ProblemError(path, f"{what}() raised {type(err).__name__}: {err}") from None
+    if not isinstance(value, (list, tuple)):
+        raise ProblemError(path, f"{what}() must return a list or tuple, got {type(value).__name__}")
+    return list(value)
+
+
+def to_device(values: list, device: torch.device) -> list:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def build_model(path: Path, cls: type[nn.Module], init_inputs: list, seed: int,
+                device: torch.device, eval_mode: bool, what: str = "Model") -> nn.Module:
+    """Seed, construct, move: the same seed gives Model and ModelNew the same weights."""
+    seed_everything(seed)
+    try:
+        model = cls(*init_inputs)
+    except Exception as err:
+        raise ProblemError(path, f"{what}(*get_init_inputs()) raised {type(err).__name__}: {err}") from None
+    model = model.to(device)
+    return model.eval() if eval_mode else model
+
+
+def make_inputs(path: Path, config: InputConfig, seed: int, device: torch.device) -> list:
+    seed_everything(seed)
+    return to_device(call_inputs(path, config.get_inputs, "get_inputs"), device)
+
+
+def check_reference(problem: Problem, device: torch.device, eval_mode: bool, seed: int = 0) -> None:
+    """Construct every config and run forward twice with the same seeds; outputs must agree."""
+    for config in problem.configs:
+        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+        outputs = []
+        for _ in range(2):
+            model = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode)
+            inputs = make_inputs(problem.path, config, seed + 1, device)
+            try:
+                with torch.no_grad():
+                    outputs.append(flatten_outputs(model(*inputs)))
+            except Exception as err:
+                raise ProblemError(problem.path, f"Model.forward raised {type(err).__name__}: {err}") from None
+        if not _same(outputs[0], outputs[1]):
+            hint = ""
+            if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+                   for m in model.modules()):
+                hint = "; active dropout is the cause: compare in eval mode with --eval"
+            raise ProblemError(problem.path, "the reference is non-deterministic (two runs with the same "
+                                             f"seeds differ), so it cannot be verified{hint}")
+
+
+def flatten_outputs(out: Any) -> list:
+    """A forward's result as a flat list: a tensor, or a tuple/list of them (nested allowed)."""
+    if isinstance(out, (tuple, list)):
+        return [x for item in out for x in flatten_outputs(item)]
+    return [out]
+
+
+def _same(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True

@@ -1,0 +1,71 @@
+"""The records the verifier hands back: verdict, errors, timings, speedup."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    OK = "ok"
+    INCORRECT = "incorrect"
+    CHEATING = "cheating"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    BAD_PROBLEM = "bad_problem"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per forward call over `runs` timed calls."""
+
+    median_ms: float
+    p10_ms: float
+    p20_ms: float
+    p80_ms: float
+    p90_ms: float
+    runs: int
+
+
+@dataclass
+class EvalResult:
+    status: Status
+    reason: str = ""
+    rule: str | None = None          # cheating rule id, when status is CHEATING
+    line: int | None = None          # source line the reason points at, when known
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    failed_trial: int | None = None  # first trial (0-based) whose outputs did not match
+    trials: int = 0
+    launches: int | None = None      # Triton launches seen during one forward
+    precision: str | None = None     # dot precision the source states ("ieee", "tf32x3", ...)
+    runtime: Timing | None = None
+    baseline: Timing | None = None   # torch.compile of the reference, same worker, same inputs
+    speedup: float | None = None     # baseline / runtime; None where it cannot be measured
+    wall_s: float = 0.0              # seconds the evaluation took, worker start included
+    phases: dict[str, float] = field(default_factory=dict)  # verifier overhead by phase, seconds
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.OK
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalResult":
+        data = dict(data)
+        data["status"] = Status(data["status"])
+        for key in ("runtime", "baseline"):
+            if data.get(key) is not None:
+                data[key] = Timing(**data[key])
+        return cls(**data)
+
+    def summary(self) -> str:
+        speed = "speedup unknown" if self.speedup is None else f"speedup {self.speedup:.2f}x"
+        text = f"{self.status.value}: {self.reason}" if self.reason else self.status.value
+        return f"{text} ({speed})"

@@ -1,0 +1,210 @@
+"""Worker subprocesses that run untrusted evaluation jobs under a hard time limit."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Queue
+
+from mkevolve.verify.result import Status
+
+_HEADER = struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A call of `fn` ("package.module:function") with picklable keyword arguments, in a worker."""
+
+    fn: str
+    kwargs: dict = field(default_factory=dict)
+    timeout: float = 300.0
+
+
+@dataclass
+class JobOutcome:
+    """What came back: the function's value, or why the worker gave none (timeout, crashed)."""
+
+    value: object = None
+    failure: Status | None = None
+    reason: str = ""
+    wall_s: float = 0.0
+    worker_start_s: float = 0.0  # seconds spent starting a fresh worker for this job
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def send_message(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    """Read n bytes from fd; None on EOF; TimeoutError past the deadline."""
+    chunks, remaining = [], n
+    while remaining:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive_message(fd: int, deadline: float | None = None):
+    header = read_exact(fd, _HEADER.size, deadline)
+    if header is None:
+        raise EOFError
+    body = read_exact(fd, _HEADER.unpack(header)[0], deadline)
+    if body is None:
+        raise EOFError
+    return pickle.loads(body)
+
+
+class Worker:
+    """One subprocess in its own process group; replaced after a timeout or a crash."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.log = tempfile.NamedTemporaryFile(prefix="worker-", suffix=".log", dir=log_dir, delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mkevolve.verify.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            env=env, start_new_session=True,
+        )
+
+    def run(self, job: Job) -> JobOutcome:
+        start = time.monotonic()
+        try:
+            send_message(self.proc.stdin, job)
+            reply = receive_message(self.proc.stdout.fileno(), start + job.timeout)
+        except TimeoutError:
+            self.kill()
+            return JobOutcome(failure=Status.TIMEOUT, wall_s=time.monotonic() - start,
+                              reason=f"no result within the {job.timeout:g} s time limit; worker killed")
+        except (EOFError, BrokenPipeError):
+            code = self.proc.wait()
+            return JobOutcome(failure=Status.CRASHED, wall_s=time.monotonic() - start,
+                              reason=f"worker died ({_describe_exit(code)}){self._log_tail()}")
+        if not reply["healthy"]:
+            self.kill()
+        return JobOutcome(value=reply["value"], wall_s=time.monotonic() - start)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone between poll and kill
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            stream.close()
+        self.log.close()
+        os.unlink(self.log.name)
+
+    def _log_tail(self, limit: int = 600) -> str:
+        self.log.flush()
+        text = Path(self.log.name).read_text(errors="replace").strip()
+        lines = [line for line in text.splitlines() if line.strip()]
+        tail = " | ".join(lines[-4:])[-limit:]
+        return f": {tail}" if tail else ""
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def worker_env(device_index: int | None) -> dict[str, str]:
+    """A worker's environment: one GPU, or the Triton interpreter on CPU."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if device_index is None:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(device_index)
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+class WorkerPool:
+    """A fixed number of worker slots; a job takes a free slot, its worker starts on first use."""
+
+    def __init__(self, size: int, gpus: list[int] | None = None):
+        self.gpus = gpus or []
+        self.size = len(self.gpus) or size
+        self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
+        self._slots: Queue[int] = Queue()
+        self._workers: dict[int, Worker | None] = {}
+        self._lock = threading.Lock()
+        for slot in range(self.size):
+            self._slots.put(slot)
+            self._workers[slot] = None
+
+    def run(self, job: Job) -> JobOutcome:
+        slot = self._slots.get()
+        try:
+            worker, start_s = self._healthy_worker(slot)
+            outcome = worker.run(job)
+            outcome.worker_start_s = start_s
+            return outcome
+        finally:
+            self._slots.put(slot)
+
+    def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
+        if len(jobs) <= 1:
+            return [self.run(job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=self.size) as pool:
+            return list(pool.map(self.run, jobs))
+
+    def _healthy_worker(self, slot: int) -> tuple[Worker, float]:
+        worker = self._workers[slot]
+        if worker is not None and worker.alive:
+            return worker, 0.0
+        if worker is not None:
+            worker.kill()
+        start = time.monotonic()
+        device = self.gpus[slot] if self.gpus else None
+        worker = Worker(worker_env(device), self._log_dir)
+        with self._lock:
+            self._workers[slot] = worker
+        return worker, time.monotonic() - start
+
+    def close(self) -> None:
+        for slot, worker in self._workers.items():
+            if worker is not None:
+                worker.kill()
+                self._workers[slot] = None
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

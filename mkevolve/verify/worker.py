@@ -1,0 +1,58 @@
+"""The worker process: reads jobs from stdin, runs them, writes results; never the orchestrator."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+
+def _protocol_streams():
+    """Keep the real stdout for results; anything user code prints goes to stderr (the log)."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return sys.stdin.buffer, out
+
+
+def _cuda_healthy() -> bool:
+    """After an illegal memory access the context is unusable: the worker must be replaced."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _resolve(spec: str):
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def main() -> None:
+    from mkevolve.verify.sandbox import receive_message, send_message
+
+    stdin, out = _protocol_streams()
+    while True:
+        try:
+            job = receive_message(stdin.fileno())
+        except EOFError:
+            return
+        try:
+            value = _resolve(job.fn)(**job.kwargs)
+        except Exception:
+            # Job functions turn expected failures into verdicts; what escapes is a verifier bug,
+            # reported as the value so the caller sees it rather than a silent crash.
+            value = RuntimeError("worker job failed:\n" + traceback.format_exc())
+        healthy = _cuda_healthy()
+        send_message(out, {"value": value, "healthy": healthy})
+        if not healthy:
+            return
+
+
+if __name__ == "__main__":
+    main()
