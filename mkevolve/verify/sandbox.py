@@ -104,13 +104,20 @@ class Worker:
                               reason=f"worker died ({_describe_exit(code)}){self._log_tail()}")
         if not reply["healthy"]:
             self.kill()
-        return JobOutcome(value=reply["value"], wall_s=time.monotonic() - start)
+        wall_s = time.monotonic() - start
+        if reply["error"]:
+            last = reply["error"].strip().splitlines()[-1]
+            return JobOutcome(failure=Status.CRASHED, reason=f"evaluation raised {last}", wall_s=wall_s)
+        return JobOutcome(value=reply["value"], wall_s=wall_s)
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        """Stop the worker's whole process group and release its pipes and log; safe to repeat."""
+        if self.proc.stdin.closed:
+            return
         if self.alive:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

@@ -42,14 +42,16 @@ def main() -> None:
             job = receive_message(stdin.fileno())
         except EOFError:
             return
+        reply = {"value": None, "error": None}
         try:
-            value = _resolve(job.fn)(**job.kwargs)
+            reply["value"] = _resolve(job.fn)(**job.kwargs)
         except Exception:
-            # Job functions turn expected failures into verdicts; what escapes is a verifier bug,
-            # reported as the value so the caller sees it rather than a silent crash.
-            value = RuntimeError("worker job failed:\n" + traceback.format_exc())
-        healthy = _cuda_healthy()
-        send_message(out, {"value": value, "healthy": healthy})
+            # Job functions turn expected failures into verdicts; what escapes is reported to the
+            # caller with its traceback rather than lost.
+            reply["error"] = traceback.format_exc()
+        reply["healthy"] = _cuda_healthy()
+        send_message(out, reply)
+        healthy = reply["healthy"]
         if not healthy:
             return
 

@@ -1,0 +1,78 @@
+"""Where evaluation jobs run: local worker subprocesses, or Ray tasks across a cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Protocol
+
+from mkevolve.verify.sandbox import Job, JobOutcome, WorkerPool
+
+
+class Executor(Protocol):
+    size: int
+
+    def run_many(self, jobs: list[Job]) -> list[JobOutcome]: ...
+
+    def close(self) -> None: ...
+
+
+def visible_gpus() -> list[int]:
+    """GPU indices this process may use, found without opening a CUDA context here."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [int(x) for x in listed.split(",") if x.strip().isdigit()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    probe = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return []
+    return [int(x) for x in probe.stdout.split() if x.isdigit()]
+
+
+class LocalExecutor:
+    """One worker per visible GPU; on a machine without one, `cpu_workers` interpreter workers."""
+
+    def __init__(self, cpu_workers: int = 2):
+        self.pool = WorkerPool(size=max(1, cpu_workers), gpus=visible_gpus())
+        self.size = self.pool.size
+
+    def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
+        return self.pool.run_many(jobs)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _ray_job(job: Job) -> JobOutcome:
+    """A Ray task: the job still runs in a sandboxed worker subprocess on the node's GPU."""
+    with WorkerPool(size=1, gpus=visible_gpus()[:1]) as pool:
+        return pool.run(job)
+
+
+class RayExecutor:
+    """Ray tasks with one GPU each; the cluster is the one `ray.init()` finds (RAY_ADDRESS)."""
+
+    def __init__(self):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        self._ray = ray
+        self._task = ray.remote(num_gpus=1 if gpus else 0)(_ray_job)
+        self.size = max(1, gpus or int(ray.cluster_resources().get("CPU", 1)))
+
+    def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
+        return self._ray.get([self._task.remote(job) for job in jobs])
+
+    def close(self) -> None:
+        """The cluster outlives a run; nothing to release here."""
+
+
+def make_executor(kind: str, cpu_workers: int) -> Executor:
+    if kind == "ray":
+        return RayExecutor()
+    return LocalExecutor(cpu_workers)

@@ -1,0 +1,163 @@
+"""The verifier's front door: static checks here, everything that executes code in workers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from mkevolve.config import RunConfig, config_from_args
+from mkevolve.events import EventLog
+from mkevolve.problem import ProblemError, read_source
+from mkevolve.verify.cheating import static_violations
+from mkevolve.verify.correctness import KernelEvalRequest
+from mkevolve.verify.executor import make_executor
+from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.sandbox import Job, JobOutcome
+
+CPU_WORKERS_DEFAULT = 2
+
+
+class Verifier:
+    """Checks kernels against problems; owns the executor (worker pool) for a run's lifetime."""
+
+    def __init__(self, config: RunConfig, events: EventLog | None = None,
+                 baseline_cache_dir: Path | None = None):
+        self.config = config
+        self.events = events or EventLog()
+        self.baseline_cache_dir = baseline_cache_dir
+        self.executor = make_executor(config.executor, config.workers or CPU_WORKERS_DEFAULT)
+        self._device_name: str | None = None
+
+    @property
+    def device_name(self) -> str:
+        """"cpu" or the GPU's name, asked of a worker so this process opens no CUDA context."""
+        if self._device_name is None:
+            outcome = self.run_jobs([Job("mkevolve.verify.correctness:device_name",
+                                         timeout=self.config.timeout)])[0]
+            self._device_name = outcome.value if outcome.ok else "unknown"
+        return self._device_name
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device_name not in ("cpu", "unknown")
+
+    def static_check(self, source: str, filename: str) -> EvalResult | None:
+        """A CHEATING result from the AST rules, or None when the source breaks none of them."""
+        try:
+            violations = static_violations(source, filename)
+        except SyntaxError as err:
+            return EvalResult(status=Status.COMPILE_ERROR, line=err.lineno,
+                              reason=f"syntax error at line {err.lineno}: {err.msg}")
+        if not violations:
+            return None
+        first = violations[0]
+        more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
+        return EvalResult(status=Status.CHEATING, reason=first.describe() + more,
+                          rule=first.rule.value, line=first.line)
+
+    def check_kernel(self, problem_path: Path, solution_path: Path, *, timed: bool = True) -> EvalResult:
+        return self.check_kernels([(problem_path, solution_path)], timed=timed)[0]
+
+    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True) -> list[EvalResult]:
+        """Static checks first (no execution), then the survivors in parallel across workers."""
+        results: list[EvalResult | None] = []
+        jobs, slots = [], []
+        for problem_path, solution_path in pairs:
+            early = self.static_check(Path(solution_path).read_text(encoding="utf-8"), str(solution_path))
+            results.append(early)
+            if early is None:
+                slots.append(len(results) - 1)
+                jobs.append(self._kernel_job(problem_path, solution_path, timed))
+        for slot, outcome in zip(slots, self.run_jobs(jobs)):
+            results[slot] = _to_result(outcome)
+        for (problem_path, solution_path), result in zip(pairs, results):
+            self.events.emit("verdict", problem=str(problem_path), solution=str(solution_path),
+                             status=result.status.value, reason=result.reason, speedup=result.speedup)
+        return results
+
+    def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]:
+        return self.executor.run_many(jobs) if jobs else []
+
+    def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool) -> Job:
+        request = KernelEvalRequest(
+            problem_path=str(Path(problem_path).resolve()),
+            solution_path=str(Path(solution_path).resolve()),
+            trials=self.config.trials, seed=self.config.seed, eval_mode=self.config.eval_mode,
+            timed=timed,
+            baseline_cache_dir=str(self.baseline_cache_dir) if self.baseline_cache_dir else None,
+        )
+        return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
+                   timeout=self.config.timeout)
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def __enter__(self) -> "Verifier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _to_result(outcome: JobOutcome) -> EvalResult:
+    if not outcome.ok:
+        return EvalResult(status=outcome.failure, reason=outcome.reason, wall_s=outcome.wall_s,
+                          phases={"worker_start": outcome.worker_start_s})
+    result: EvalResult = outcome.value
+    result.wall_s = outcome.wall_s + outcome.worker_start_s
+    result.phases = {"worker_start": outcome.worker_start_s, **result.phases}
+    return result
+
+
+def _require_file(path: str, what: str) -> Path:
+    candidate = Path(path)
+    if not candidate.exists():
+        raise ProblemError(candidate, f"no such {what} file")
+    if candidate.is_dir():
+        raise ProblemError(candidate, f"is a folder, expected a {what} file")
+    return candidate
+
+
+def check_command(args) -> int:
+    """`mkevolve check PROBLEM SOLUTION`: 0 accepted, 1 rejected, 2 bad input."""
+    config = config_from_args(args)
+    read_source(args.problem)
+    solution = _require_file(args.solution, "solution")
+    started = time.monotonic()
+    with Verifier(config) as verifier:
+        result = verifier.check_kernel(Path(args.problem), solution)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        _print_result(result, time.monotonic() - started)
+    if result.status is Status.BAD_PROBLEM:
+        print(f"mkevolve check: error: {result.reason}", file=sys.stderr)
+        return 2
+    return 0 if result.passed else 1
+
+
+def _print_result(result: EvalResult, seconds: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None)
+    colour = "green" if result.passed else "red"
+    table.add_row("verdict", f"[{colour}]{result.status.value}[/{colour}]")
+    if result.reason:
+        table.add_row("reason", result.reason)
+    if result.max_abs_err is not None:
+        table.add_row("max error", f"abs {result.max_abs_err:.3g}, rel {result.max_rel_err:.3g}")
+    if result.launches is not None:
+        table.add_row("launches", f"{result.launches} Triton launch(es) per forward")
+    if result.precision:
+        table.add_row("precision", result.precision)
+    if result.runtime is not None:
+        t, b = result.runtime, result.baseline
+        table.add_row("runtime", f"{t.median_ms:.4f} ms (p10 {t.p10_ms:.4f}, p90 {t.p90_ms:.4f})")
+        table.add_row("torch.compile", f"{b.median_ms:.4f} ms (p10 {b.p10_ms:.4f}, p90 {b.p90_ms:.4f})")
+    speed = "unknown (no GPU: correctness only)" if result.speedup is None else f"{result.speedup:.3f}x"
+    table.add_row("speedup", speed)
+    table.add_row("checked in", f"{seconds:.1f} s")
+    Console().print(table)
