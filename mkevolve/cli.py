@@ -37,6 +37,15 @@ def _subcommands(sub) -> None:
     add_config_flags(p, SEARCH_FLAGS + ["search"] + VERIFY_FLAGS)
     p.set_defaults(handler="mkevolve.search.solve:solve_command")
 
+    p = sub.add_parser("run", help="MKEvolve end to end: decompose, evolve subkernels, compose the best")
+    p.add_argument("problem", nargs="?", help="KernelBench-style problem file")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run")
+    p.add_argument("--config", metavar="FILE.yaml", default=None, help="config file (CLI flags override it)")
+    add_config_flags(p, ["model", "api_base", "iterations", "budget", "beam_width", "expansion",
+                         "refine_every", "fuse", "swap", "tau", "search", "decompose_attempts", "retries",
+                         "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS)
+    p.set_defaults(handler="mkevolve.orchestrator:run_command")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mkevolve", description=__doc__.splitlines()[0])

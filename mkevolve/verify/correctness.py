@@ -30,6 +30,7 @@ class KernelEvalRequest:
     eval_mode: bool = False
     timed: bool = True
     baseline_cache_dir: str | None = None
+    trusted_files: tuple[str, ...] = ()   # PyTorch alternatives a composite declares; torch may run there
 
 
 class Rejected(Exception):
@@ -164,7 +165,7 @@ def _trials(problem: Problem, config_index: int, reference, candidate, request: 
         with torch.no_grad():
             expected = flatten_outputs(reference(*_clone(inputs)))
             candidate_inputs = _clone(inputs)
-            guard = RuntimeGuard(solution_file=request.solution_path)
+            guard = RuntimeGuard(solution_file=request.solution_path, trusted_files=request.trusted_files)
             actual = _guarded_forward(candidate, candidate_inputs, guard, request.solution_path)
         launches = max(launches, guard.launches)
         _raise_violations(guard.violations + _launch_violations(guard)

@@ -13,6 +13,8 @@ from mkevolve.verify.sandbox import Job, JobOutcome, WorkerPool
 class Executor(Protocol):
     size: int
 
+    def run(self, job: Job) -> JobOutcome: ...
+
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]: ...
 
     def close(self) -> None: ...
@@ -39,6 +41,9 @@ class LocalExecutor:
         self.pool = WorkerPool(size=max(1, cpu_workers), gpus=visible_gpus())
         self.size = self.pool.size
 
+    def run(self, job: Job) -> JobOutcome:
+        return self.pool.run(job)
+
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
         return self.pool.run_many(jobs)
 
@@ -64,6 +69,9 @@ class RayExecutor:
         self._ray = ray
         self._task = ray.remote(num_gpus=1 if gpus else 0)(_ray_job)
         self.size = max(1, gpus or int(ray.cluster_resources().get("CPU", 1)))
+
+    def run(self, job: Job) -> JobOutcome:
+        return self.run_many([job])[0]
 
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
         return self._ray.get([self._task.remote(job) for job in jobs])

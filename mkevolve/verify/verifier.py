@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import tokenize
 import time
 from pathlib import Path
 
+from mkevolve.busy import BusyClock
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
 from mkevolve.problem import ProblemError, read_source
-from mkevolve.verify.cheating import static_violations
+from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER
+from mkevolve.verify.cheating import Rule, static_violations
+from mkevolve.verify.decomposition import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest
 from mkevolve.verify.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
@@ -29,6 +34,7 @@ class Verifier:
         self.baseline_cache_dir = baseline_cache_dir
         self.executor = make_executor(config.executor, config.workers or CPU_WORKERS_DEFAULT)
         self._device_name: str | None = None
+        self.clock = BusyClock()  # shared with the LLM client by a run, to measure its own overhead
 
     @property
     def device_name(self) -> str:
@@ -77,15 +83,48 @@ class Verifier:
                              status=result.status.value, reason=result.reason, speedup=result.speedup)
         return results
 
-    def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]:
-        return self.executor.run_many(jobs) if jobs else []
+    def check_composite(self, problem_path: Path, folder: Path, pytorch: frozenset[str] = frozenset(),
+                        *, timed: bool = True) -> EvalResult:
+        """End to end: a solution folder's ModelNew against the original problem.
 
-    def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool) -> Job:
+        Every Triton subkernel passes the static rules, the top-level only builds and calls subkernel
+        modules, and at run time PyTorch compute is allowed only inside the subkernels in `pytorch`
+        (swapped for their reference code, and declared so in the manifest).
+        """
+        folder = Path(folder)
+        trusted = []
+        for path in sorted((folder / KERNELS_DIR).glob("*.py")):
+            if path.stem in pytorch:
+                trusted.append(str(path.resolve()))
+                continue
+            early = self.static_check(path.read_text(encoding="utf-8"), str(path))
+            if early is not None:
+                early.reason = f"subkernel {path.stem}: {early.reason}"
+                return early
+        top = folder / SOLUTION_FILE
+        impurities = composite_top_level_violations(top.read_text(encoding="utf-8"))
+        if impurities:
+            return EvalResult(status=Status.CHEATING, rule=Rule.TORCH_COMPUTE.value,
+                              reason=f"{SOLUTION_FILE}: {impurities[0]}")
+        job = self._kernel_job(problem_path, top, timed, trusted)
+        result = _to_result(self.run_jobs([job])[0])
+        self.events.emit("verdict", problem=str(problem_path), solution=str(top), composite=True,
+                         status=result.status.value, reason=result.reason, speedup=result.speedup)
+        return result
+
+    def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]:
+        if not jobs:
+            return []
+        with self.clock.busy():
+            return self.executor.run_many(jobs)
+
+    def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
+                    trusted_files: list[str] | None = None) -> Job:
         request = KernelEvalRequest(
             problem_path=str(Path(problem_path).resolve()),
             solution_path=str(Path(solution_path).resolve()),
             trials=self.config.trials, seed=self.config.seed, eval_mode=self.config.eval_mode,
-            timed=timed,
+            timed=timed, trusted_files=tuple(trusted_files or ()),
             baseline_cache_dir=str(self.baseline_cache_dir) if self.baseline_cache_dir else None,
         )
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
@@ -99,6 +138,18 @@ class Verifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def composite_top_level_violations(solution_source: str) -> list[str]:
+    """The top-level purity rules of a decomposition, applied to decomposed_solution.py.
+
+    The solution top-level is the problem top-level with ModelNew for Model and load_subkernel for
+    load_subproblem; renamed back, the decomposition's own AST check applies unchanged.
+    """
+    renames = {"ModelNew": "Model", SOLUTION_LOADER: LOADER}
+    tokens = [(tok.type, renames.get(tok.string, tok.string) if tok.type == tokenize.NAME else tok.string)
+              for tok in tokenize.generate_tokens(io.StringIO(solution_source).readline)]
+    return top_level_violations(tokenize.untokenize(tokens))
 
 
 def _to_result(outcome: JobOutcome) -> EvalResult:

@@ -1,0 +1,266 @@
+"""EvolveKernel: the agent that generates, debugs and refines a subproblem's kernel, saving each candidate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mkevolve.config import RunConfig
+from mkevolve.fsutil import write_atomic
+from mkevolve.llm.client import LLMClient
+from mkevolve.llm.parse import ReplyFormatError, extract_code
+from mkevolve.llm.types import LLMRequest, LLMResponse
+from mkevolve.problem import ProblemError, read_source
+from mkevolve.prompts import render
+from mkevolve.search.beam import Beam, Candidate, PromptKind, beam_search, candidate_id
+from mkevolve.search.parallel import parallel_sampling
+from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.sandbox import Job, JobOutcome
+
+REPLY_EXCERPT_CHARS = 2000
+
+
+class KernelVerifier(Protocol):
+    """What the search needs of the verifier."""
+
+    device_name: str
+
+    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True) -> list[EvalResult]: ...
+
+    def static_check(self, source: str, filename: str) -> EvalResult | None: ...
+
+    def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]: ...
+
+
+@dataclass(frozen=True)
+class RefineContext:
+    """What the orchestrator knows of the subproblem's place in the whole model, for the refine prompt."""
+
+    share: float | None = None          # fraction of the end-to-end time this subproblem takes
+    end_to_end_ms: float | None = None  # the whole model's time with the current kernels
+
+
+@dataclass(frozen=True)
+class KernelTask:
+    """A kernel request in typed form, so the builtin offline agent can answer it without reading a prompt."""
+
+    kind: PromptKind
+    problem_path: Path
+    variant: int          # the builtin agent's template variant: each request of a subproblem tries the next
+    target: str           # "cuda", or "cpu" when kernels run under the Triton interpreter
+
+    def builtin_reply(self) -> str:
+        from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+
+        try:
+            count = variant_count(self.problem_path, self.target)
+            if self.variant >= count:
+                return render("builtin_kernel_reply.j2", kernel=None, unsupported=None, count=count)
+            kernel = generate_kernel(self.problem_path, variant=self.variant, target=self.target)
+        except UnsupportedSubproblem as err:
+            return render("builtin_kernel_reply.j2", kernel=None, unsupported=str(err), count=0)
+        return render("builtin_kernel_reply.j2", kernel=kernel, unsupported=None, count=count)
+
+
+def _code_or_failure(response: LLMResponse) -> tuple[str, EvalResult | None]:
+    """The reply's kernel source, or the verdict of a candidate that has none."""
+    if response.error is not None:
+        return "", EvalResult(status=Status.COMPILE_ERROR,
+                              reason=f"no code: the LLM call failed: {response.error}")
+    try:
+        return extract_code(response.text), None
+    except ReplyFormatError as err:
+        return "", EvalResult(status=Status.COMPILE_ERROR, reason=f"no code: {err}")
+
+
+def input_shapes_job(problem_path: str) -> list[str]:
+    """Runs in a worker: each input config's init arguments and forward inputs, built on the meta device."""
+    import torch
+
+    from mkevolve.problem import call_inputs, load_problem
+
+    try:
+        problem = load_problem(problem_path)
+        lines = []
+        for index, config in enumerate(problem.configs):
+            # The meta device gives shapes and dtypes without allocating the (possibly huge) tensors.
+            with torch.device("meta"):
+                init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+                inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
+            prefix = f"config {index}: " if len(problem.configs) > 1 else ""
+            lines.append(f"{prefix}forward({_describe(inputs)}), constructed with ({_describe(init)})")
+        return lines
+    except ProblemError as err:
+        return [f"unknown ({err.reason}); read get_inputs() in the source"]
+
+
+def _describe(values: list) -> str:
+    parts = []
+    for value in values:
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            parts.append(f"{str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}]")
+        else:
+            parts.append(repr(value)[:60])
+    return ", ".join(parts)
+
+
+class KernelAgent:
+    """Turns parents into evaluated children for one subproblem; every child is saved as it is made."""
+
+    def __init__(self, subproblem: str, problem_path: Path, beam: Beam, verifier: KernelVerifier,
+                 client: LLMClient, config: RunConfig, candidates_dir: Path,
+                 context: RefineContext | None = None):
+        self.subproblem = subproblem
+        self.problem_path = Path(problem_path)
+        self.problem_source = read_source(problem_path)
+        self.problem_sha256 = hashlib.sha256(self.problem_source.encode()).hexdigest()
+        self.beam = beam
+        self.verifier = verifier
+        self.client = client
+        self.config = config
+        self.folder = Path(candidates_dir) / subproblem
+        self.context = context or RefineContext()
+        self.events = client.events
+        self.device = verifier.device_name
+        if beam.input_shapes is None:
+            beam.input_shapes = self._input_shapes()
+
+    def _input_shapes(self) -> list[str]:
+        job = Job("mkevolve.agents.evolve:input_shapes_job",
+                  {"problem_path": str(self.problem_path.resolve())}, timeout=self.config.timeout)
+        outcome = self.verifier.run_jobs([job])[0]
+        if outcome.ok and isinstance(outcome.value, list):
+            return outcome.value
+        why = outcome.reason if not outcome.ok else str(outcome.value).strip().splitlines()[-1]
+        return [f"unknown ({why}); read get_inputs() in the source"]
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    def kind_for(self, parent: Candidate | None) -> PromptKind:
+        if parent is None:
+            return PromptKind.GENERATE
+        return PromptKind.REFINE if parent.passed else PromptKind.DEBUG
+
+    def prompt(self, kind: PromptKind, parent: Candidate | None) -> str:
+        variables = {"subproblem": self.subproblem, "problem_source": self.problem_source,
+                     "shapes": self.beam.input_shapes or [], "device": self.device,
+                     "on_gpu": self.device not in ("cpu", "unknown")}
+        if parent is not None:
+            variables.update(code=parent.source, verdict=parent.result, share=self.context.share,
+                             end_to_end_ms=self.context.end_to_end_ms)
+        return render(f"{kind.value}.j2", **variables)
+
+    def request(self, parent: Candidate | None, seq: int) -> LLMRequest:
+        kind = self.kind_for(parent)
+        task = KernelTask(kind=kind, problem_path=self.problem_path, variant=seq,
+                          target="cpu" if self.device == "cpu" else "cuda")
+        # The sample is the candidate's sequence number: no two requests of a subproblem share a cache key.
+        return LLMRequest(agent=kind.value, prompt=self.prompt(kind, parent), subproblem=self.subproblem,
+                          task=task, sample=seq)
+
+    # -- proposals --------------------------------------------------------------------------------------
+
+    def propose(self, parents: list[Candidate | None]) -> list[Candidate]:
+        seqs = [self.beam.take_seq() for _ in parents]
+        requests = [self.request(parent, seq) for parent, seq in zip(parents, seqs, strict=True)]
+        responses = self.client.complete_many(requests)
+        replies = [_code_or_failure(response) for response in responses]
+        ids = [candidate_id(seq) for seq in seqs]
+        verdicts = self._verify({cid: source for cid, (source, failure) in zip(ids, replies, strict=True)
+                                 if failure is None})
+        children = []
+        rows = zip(ids, parents, requests, responses, replies, strict=True)
+        for cid, parent, request, response, (source, failure) in rows:
+            child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
+                              kind=PromptKind(request.agent), source=source, result=failure or verdicts[cid],
+                              tokens=response.usage, cached=response.cached)
+            self._save(child, response)
+            self._emit("candidate", child)
+            children.append(child)
+        return children
+
+    def _verify(self, sources: dict[str, str]) -> dict[str, EvalResult]:
+        """Write each kernel to its candidate file and check them all at once (in parallel over workers).
+
+        A candidate this folder already holds with the same source, for the same problem, keeps its saved
+        verdict: a resumed run then builds the same prompts (timings included) and its replies come from
+        the response cache.
+        """
+        verdicts = {cid: self._saved_verdict(cid, source) for cid, source in sources.items()}
+        fresh = [cid for cid, verdict in verdicts.items() if verdict is None]
+        pairs = [(self.problem_path, write_atomic(self.folder / f"{cid}.py", sources[cid])) for cid in fresh]
+        verdicts.update(zip(fresh, self.verifier.check_kernels(pairs, timed=True), strict=True))
+        return verdicts
+
+    def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
+        record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"
+        if not (record_path.exists() and source_path.exists()):
+            return None
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        same_problem = record.get("problem_sha256") == self.problem_sha256
+        if not same_problem or source_path.read_text(encoding="utf-8") != source:
+            return None
+        verdict = EvalResult.from_dict(record["result"])
+        # A worker that timed out or died may have been the machine's fault: that kernel gets another try.
+        return None if verdict.status in (Status.TIMEOUT, Status.CRASHED) else verdict
+
+    def _save(self, candidate: Candidate, response: LLMResponse | None = None) -> None:
+        record = candidate.to_dict()
+        record["source"] = f"{candidate.id}.py" if candidate.source else None
+        record["problem_sha256"] = self.problem_sha256
+        if response is not None and not candidate.source:
+            record["reply_excerpt"] = response.text[:REPLY_EXCERPT_CHARS]
+        write_atomic(self.folder / f"{candidate.id}.json", json.dumps(record, indent=1))
+
+    def _emit(self, kind: str, candidate: Candidate) -> None:
+        if self.events is None:
+            return
+        self.events.emit(kind, subproblem=self.subproblem, id=candidate.id, parent=candidate.parent,
+                         prompt_kind=candidate.kind.value, status=candidate.result.status.value,
+                         reason=candidate.result.reason[:300], speedup=candidate.result.speedup,
+                         accepted=candidate.accepted, tokens=candidate.tokens.total, cached=candidate.cached)
+
+    # -- acceptance -------------------------------------------------------------------------------------
+
+    def accept_members(self) -> None:
+        """The cheating check once more, on every passing member not yet checked; a failure is its verdict."""
+        for member in self.beam.members:
+            if not member.passed or member.accepted is not None:
+                continue
+            rejection = self.verifier.static_check(member.source, str(self.folder / f"{member.id}.py"))
+            member.accepted = rejection is None
+            if rejection is not None:
+                member.result = rejection
+            self._save(member)
+            self._emit("final_check", member)
+        self.beam.members.sort(key=Candidate.rank_key)
+
+
+def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: int, verifier: KernelVerifier,
+                  client: LLMClient, config: RunConfig, candidates_dir: Path,
+                  context: RefineContext | None = None) -> Beam:
+    """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
+
+    The search is `config.search`: beam search (expand every member, keep the best `width`) or parallel
+    sampling (independent generations). Candidates are saved under `candidates_dir/<subproblem_name>/`.
+    """
+    evolved = beam.copy()
+    evolved.width = config.beam_width
+    if budget <= 0:
+        return evolved
+    agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
+                        Path(candidates_dir), context)
+    if config.search == "parallel":
+        parallel_sampling(evolved, budget, agent.propose)
+    else:
+        beam_search(evolved, budget, config.expansion, agent.propose)
+    agent.accept_members()
+    if agent.events is not None:
+        best = evolved.best
+        agent.events.emit("beam", subproblem=subproblem_name, calls=budget,
+                          members=[c.id for c in evolved.members], best=best.id if best else None,
+                          best_speedup=best.result.speedup if best else None)
+    return evolved

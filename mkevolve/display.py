@@ -1,0 +1,88 @@
+"""What a person watches during a run: a live rich table on a terminal, plain log lines elsewhere."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+@dataclass
+class SubproblemRow:
+    status: str = "waiting"
+    calls: int = 0
+    speedup: float | None = None
+
+
+@dataclass
+class RunView:
+    problem: str
+    iterations: int
+    iteration: int = 0
+    phase: str = "starting"
+    rows: dict[str, SubproblemRow] = field(default_factory=dict)
+    best: str = "none yet"
+    tokens: int = 0
+
+
+def _speed(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}x"
+
+
+class RunDisplay:
+    """Call `update()` after changing `view`; on a terminal it redraws, elsewhere it logs the phase."""
+
+    def __init__(self, view: RunView, console: Console | None = None):
+        self.view = view
+        self.console = console or Console()
+        self._live: Live | None = None
+        self._last_line = ""
+        self._start = time.monotonic()
+
+    def __enter__(self) -> "RunDisplay":
+        if self.console.is_terminal:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def update(self) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            return
+        v = self.view
+        line = f"iteration {v.iteration}/{v.iterations}: {v.phase} | best {v.best} | tokens {v.tokens}"
+        if line != self._last_line:
+            self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {line}", highlight=False)
+            self._last_line = line
+
+    def log(self, message: str) -> None:
+        """A line that stays (decisions: split, fuse, swap, kept best)."""
+        self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {message}", highlight=False)
+
+    def _table(self) -> Table:
+        v = self.view
+        table = Table(title=f"mkevolve run {v.problem}: iteration {v.iteration}/{v.iterations}, {v.phase}",
+                      caption=f"best end to end: {v.best}   tokens: {v.tokens}")
+        for column in ("subproblem", "status", "LLM calls", "best speedup"):
+            table.add_column(column)
+        for name, row in v.rows.items():
+            table.add_row(name, row.status, str(row.calls), _speed(row.speedup))
+        return table
+
+
+def final_table(rows: list[tuple[str, str, str, str, str]], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("subkernel", "verdict", "speedup", "share", "origin"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    return table

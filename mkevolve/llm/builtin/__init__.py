@@ -1,0 +1,1 @@
+"""The builtin offline agent: deterministic decomposition and Triton kernel templates, no LLM."""

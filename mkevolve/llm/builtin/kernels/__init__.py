@@ -1,0 +1,26 @@
+"""Offline, deterministic Triton generation for one KernelBench-form subproblem: no LLM, template kernels.
+
+generate_kernel traces the subproblem's Model, fuses its ops into kernels (elementwise chains; GEMMs,
+convolutions and pooling with their elementwise epilogue; row reductions with prologue and epilogue)
+and returns the source of a ModelNew file. Variant 0 is the safest tiling; later variants try others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UnsupportedSubproblem
+from .generate import GeneratedKernel, generate, variant_total
+
+
+def generate_kernel(problem_path: str | Path, variant: int = 0, target: str = "cuda") -> GeneratedKernel:
+    """The ModelNew source for one variant; raises UnsupportedSubproblem for ops without a template."""
+    return generate(problem_path, variant, target)
+
+
+def variant_count(problem_path: str | Path, target: str = "cuda") -> int:
+    """How many variants generate_kernel accepts for this subproblem and target."""
+    return variant_total(problem_path, target)
+
+
+__all__ = ["GeneratedKernel", "UnsupportedSubproblem", "generate_kernel", "variant_count"]

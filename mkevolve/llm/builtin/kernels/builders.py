@@ -1,0 +1,241 @@
+"""Building the tensor program: typed constructors that infer every value's shape under every input config."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from torch import nn
+
+from .errors import UnsupportedSubproblem
+from .ir import (AdaptivePool, Conv, IntOp, Matmul, Param, Pointwise, Pool, Program, Reduce, Scalar, Shape,
+                 SizeOf, Value, View)
+from .pointwise_ops import OPS
+from .trace import TaggedFloat, TaggedInt
+
+
+def broadcast(shapes: Sequence[Shape]) -> Shape:
+    rank = max(len(s) for s in shapes)
+    out = []
+    for d in range(rank):
+        sizes = {s[d - rank + len(s)] for s in shapes if d - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise UnsupportedSubproblem(f"shapes {list(shapes)} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def normalize_dims(dims, rank: int) -> tuple[int, ...]:
+    """Reduction dims as sorted non-negative ints; None means every dim."""
+    if dims is None:
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = sorted({d % rank if rank else 0 for d in dims})
+    return tuple(out)
+
+
+def adjacent_runs(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
+    runs: list[list[int]] = []
+    for d in dims:
+        if runs and runs[-1][-1] == d - 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return [tuple(r) for r in runs]
+
+
+class Builder:
+    """Appends values to a Program; `models` are the per-config module instances, for attribute checks."""
+
+    def __init__(self, program: Program, models: list[nn.Module]):
+        self.program = program
+        self.models = models
+        self._params: dict[str, Param] = {}
+
+    @property
+    def n_configs(self) -> int:
+        return len(self.models)
+
+    def param(self, path: str, shapes: tuple[Shape, ...]) -> Param:
+        """The leaf `self.<path>`; one value per path, so a tensor used twice is loaded as one operand."""
+        if path not in self._params:
+            self._params[path] = self.program.add(Param(shapes, path=path))
+        return self._params[path]
+
+    # --- constants -------------------------------------------------------------------------------
+
+    def const(self, value, what: str):
+        """A value that shapes the generated code: it must be the same under every input config."""
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.const(v, what) for v in value)
+        if isinstance(value, (TaggedFloat, TaggedInt)):
+            per_config = {_resolve(m, value.attr) for m in self.models}
+            if len(per_config) > 1:
+                raise UnsupportedSubproblem(f"{what} (self.{value.attr}) differs between input configs")
+            return float(value) if isinstance(value, TaggedFloat) else int(value)
+        if isinstance(value, (SizeOf, IntOp)):
+            raise UnsupportedSubproblem(f"{what} depends on tensor shapes; it must be a constant")
+        return value
+
+    def scalar(self, value) -> Scalar | Value:
+        """An operand of a pointwise op: tensors stay, numbers become Scalars that remember their origin."""
+        if isinstance(value, (Value, Scalar)):
+            return value
+        if isinstance(value, (TaggedFloat, TaggedInt)):
+            return Scalar(value=float(value), attr=value.attr)
+        if isinstance(value, (SizeOf, IntOp)):
+            return Scalar(value=0, expr=value)
+        if isinstance(value, bool):
+            return Scalar(value)
+        if isinstance(value, (int, float)):
+            return Scalar(float(value))
+        raise UnsupportedSubproblem(f"operand of type {type(value).__name__} is not supported")
+
+    # --- pointwise -------------------------------------------------------------------------------
+
+    def pw(self, op: str, *args, **attrs) -> Value:
+        if op not in OPS:
+            raise UnsupportedSubproblem(f"elementwise op {op!r} is not supported")
+        operands = tuple(self.scalar(a) for a in args)
+        tensors = [a for a in operands if isinstance(a, Value)]
+        if not tensors:
+            raise UnsupportedSubproblem(f"{op} on numbers only has no tensor to compute")
+        shapes = tuple(broadcast([t.shapes[c] for t in tensors]) for c in range(self.n_configs))
+        attrs = {k: self.scalar(v) for k, v in attrs.items()}
+        return self.program.add(Pointwise(shapes, op=op, args=operands, attrs=attrs))
+
+    # --- reductions ------------------------------------------------------------------------------
+
+    def reduce(self, kind: str, x: Value, dims, correction: int = 0) -> Value:
+        """keepdim reduction; dims that are not adjacent are reduced one adjacent run at a time."""
+        dims = normalize_dims(dims, x.rank)
+        if x.rank == 0:
+            raise UnsupportedSubproblem("reduction of a 0-d tensor")
+        runs = adjacent_runs(dims)
+        if correction and len(runs) > 1:
+            raise UnsupportedSubproblem("variance with a correction over non-adjacent dims")
+        out = x
+        for run in reversed(runs):
+            shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in out.shapes)
+            out = self.program.add(Reduce(shapes, kind=kind, base=out, dims=run, correction=correction))
+        return out
+
+    def squeeze(self, x: Value, dims: tuple[int, ...]) -> Value:
+        if not dims:
+            return x
+        shapes = tuple(tuple(s for d, s in enumerate(shape) if d not in dims) for shape in x.shapes)
+        return self.view(x, "squeeze", (tuple(dims),), shapes)
+
+    def reduce_keep(self, kind: str, x: Value, dims, keepdim: bool, correction: int = 0) -> Value:
+        dims = normalize_dims(dims, x.rank)
+        out = self.reduce(kind, x, dims, correction)
+        return out if keepdim else self.squeeze(out, dims)
+
+    # --- views -----------------------------------------------------------------------------------
+
+    def view(self, base: Value, method: str, args: tuple, shapes: tuple[Shape, ...]) -> Value:
+        return self.program.add(View(shapes, base=base, method=method, args=tuple(args)))
+
+    def channel_view(self, param: Value, rank: int, channel_dim: int = 1) -> Value:
+        """A per-channel vector (C,) viewed as (C, 1, ..., 1) to broadcast against a rank-`rank` tensor."""
+        trailing = rank - channel_dim - 1
+        shapes = tuple((s[0],) + (1,) * trailing for s in param.shapes)
+        return self.view(param, "reshape", (-1,) + (1,) * trailing, shapes)
+
+    def size(self, x: Value, dim: int) -> SizeOf:
+        return SizeOf(x, dim % x.rank)
+
+    # --- anchors ---------------------------------------------------------------------------------
+
+    def matmul(self, a: Value, b: Value) -> Value:
+        """torch.matmul for (..., M, K) @ (K, N), and for equal batch dims; vectors via unsqueeze."""
+        if a.rank == 1:
+            a1 = self.view(a, "unsqueeze", (0,), tuple((1,) + s for s in a.shapes))
+            out = self.matmul(a1, b)
+            return self.squeeze(out, (out.rank - 2,) if b.rank > 1 else (0,))
+        if b.rank == 1:
+            b1 = self.view(b, "unsqueeze", (1,), tuple(s + (1,) for s in b.shapes))
+            out = self.matmul(a, b1)
+            return self.squeeze(out, (out.rank - 1,))
+        for c in range(self.n_configs):
+            if a.shapes[c][-1] != b.shapes[c][-2]:
+                raise UnsupportedSubproblem(f"matmul of {a.shapes[c]} and {b.shapes[c]}")
+        if b.rank == 2:
+            shapes = tuple(sa[:-1] + (sb[-1],) for sa, sb in zip(a.shapes, b.shapes))
+            return self.program.add(Matmul(shapes, a=a, b=b, batched=False))
+        if a.rank != b.rank or any(sa[:-2] != sb[:-2] for sa, sb in zip(a.shapes, b.shapes)):
+            raise UnsupportedSubproblem("matmul with broadcast batch dims "
+                                        f"({a.shapes[0]} @ {b.shapes[0]}) is not supported")
+        shapes = tuple(sa[:-1] + (sb[-1],) for sa, sb in zip(a.shapes, b.shapes))
+        return self.program.add(Matmul(shapes, a=a, b=b, batched=True))
+
+    def conv(self, x: Value, w: Value, *, transposed: bool, stride, padding, dilation, output_padding,
+             groups: int) -> Value:
+        spatial = x.rank - 2
+        if spatial not in (1, 2, 3) or w.rank != x.rank:
+            raise UnsupportedSubproblem(f"convolution of a rank-{x.rank} input")
+        shapes = []
+        for xs, ws in zip(x.shapes, w.shapes):
+            out_channels = ws[1] * groups if transposed else ws[0]
+            sizes = []
+            for d in range(spatial):
+                size, k = xs[2 + d], ws[2 + d]
+                if transposed:
+                    sizes.append((size - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k - 1)
+                                 + output_padding[d] + 1)
+                else:
+                    sizes.append((size + 2 * padding[d] - dilation[d] * (k - 1) - 1) // stride[d] + 1)
+            shapes.append((xs[0], out_channels, *sizes))
+        return self.program.add(Conv(tuple(shapes), x=x, w=w, transposed=transposed, stride=tuple(stride),
+                                     padding=tuple(padding), dilation=tuple(dilation),
+                                     output_padding=tuple(output_padding), groups=groups))
+
+    def pool(self, kind: str, x: Value, kernel, stride, padding, dilation, ceil_mode: bool,
+             count_include_pad: bool = True, divisor: int | None = None) -> Value:
+        spatial = len(kernel)
+        shapes = []
+        for xs in x.shapes:
+            sizes = []
+            for d in range(spatial):
+                size = xs[x.rank - spatial + d]
+                span = dilation[d] * (kernel[d] - 1) + 1
+                num = size + 2 * padding[d] - span
+                out = (-(-num // stride[d]) if ceil_mode else num // stride[d]) + 1
+                if ceil_mode and (out - 1) * stride[d] >= size + padding[d]:
+                    out -= 1
+                sizes.append(out)
+            shapes.append(xs[:x.rank - spatial] + tuple(sizes))
+        return self.program.add(Pool(tuple(shapes), kind=kind, x=x, kernel=tuple(kernel), stride=tuple(stride),
+                                     padding=tuple(padding), dilation=tuple(dilation), ceil_mode=ceil_mode,
+                                     count_include_pad=count_include_pad, divisor=divisor))
+
+    def adaptive_pool(self, kind: str, x: Value, out_sizes: Sequence[tuple[int, ...]]) -> Value:
+        spatial = len(out_sizes[0])
+        if all(all(s == 1 for s in sizes) for sizes in out_sizes):
+            dims = tuple(range(x.rank - spatial, x.rank))
+            return self.reduce("mean" if kind == "avg" else "amax", x, dims)
+        shapes = tuple(xs[:x.rank - spatial] + tuple(sizes) for xs, sizes in zip(x.shapes, out_sizes))
+        return self.program.add(AdaptivePool(shapes, kind=kind, x=x))
+
+
+def _resolve(model: nn.Module, path: str):
+    value = model
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def tuple_arg(value, n: int, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as an n-tuple (torch's `_pair`/`_triple`)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1:
+            return tuple(int(value[0]) for _ in range(n))
+        if len(value) != n:
+            raise UnsupportedSubproblem(f"{what} {value!r} has {len(value)} entries, expected {n}")
+        return tuple(int(v) for v in value)
+    return tuple(int(value) for _ in range(n))
+
+
+def product(values) -> int:
+    return math.prod(values)

@@ -1,0 +1,153 @@
+"""Shared pieces of kernel emission: elementwise expressions, operand loads, runtime scalars, sources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .indexing import GroupIndices, Indexer, Operand
+from .ir import Pointwise, Program, Reduce, Scalar, Value, View
+from .plan import KernelPlan
+from .pointwise_ops import HELPER_SOURCES, OPS, literal
+
+
+@dataclass
+class LauncherArg:
+    """A launcher parameter: a tensor operand (the value it is) or a runtime scalar."""
+
+    name: str
+    value: Value | None = None
+    scalar: Scalar | None = None
+
+
+@dataclass
+class KernelSource:
+    """One kernel's code: the @triton.jit function(s), its launcher, and what the file must also contain."""
+
+    kernel: str
+    launcher: str
+    launcher_name: str
+    args: list[LauncherArg]                     # in launcher order (after the optional output buffer)
+    writes_into: bool = False                   # the launcher's first argument is the buffer to write
+    helpers: dict[str, str] = field(default_factory=dict)   # name -> source of functions the code calls
+    uses_dot: bool = False
+    description: str = ""
+
+
+class ScalarArgs:
+    """Scalars that are not literals become kernel parameters `sc0, sc1, ...`."""
+
+    def __init__(self):
+        self.params: list[tuple[str, Scalar]] = []
+
+    def render(self, scalar: Scalar) -> str:
+        if scalar.is_literal:
+            return literal(scalar.value)
+        for name, known in self.params:
+            if known is scalar or (scalar.attr is not None and known.attr == scalar.attr):
+                return name
+        name = f"sc{len(self.params)}"
+        self.params.append((name, scalar))
+        return name
+
+
+@dataclass
+class Region:
+    """Straight-line kernel code over one tile shape: its lines, load mask, group indices and value cache."""
+
+    lines: list[str]
+    mask: str | None
+    indices: GroupIndices | None
+    bound: dict[int, str] = field(default_factory=dict)     # values provided by the template (acc, reductions)
+    cache: dict[int, str] = field(default_factory=dict)
+
+
+class ExprEmitter:
+    """Writes a kernel body's elementwise values as Triton statements, loading leaves through the indexer."""
+
+    def __init__(self, indexer: Indexer | None, operands: dict[int, Operand], scalars: ScalarArgs):
+        self.indexer = indexer
+        self.operands = operands
+        self.scalars = scalars
+        self.helpers: set[str] = set()
+        self._count = 0
+
+    def fresh(self, stem: str = "v") -> str:
+        self._count += 1
+        return f"{stem}{self._count}"
+
+    def value(self, value: Value, region: Region) -> str:
+        if value.id in region.bound:
+            return region.bound[value.id]
+        if value.id in region.cache:
+            return region.cache[value.id]
+        if value.id in self.operands:
+            code = self._load(self.operands[value.id], region)
+        elif isinstance(value, Pointwise):
+            code = self._pointwise(value, region)
+        else:
+            raise AssertionError(f"{value!r} is neither an operand nor elementwise")
+        name = self.fresh()
+        region.lines.append(f"{name} = {code}")
+        region.cache[value.id] = name
+        return name
+
+    def _load(self, operand: Operand, region: Region) -> str:
+        offset = self.indexer.offset(operand, region.indices)
+        if not offset:
+            return f"tl.load({operand.name}_ptr)"
+        mask = f", mask={region.mask}, other=0.0" if region.mask else ""
+        return f"tl.load({operand.name}_ptr + {offset}{mask})"
+
+    def _pointwise(self, value: Pointwise, region: Region) -> str:
+        op = OPS[value.op]
+        self.helpers |= set(op.helpers)
+        args = [self.value(a, region) if isinstance(a, Value) else self.scalars.render(a) for a in value.args]
+        attrs = {k: self.scalars.render(v) for k, v in value.attrs.items()}
+        return op.render(args, attrs)
+
+
+def helper_sources(names: set[str]) -> dict[str, str]:
+    return {name: HELPER_SOURCES[name] for name in sorted(names)}
+
+
+def operand_name(value: Value, index: int) -> str:
+    stem = {"Input": "in", "Param": "p", "View": "view"}.get(type(value).__name__, "t")
+    return f"{stem}{index}"
+
+
+def is_dense(value: Value) -> bool:
+    """Contiguous by construction: inputs (made contiguous in forward), parameters, kernel outputs,
+    and reshapes of those; transposes, slices and expands are read with their real strides per dim."""
+    if isinstance(value, View):
+        return value.method in ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze") and is_dense(value.base)
+    return True
+
+
+def make_operands(values: list[Value], start: int = 0) -> dict[int, Operand]:
+    return {v.id: Operand(operand_name(v, start + i), v.shapes, dense=is_dense(v))
+            for i, v in enumerate(values)}
+
+
+def body_leaves(kernel: KernelPlan, program: Program) -> list[Value]:
+    """Tensors the fused elementwise/reduction code reads (a GEMM or conv operand may be one too)."""
+    leaves: list[Value] = []
+    for vid in sorted(kernel.body):
+        value = program.values[vid]
+        reads = value.operands() if isinstance(value, (Pointwise, Reduce)) else []
+        for operand in reads:
+            if operand.id not in kernel.body and operand not in leaves:
+                leaves.append(operand)
+    return leaves
+
+
+def describe_body(kernel: KernelPlan, program_values: list[Value]) -> str:
+    """The elementwise ops a kernel fuses, in program order, e.g. 'add+gelu'."""
+    ops = [program_values[vid].op for vid in sorted(kernel.body)
+           if isinstance(program_values[vid], Pointwise) and program_values[vid].op != "identity"]
+    return "+".join(dict.fromkeys(ops))
+
+
+def indent(lines: list[str], spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line else "" for line in lines)
+

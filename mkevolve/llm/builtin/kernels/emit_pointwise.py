@@ -1,0 +1,64 @@
+"""The fused elementwise kernel: one program per BLOCK consecutive output elements."""
+
+from __future__ import annotations
+
+from .configs import Variant
+from .emit_common import (helper_sources, ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, describe_body, indent,
+                          make_operands)
+from .indexing import GroupIndices, Indexer, Space
+from .ir import Program
+from .plan import KernelPlan
+
+
+def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    operands = make_operands(kernel.leaves)
+    rank = kernel.root.rank
+    indexer = Indexer(kernel.root.shapes, [Space("flat", tuple(range(rank)))], list(operands.values()))
+    scalars = ScalarArgs()
+    emitter = ExprEmitter(indexer, operands, scalars)
+    body: list[str] = []
+    region = Region(body, mask="mask", indices=GroupIndices(indexer, {0: "offs"}, body, "e"))
+    result = emitter.value(kernel.root, region)
+    ops = describe_body(kernel, program.values) or "copy"
+
+    writes_into = kernel.target is not None
+    autotune = variant.autotune and not writes_into
+    params = (["out_ptr"] + [f"{o.name}_ptr" for o in operands.values()] + ["numel"] + indexer.kernel_params()
+              + [n for n, _ in scalars.params] + ["BLOCK: tl.constexpr"])
+    decorator = _autotune(variant) if autotune else ""
+    source = f'''{decorator}@triton.jit
+def {name}({", ".join(params)}):
+    # Elementwise {ops}.
+    # Each program computes BLOCK consecutive elements of the contiguous output; operands are read
+    # through broadcast strides, one per group of merged dims.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+{indent(body, 4)}
+    tl.store(out_ptr + offs, {result}, mask=mask)
+'''
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
+    launcher_name = f"{name}_launch"
+    signature = ", ".join((["out"] if writes_into else []) + [a.name for a in tensor_args + scalar_args])
+    frame = f"_broadcast_shape({', '.join(a.name + '.shape' for a in tensor_args)})"
+    alloc = ["shape = out.shape"] if writes_into else [
+        f"shape = {frame}",
+        f"out = torch.empty(shape, device={tensor_args[0].name}.device, dtype=torch.float32)"]
+    strides = indexer.wrapper_lines("shape", {o.name: o.name for o in operands.values()})
+    call_args = ", ".join(["out"] + [a.name for a in tensor_args] + ["numel"] + indexer.kernel_params()
+                          + [a.name for a in scalar_args])
+    if autotune:
+        launch = ['grid = lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call_args})"]
+    else:
+        block, warps = variant.pointwise[0]
+        launch = [f"{name}[(triton.cdiv(numel, {block}),)]({call_args}, BLOCK={block}, num_warps={warps})"]
+    launcher = f'''def {launcher_name}({signature}):
+{indent(alloc + ["numel = out.numel()"] + strides + launch + ["return out"], 4)}
+'''
+    return KernelSource(source, launcher, launcher_name, tensor_args + scalar_args, writes_into,
+                        helper_sources(emitter.helpers), description=f"elementwise {ops}")
+
+
+def _autotune(variant: Variant) -> str:
+    configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in variant.pointwise)
+    return f'@triton.autotune(configs=[{configs}], key=["numel"])\n'

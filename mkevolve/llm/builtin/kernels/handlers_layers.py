@@ -1,0 +1,344 @@
+"""Lowering of linear layers, matmuls, convolutions, pooling, views and shape arithmetic into the tensor program."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .builders import Builder, tuple_arg
+from .calls import Call, Handler, as_param, module_param
+from .errors import UnsupportedSubproblem
+from .handlers_math import ValuesIndices
+from .ir import IntOp, Scalar, Value
+from .trace import TaggedInt
+
+# --- GEMMs ------------------------------------------------------------------------------------------
+
+
+def linear(b: Builder, x: Value, weight: Value, bias: Value | None) -> Value:
+    """x @ weight.T + bias: the transpose is a view, the bias add becomes the GEMM's epilogue."""
+    transposed = b.view(weight, "t", (), tuple((s[1], s[0]) for s in weight.shapes))
+    out = b.matmul(x, transposed)
+    return b.pw("add", out, bias) if bias is not None else out
+
+
+def _linear(b: Builder, call: Call):
+    return linear(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+                  as_param(call.arg(2, "bias", None), "bias"))
+
+
+def _linear_module(b: Builder, call: Call):
+    return linear(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"))
+
+
+def _matmul(b: Builder, call: Call):
+    return b.matmul(call.arg(0, "input"), call.arg(1, "other"))
+
+
+def _bmm(b: Builder, call: Call):
+    a, m = call.arg(0, "input"), call.arg(1, "mat2")
+    if a.rank != 3 or m.rank != 3:
+        raise UnsupportedSubproblem("bmm of tensors that are not 3-d")
+    return b.matmul(a, m)
+
+
+def _addmm(b: Builder, call: Call):
+    bias, a, m = call.arg(0, "input"), call.arg(1, "mat1"), call.arg(2, "mat2")
+    beta, alpha = call.kwargs.get("beta", 1), call.kwargs.get("alpha", 1)
+    product = b.matmul(a, m)
+    if alpha != 1:
+        product = b.pw("mul", product, alpha)
+    if beta == 0:
+        return product
+    return b.pw("add", product, b.pw("mul", bias, beta) if beta != 1 else bias)
+
+
+# --- convolutions -----------------------------------------------------------------------------------
+
+def _conv_padding(padding, weight: Value, spatial: int, dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """Numeric padding; 'same' pads (total // 2) before, the masked loads cover the rest."""
+    if padding == "valid":
+        return (0,) * spatial
+    if padding == "same":
+        kernel = weight.shapes[0][2:]
+        return tuple(dilation[d] * (kernel[d] - 1) // 2 for d in range(spatial))
+    return tuple_arg(padding, spatial, "padding")
+
+
+def conv(b: Builder, x: Value, weight: Value, bias: Value | None, *, transposed: bool, stride, padding,
+         dilation, output_padding, groups) -> Value:
+    spatial = weight.rank - 2
+    if x.rank != weight.rank:
+        raise UnsupportedSubproblem(f"convolution of a rank-{x.rank} input (unbatched input is not supported)")
+    if len({s[2:] for s in weight.shapes}) > 1:
+        raise UnsupportedSubproblem("the convolution kernel size differs between input configs")
+    dilation = tuple_arg(b.const(dilation, "dilation"), spatial, "dilation")
+    out = b.conv(x, weight, transposed=transposed, stride=tuple_arg(b.const(stride, "stride"), spatial, "stride"),
+                 padding=_conv_padding(b.const(padding, "padding"), weight, spatial, dilation), dilation=dilation,
+                 output_padding=tuple_arg(b.const(output_padding, "output_padding"), spatial, "output_padding"),
+                 groups=int(b.const(groups, "groups")))
+    return b.pw("add", out, b.channel_view(bias, out.rank)) if bias is not None else out
+
+
+def _conv(b: Builder, call: Call):
+    return conv(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+                as_param(call.arg(2, "bias", None), "bias"), transposed=False, stride=call.arg(3, "stride", 1),
+                padding=call.arg(4, "padding", 0), dilation=call.arg(5, "dilation", 1), output_padding=0,
+                groups=call.arg(6, "groups", 1))
+
+
+def _conv_transpose(b: Builder, call: Call):
+    return conv(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+                as_param(call.arg(2, "bias", None), "bias"), transposed=True, stride=call.arg(3, "stride", 1),
+                padding=call.arg(4, "padding", 0), output_padding=call.arg(5, "output_padding", 0),
+                groups=call.arg(6, "groups", 1), dilation=call.arg(7, "dilation", 1))
+
+
+def _convolution(b: Builder, call: Call):
+    """aten.convolution: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
+    return conv(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+                as_param(call.arg(2, "bias"), "bias"), transposed=bool(call.arg(6, "transposed")),
+                stride=call.arg(3, "stride"), padding=call.arg(4, "padding"), dilation=call.arg(5, "dilation"),
+                output_padding=call.arg(7, "output_padding"), groups=call.arg(8, "groups"))
+
+
+def _conv_module(b: Builder, call: Call):
+    module = call.module
+    if call.module_attr("padding_mode") != "zeros":
+        raise UnsupportedSubproblem(f"{type(module).__name__} with padding_mode={module.padding_mode!r}")
+    transposed = isinstance(module, nn.modules.conv._ConvTransposeNd)
+    if transposed and call.arg(1, "output_size", None) is not None:
+        raise UnsupportedSubproblem("ConvTranspose with an explicit output_size")
+    return conv(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"),
+                transposed=transposed, stride=call.module_attr("stride"), padding=call.module_attr("padding"),
+                dilation=call.module_attr("dilation"), output_padding=call.module_attr("output_padding"),
+                groups=call.module_attr("groups"))
+
+
+# --- pooling ----------------------------------------------------------------------------------------
+
+def _pool_geometry(b: Builder, spatial: int, kernel, stride, padding, dilation):
+    kernel = tuple_arg(b.const(kernel, "kernel_size"), spatial, "kernel_size")
+    stride = b.const(stride, "stride")
+    stride = kernel if stride is None or stride == [] or stride == () else tuple_arg(stride, spatial, "stride")
+    return (kernel, stride, tuple_arg(b.const(padding, "padding"), spatial, "padding"),
+            tuple_arg(b.const(dilation, "dilation"), spatial, "dilation"))
+
+
+def _max_pool(spatial: int) -> Handler:
+    def handler(b: Builder, call: Call):
+        if b.const(call.kwargs.get("return_indices", call.arg(6, "return_indices", False)), "return_indices"):
+            raise UnsupportedSubproblem("max pooling with return_indices=True")
+        kernel, stride, padding, dilation = _pool_geometry(
+            b, spatial, call.arg(1, "kernel_size"), call.arg(2, "stride", None), call.arg(3, "padding", 0),
+            call.arg(4, "dilation", 1))
+        ceil_mode = bool(b.const(call.arg(5, "ceil_mode", False), "ceil_mode"))
+        return b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+    return handler
+
+
+def _avg_pool(spatial: int) -> Handler:
+    def handler(b: Builder, call: Call):
+        kernel, stride, padding, dilation = _pool_geometry(
+            b, spatial, call.arg(1, "kernel_size"), call.arg(2, "stride", None), call.arg(3, "padding", 0), 1)
+        ceil_mode = bool(b.const(call.arg(4, "ceil_mode", False), "ceil_mode"))
+        include_pad = bool(b.const(call.arg(5, "count_include_pad", True), "count_include_pad"))
+        divisor = b.const(call.arg(6, "divisor_override", None), "divisor_override")
+        return b.pool("avg", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode, include_pad, divisor)
+    return handler
+
+
+def _pool_module(b: Builder, call: Call):
+    module = call.module
+    kind = "max" if isinstance(module, nn.modules.pooling._MaxPoolNd) else "avg"
+    spatial = int(type(module).__name__[-2])
+    if kind == "max" and call.module_attr("return_indices"):
+        raise UnsupportedSubproblem(f"{type(module).__name__} with return_indices=True")
+    dilation = call.module_attr("dilation") if kind == "max" else 1
+    kernel, stride, padding, dilation = _pool_geometry(b, spatial, call.module_attr("kernel_size"),
+                                                       call.module_attr("stride"), call.module_attr("padding"),
+                                                       dilation)
+    ceil_mode = bool(call.module_attr("ceil_mode"))
+    if kind == "max":
+        return b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+    include_pad = bool(call.module_attr("count_include_pad"))
+    divisor = getattr(module, "divisor_override", None)
+    return b.pool("avg", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode, include_pad, divisor)
+
+
+def _adaptive_pool(kind: str, spatial: int) -> Handler:
+    def handler(b: Builder, call: Call):
+        if kind == "max" and call.kwargs.get("return_indices", False):
+            raise UnsupportedSubproblem("adaptive max pooling with return_indices=True")
+        out_sizes = [shape[-spatial:] for shape in call.shapes]
+        return b.adaptive_pool(kind, call.arg(0, "input"), out_sizes)
+    return handler
+
+
+def _adaptive_pool_module(b: Builder, call: Call):
+    module = call.module
+    kind = "max" if "Max" in type(module).__name__ else "avg"
+    if kind == "max" and call.module_attr("return_indices"):
+        raise UnsupportedSubproblem(f"{type(module).__name__} with return_indices=True")
+    spatial = int(type(module).__name__[-2])
+    return b.adaptive_pool(kind, call.arg(0, "input"), [shape[-spatial:] for shape in call.shapes])
+
+
+# --- views and shape arithmetic ---------------------------------------------------------------------
+
+def _shape_arg(b: Builder, value):
+    """A view argument: plain ints stay, config-dependent attributes are read at run time, tensors are refused."""
+    if isinstance(value, Value):
+        raise UnsupportedSubproblem("a view argument computed from tensor data")
+    if isinstance(value, TaggedInt):
+        values = {int(_resolve(m, value.attr)) for m in b.models}
+        return int(value) if len(values) == 1 else Scalar(int(value), attr=value.attr)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_shape_arg(b, v) for v in value)
+    if isinstance(value, slice):
+        return slice(_shape_arg(b, value.start), _shape_arg(b, value.stop), _shape_arg(b, value.step))
+    return value
+
+
+def _resolve(model, path: str):
+    for part in path.split("."):
+        model = getattr(model, part)
+    return model
+
+
+def _varargs(call: Call, start: int) -> tuple:
+    """`x.view(a, b)` and `x.view((a, b))` alike."""
+    rest = call.args[start:]
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list)):
+        return tuple(rest[0])
+    if not rest:
+        for key in ("shape", "size", "dims", "sizes"):
+            if key in call.kwargs:
+                return tuple(call.kwargs[key])
+    return tuple(rest)
+
+
+def _view_method(method: str, varargs: bool = False) -> Handler:
+    """A tensor method that only changes metadata; its result shape is the traced one."""
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        if not isinstance(x, Value):
+            raise UnsupportedSubproblem(f"{call.name} of a non-tensor")
+        args = (_varargs(call, 1),) if varargs else tuple(call.args[1:])
+        if not varargs and call.kwargs:
+            names = {"flatten": ("start_dim", "end_dim"), "transpose": ("dim0", "dim1"),
+                     "squeeze": ("dim",), "unsqueeze": ("dim",)}.get(method, ())
+            args = tuple(call.arg(1 + i, n, None) for i, n in enumerate(names))
+            while args and args[-1] is None:
+                args = args[:-1]
+        return b.view(x, method, _shape_arg(b, args), call.shapes)
+    return handler
+
+
+def _flatten_module(b: Builder, call: Call):
+    module = call.module
+    return b.view(call.arg(0, "input"), "flatten", (module.start_dim, module.end_dim), call.shapes)
+
+
+def _unflatten_module(b: Builder, call: Call):
+    module = call.module
+    return b.view(call.arg(0, "input"), "unflatten", (module.dim, tuple(module.unflattened_size)), call.shapes)
+
+
+def _getitem(b: Builder, call: Call):
+    base, index = call.args[0], call.args[1]
+    if isinstance(base, ValuesIndices):
+        return base.item(index)
+    if isinstance(base, (tuple, list)):
+        return base[index]
+    if isinstance(base, Value):
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(p, Value) for p in parts):
+            raise UnsupportedSubproblem("indexing a tensor with a tensor")
+        return b.view(base, "__getitem__", (_shape_arg(b, index),), call.shapes)
+    raise UnsupportedSubproblem(f"indexing a {type(base).__name__}")
+
+
+def _split_like(method: str) -> Handler:
+    """chunk / split: one view per piece, each `x.<method>(...)[i]` in the forward."""
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        args = tuple(_shape_arg(b, a) for a in call.args[1:]) + tuple(
+            _shape_arg(b, v) for v in call.kwargs.values())
+        return tuple(b.view(x, method, args, shapes) for shapes in _pieces(call.shapes))
+    return handler
+
+
+def _pieces(shapes) -> list[tuple]:
+    """Per-config shapes of a tuple result, regrouped as one tuple of per-config shapes per piece."""
+    counts = {len(s) for s in shapes}
+    if len(counts) > 1:
+        raise UnsupportedSubproblem("chunk/split gives a different number of pieces under different configs")
+    return [tuple(s[i] for s in shapes) for i in range(counts.pop())]
+
+
+def _size(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    dim = call.arg(1, "dim", None)
+    if dim is None:
+        return tuple(b.size(x, d) for d in range(x.rank))
+    return b.size(x, int(b.const(dim, "size dim")))
+
+
+def _numel(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    if x.rank == 0:
+        return 1
+    out = b.size(x, 0)
+    for d in range(1, x.rank):
+        out = IntOp("mul", out, b.size(x, d))
+    return out
+
+
+def _dim(b: Builder, call: Call):
+    return call.arg(0, "input").rank
+
+
+def _getattr(b: Builder, call: Call):
+    x, name = call.args
+    if not isinstance(x, Value):
+        raise UnsupportedSubproblem(f"attribute {name!r} of a {type(x).__name__}")
+    if name == "shape":
+        return tuple(b.size(x, d) for d in range(x.rank))
+    if name == "ndim":
+        return x.rank
+    if name in ("T", "mT"):
+        return b.view(x, "transpose", (-2, -1), call.shapes) if x.rank >= 2 else x
+    raise UnsupportedSubproblem(f"tensor attribute .{name}")
+
+
+FUNCTIONS: dict[str, Handler] = {
+    "linear": _linear, "matmul": _matmul, "operator.matmul": _matmul, "mm": _matmul, "bmm": _bmm,
+    "addmm": _addmm,
+    "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
+    "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
+    "max_pool1d": _max_pool(1), "max_pool2d": _max_pool(2), "max_pool3d": _max_pool(3),
+    "avg_pool1d": _avg_pool(1), "avg_pool2d": _avg_pool(2), "avg_pool3d": _avg_pool(3),
+    "adaptive_avg_pool1d": _adaptive_pool("avg", 1), "adaptive_avg_pool2d": _adaptive_pool("avg", 2),
+    "adaptive_avg_pool3d": _adaptive_pool("avg", 3), "adaptive_max_pool1d": _adaptive_pool("max", 1),
+    "adaptive_max_pool2d": _adaptive_pool("max", 2), "adaptive_max_pool3d": _adaptive_pool("max", 3),
+    "view": _view_method("reshape", varargs=True), "reshape": _view_method("reshape", varargs=True),
+    "_unsafe_view": _view_method("reshape", varargs=True),
+    "permute": _view_method("permute", varargs=True), "expand": _view_method("expand", varargs=True),
+    "flatten": _view_method("flatten"), "unflatten": _view_method("unflatten"),
+    "transpose": _view_method("transpose"), "swapaxes": _view_method("transpose"), "t": _view_method("t"),
+    "squeeze": _view_method("squeeze"), "unsqueeze": _view_method("unsqueeze"), "narrow": _view_method("narrow"),
+    "select": _view_method("select"),
+    "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
+    "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
+    "dim": _dim, "ndimension": _dim,
+}
+
+MODULES: dict[type, Handler] = {
+    nn.Linear: _linear_module, nn.Flatten: _flatten_module, nn.Unflatten: _unflatten_module,
+    **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                                     nn.ConvTranspose3d)},
+    **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
+                                     nn.AvgPool3d)},
+    **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+                                              nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)},
+}

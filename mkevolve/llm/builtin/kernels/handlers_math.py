@@ -1,0 +1,550 @@
+"""Lowering of elementwise ops, reductions, softmax and the normalisation layers into the tensor program."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .builders import Builder, normalize_dims
+from .calls import Call, Handler, as_param, module_param
+from .errors import UnsupportedSubproblem
+from .ir import Assign, IntOp, Param, Scalar, Value
+
+# --- elementwise ------------------------------------------------------------------------------------
+
+# torch name -> op in pointwise_ops, for ops whose only argument is the tensor
+_UNARY = {name: name for name in (
+    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "square", "sin",
+    "cos", "erf", "floor", "ceil", "sign", "relu", "relu6", "sigmoid", "tanh", "silu", "mish", "selu",
+    "hardswish", "hardsigmoid", "logsigmoid", "softsign", "tanhshrink")}
+_UNARY.update({"negative": "neg", "absolute": "abs", "special_erf": "erf", "special_expit": "sigmoid"})
+
+_UNARY_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu",
+                  nn.Mish: "mish", nn.SELU: "selu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+                  nn.LogSigmoid: "logsigmoid", nn.Softsign: "softsign", nn.Tanhshrink: "tanhshrink"}
+
+
+def _unary(op: str) -> Handler:
+    return lambda b, call: b.pw(op, call.arg(0, "input"))
+
+
+def _is_shape_math(*values) -> bool:
+    return not any(isinstance(v, Value) for v in values)
+
+
+def _int_op(op: str, a, b):
+    """Shape arithmetic in the forward: folded when both sides are plain ints."""
+    if isinstance(a, int) and isinstance(b, int) and type(a) is int and type(b) is int:
+        return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "truediv": a / b}[op]
+    return IntOp(op, a, b)
+
+
+def _arith(op: str, reverse: bool = False) -> Handler:
+    def handler(b: Builder, call: Call):
+        x, y = call.arg(0, "input"), call.arg(1, "other")
+        if reverse:
+            x, y = y, x
+        if _is_shape_math(x, y):
+            return _int_op({"add": "add", "sub": "sub", "mul": "mul", "div": "truediv"}[op], x, y)
+        alpha = call.kwargs.get("alpha", 1)
+        if op in ("add", "sub") and alpha != 1:
+            y = b.pw("mul", y, alpha)
+        if op == "div":
+            return _divide(b, x, y, call.kwargs.get("rounding_mode"))
+        return b.pw(op, x, y)
+    return handler
+
+
+def _divide(b: Builder, x, y, rounding_mode):
+    quotient = b.pw("div", x, y)
+    if rounding_mode is None:
+        return quotient
+    if rounding_mode == "floor":
+        return b.pw("floor", quotient)
+    raise UnsupportedSubproblem(f"division with rounding_mode={rounding_mode!r}")
+
+
+def _floordiv(b: Builder, call: Call):
+    x, y = call.arg(0, "input"), call.arg(1, "other")
+    if _is_shape_math(x, y):
+        return _int_op("floordiv", x, y)
+    return b.pw("floor", b.pw("div", x, y))
+
+
+def _pow(b: Builder, call: Call):
+    x, y = call.arg(0, "input"), call.arg(1, "exponent")
+    if isinstance(x, Value) and not isinstance(y, Value):
+        return b.pw("pow_const", x, exponent=Scalar(float(b.const(y, "pow exponent"))))
+    if isinstance(y, Value) and not isinstance(x, Value):
+        base = float(b.const(x, "pow base"))
+        if base <= 0:
+            raise UnsupportedSubproblem(f"pow with base {base} and a tensor exponent")
+        return b.pw("exp", b.pw("mul", y, math.log(base)))
+    raise UnsupportedSubproblem("pow with a tensor base and a tensor exponent")
+
+
+def _rsub(b: Builder, call: Call):
+    x, y = call.arg(0, "input"), call.arg(1, "other")
+    alpha = call.kwargs.get("alpha", 1)
+    return b.pw("sub", y, b.pw("mul", x, alpha) if alpha != 1 else x)
+
+
+def _compare(op: str) -> Handler:
+    return lambda b, call: b.pw(op, call.arg(0, "input"), call.arg(1, "other"))
+
+
+def _where(b: Builder, call: Call):
+    return b.pw("where", call.arg(0, "condition"), call.arg(1, "input"), call.arg(2, "other"))
+
+
+def _clamp(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    low, high = call.arg(1, "min", None), call.arg(2, "max", None)
+    if low is None and high is None:
+        raise UnsupportedSubproblem("clamp without min or max")
+    if low is not None:
+        x = b.pw("maximum", x, low) if isinstance(low, Value) else b.pw("clamp_min", x, low=low)
+    if high is not None:
+        x = b.pw("minimum", x, high) if isinstance(high, Value) else b.pw("clamp_max", x, high=high)
+    return x
+
+
+def _clamp_min(b: Builder, call: Call):
+    x, low = call.arg(0, "input"), call.arg(1, "min")
+    return b.pw("maximum", x, low) if isinstance(low, Value) else b.pw("clamp_min", x, low=low)
+
+
+def _clamp_max(b: Builder, call: Call):
+    x, high = call.arg(0, "input"), call.arg(1, "max")
+    return b.pw("minimum", x, high) if isinstance(high, Value) else b.pw("clamp_max", x, high=high)
+
+
+def _hardtanh(b: Builder, call: Call):
+    return b.pw("hardtanh", call.arg(0, "input"), low=call.arg(1, "min_val", -1.0),
+                high=call.arg(2, "max_val", 1.0))
+
+
+def _gelu(b: Builder, call: Call):
+    approximate = b.const(call.kwargs.get("approximate", call.arg(1, "approximate", "none")), "gelu approximate")
+    return b.pw("gelu_tanh" if approximate == "tanh" else "gelu", call.arg(0, "input"))
+
+
+def _with_attrs(op: str, **defaults) -> Handler:
+    """An op with numeric options after the tensor, in the order given (torch's functional signature)."""
+    names = list(defaults)
+
+    def handler(b: Builder, call: Call):
+        attrs = {name: call.arg(1 + i, name, defaults[name]) for i, name in enumerate(names)}
+        return b.pw(op, call.arg(0, "input"), **attrs)
+    return handler
+
+
+def _identity(b: Builder, call: Call):
+    """Dropout (identity at inference), copies, and `.to`/`.float`: the caller checks the dtype stays float32."""
+    return call.arg(0, "input")
+
+
+def _maximum_or_reduce(kind: str, op: str) -> Handler:
+    """torch.max/min: with a tensor it is elementwise, with a dim it reduces (values, indices), else reduces all."""
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        other = call.arg(1, "dim", None)
+        if isinstance(other, Value):
+            return b.pw(op, x, other)
+        if other is None:
+            return b.squeeze(b.reduce(kind, x, None), tuple(range(x.rank)))
+        keepdim = bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
+        return ValuesIndices(b.reduce_keep(kind, x, b.const(other, "dim"), keepdim))
+    return handler
+
+
+@dataclass
+class ValuesIndices:
+    """The (values, indices) pair torch.max/min return with a dim; only the values are supported."""
+
+    values: Value
+
+    def item(self, index):
+        if index in (0, "values"):
+            return self.values
+        raise UnsupportedSubproblem("the indices output of max/min (argmax) is not supported")
+
+
+# --- reductions -------------------------------------------------------------------------------------
+
+def _reduction(kind: str, dim_default=None) -> Handler:
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        dims = b.const(call.arg(1, "dim", dim_default), "reduction dim")
+        if dims == () or dims == []:
+            dims = None
+        keepdim = bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
+        return b.reduce_keep(kind, x, dims, keepdim)
+    return handler
+
+
+def _variance(take_sqrt: bool) -> Handler:
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        dims = b.const(call.arg(1, "dim", None), "reduction dim")
+        second = call.arg(2, "unbiased", None)
+        correction = call.kwargs.get("correction")
+        if correction is None:
+            unbiased = call.kwargs.get("unbiased", second if isinstance(second, bool) else True)
+            correction = 1 if unbiased else 0
+        keepdim = bool(b.const(call.kwargs.get("keepdim", call.arg(3, "keepdim", False)), "keepdim"))
+        dims = normalize_dims(dims, x.rank)
+        out = variance(b, x, dims, int(b.const(correction, "correction")))
+        if take_sqrt:
+            out = b.pw("sqrt", out)
+        return out if keepdim else b.squeeze(out, dims)
+    return handler
+
+
+def variance(b: Builder, x: Value, dims, correction: int = 0) -> Value:
+    """Two-pass variance: mean((x - mean(x))^2), keepdim."""
+    centered = b.pw("sub", x, b.reduce("mean", x, dims))
+    return b.reduce("mean", b.pw("mul", centered, centered), dims, correction)
+
+
+def _norm(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    p = b.const(call.arg(1, "p", "fro"), "norm order")
+    dims = b.const(call.arg(2, "dim", None), "norm dim")
+    keepdim = bool(b.const(call.arg(3, "keepdim", False), "keepdim"))
+    return _p_norm(b, x, p, dims, keepdim)
+
+
+def _vector_norm(b: Builder, call: Call):
+    x = call.arg(0, "x")
+    p = b.const(call.arg(1, "ord", 2), "norm order")
+    dims = b.const(call.arg(2, "dim", None), "norm dim")
+    keepdim = bool(b.const(call.arg(3, "keepdim", False), "keepdim"))
+    return _p_norm(b, x, p, dims, keepdim)
+
+
+def _p_norm(b: Builder, x: Value, p, dims, keepdim: bool) -> Value:
+    dims = normalize_dims(dims, x.rank)
+    if p in ("fro", 2, 2.0):
+        out = b.pw("sqrt", b.reduce("sum", b.pw("mul", x, x), dims))
+    elif p in (1, 1.0):
+        out = b.reduce("sum", b.pw("abs", x), dims)
+    elif p == float("inf"):
+        out = b.reduce("amax", b.pw("abs", x), dims)
+    else:
+        raise UnsupportedSubproblem(f"norm of order {p!r}")
+    return out if keepdim else b.squeeze(out, dims)
+
+
+def _normalize(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    p = b.const(call.arg(1, "p", 2.0), "normalize p")
+    dim = b.const(call.arg(2, "dim", 1), "normalize dim")
+    eps = call.arg(3, "eps", 1e-12)
+    norm = _p_norm(b, x, p, dim, keepdim=True)
+    return b.pw("div", x, b.pw("clamp_min", norm, low=eps))
+
+
+def _softmax_dim(b: Builder, x: Value, dim) -> int:
+    if dim is None:
+        return 0 if x.rank in (0, 1, 3) else 1
+    return int(b.const(dim, "softmax dim")) % x.rank
+
+
+def softmax(b: Builder, x: Value, dim: int, log: bool) -> Value:
+    """max-shifted softmax: exp(x - max) / sum(exp(x - max)), or its log."""
+    shifted = b.pw("sub", x, b.reduce("amax", x, dim))
+    total = b.reduce("sum", b.pw("exp", shifted), dim)
+    if log:
+        return b.pw("sub", shifted, b.pw("log", total))
+    return b.pw("div", b.pw("exp", shifted), total)
+
+
+def _softmax(log: bool) -> Handler:
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        return softmax(b, x, _softmax_dim(b, x, call.arg(1, "dim", None)), log)
+    return handler
+
+
+def _softmax_module(log: bool) -> Handler:
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        return softmax(b, x, _softmax_dim(b, x, call.module_attr("dim")), log)
+    return handler
+
+
+def _logsumexp(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    dims = normalize_dims(b.const(call.arg(1, "dim"), "logsumexp dim"), x.rank)
+    keepdim = bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
+    peak = b.reduce("amax", x, dims)
+    total = b.reduce("sum", b.pw("exp", b.pw("sub", x, peak)), dims)
+    out = b.pw("add", peak, b.pw("log", total))
+    return out if keepdim else b.squeeze(out, dims)
+
+
+# --- normalisation layers ---------------------------------------------------------------------------
+
+def normalized(b: Builder, x: Value, dims, eps) -> Value:
+    """(x - mean) / sqrt(var + eps) over `dims`, biased variance, two passes."""
+    centered = b.pw("sub", x, b.reduce("mean", x, dims))
+    var = b.reduce("mean", b.pw("mul", centered, centered), dims)
+    return b.pw("mul", centered, b.pw("rsqrt", b.pw("add", var, eps)))
+
+
+def _affine(b: Builder, y: Value, weight: Value | None, bias: Value | None) -> Value:
+    if weight is not None:
+        y = b.pw("mul", y, weight)
+    if bias is not None:
+        y = b.pw("add", y, bias)
+    return y
+
+
+def layer_norm(b: Builder, x: Value, normalized_rank: int, weight, bias, eps) -> Value:
+    dims = tuple(range(x.rank - normalized_rank, x.rank))
+    return _affine(b, normalized(b, x, dims, eps), weight, bias)
+
+
+def _layer_norm(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    shape = b.const(call.arg(1, "normalized_shape"), "normalized_shape")
+    rank = 1 if isinstance(shape, int) else len(shape)
+    return layer_norm(b, x, rank, as_param(call.arg(2, "weight", None), "weight"),
+                      as_param(call.arg(3, "bias", None), "bias"), call.arg(4, "eps", 1e-5))
+
+
+def _layer_norm_module(b: Builder, call: Call):
+    module = call.module
+    return layer_norm(b, call.arg(0, "input"), len(module.normalized_shape), module_param(b, call, "weight"),
+                      module_param(b, call, "bias"), call.module_scalar("eps"))
+
+
+def group_norm(b: Builder, x: Value, groups: int, weight, bias, eps) -> Value:
+    """Split C into (G, C/G), normalize over (C/G, *spatial), affine per channel, merge back."""
+    if x.rank < 2:
+        raise UnsupportedSubproblem("group_norm of a tensor with fewer than 2 dims")
+    spatial = tuple(range(2, x.rank))
+    split_args = (b.size(x, 0), groups, -1) + tuple(b.size(x, d) for d in spatial)
+    split_shapes = tuple((s[0], groups, s[1] // groups) + s[2:] for s in x.shapes)
+    split = b.view(x, "reshape", split_args, split_shapes)
+    y = normalized(b, split, tuple(range(2, split.rank)), eps)
+    trailing = (1,) * len(spatial)
+    if weight is not None:
+        shapes = tuple((groups, s[0] // groups) + trailing for s in weight.shapes)
+        y = b.pw("mul", y, b.view(weight, "reshape", (groups, -1) + trailing, shapes))
+    if bias is not None:
+        shapes = tuple((groups, s[0] // groups) + trailing for s in bias.shapes)
+        y = b.pw("add", y, b.view(bias, "reshape", (groups, -1) + trailing, shapes))
+    merge_args = tuple(b.size(x, d) for d in range(x.rank))
+    return b.view(y, "reshape", merge_args, x.shapes)
+
+
+def _group_norm(b: Builder, call: Call):
+    return group_norm(b, call.arg(0, "input"), int(b.const(call.arg(1, "num_groups"), "num_groups")),
+                      as_param(call.arg(2, "weight", None), "weight"), as_param(call.arg(3, "bias", None), "bias"),
+                      call.arg(4, "eps", 1e-5))
+
+
+def _group_norm_module(b: Builder, call: Call):
+    return group_norm(b, call.arg(0, "input"), int(call.module_attr("num_groups")), module_param(b, call, "weight"),
+                      module_param(b, call, "bias"), call.module_scalar("eps"))
+
+
+@dataclass
+class BatchNormArgs:
+    running_mean: Value | None
+    running_var: Value | None
+    weight: Value | None
+    bias: Value | None
+    training: bool
+    momentum: float | Scalar | None
+    eps: float | Scalar
+
+
+def batch_norm(b: Builder, x: Value, a: BatchNormArgs) -> Value:
+    """Batch statistics over every dim but the channel dim in training; running statistics otherwise."""
+    if x.rank < 2:
+        raise UnsupportedSubproblem("batch_norm of a tensor with fewer than 2 dims")
+    use_batch_stats = a.training or a.running_mean is None
+    if use_batch_stats:
+        dims = (0,) + tuple(range(2, x.rank))
+        mean = b.reduce("mean", x, dims)
+        centered = b.pw("sub", x, mean)
+        var = b.reduce("mean", b.pw("mul", centered, centered), dims)
+        y = b.pw("mul", centered, b.pw("rsqrt", b.pw("add", var, a.eps)))
+        if a.training and a.running_mean is not None and a.momentum is not None:
+            _update_running_stats(b, x, a, mean, var)
+    else:
+        mean = b.channel_view(a.running_mean, x.rank)
+        var = b.channel_view(a.running_var, x.rank)
+        y = b.pw("mul", b.pw("sub", x, mean), b.pw("rsqrt", b.pw("add", var, a.eps)))
+    weight = b.channel_view(a.weight, x.rank) if a.weight is not None else None
+    bias = b.channel_view(a.bias, x.rank) if a.bias is not None else None
+    return _affine(b, y, weight, bias)
+
+
+def _update_running_stats(b: Builder, x: Value, a: BatchNormArgs, mean: Value, var: Value) -> None:
+    """running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance."""
+    if not (isinstance(a.running_mean, Param) and isinstance(a.running_var, Param)):
+        return
+    count = b.size(x, 0)
+    for d in range(2, x.rank):
+        count = IntOp("mul", count, b.size(x, d))
+    unbias = Scalar(0.0, expr=IntOp("truediv", count, IntOp("sub", count, 1)))
+    flat = tuple((s[1],) for s in x.shapes)
+    batch_mean = b.view(mean, "reshape", (-1,), flat)
+    batch_var = b.pw("mul", b.view(var, "reshape", (-1,), flat), unbias)
+    for target, batch in ((a.running_mean, batch_mean), (a.running_var, batch_var)):
+        updated = b.pw("add", target, b.pw("mul", b.pw("sub", batch, target), a.momentum))
+        b.program.assigns.append(Assign(target, updated))
+
+
+def _batch_norm(b: Builder, call: Call):
+    args = BatchNormArgs(running_mean=as_param(call.arg(1, "running_mean"), "running_mean"),
+                         running_var=as_param(call.arg(2, "running_var"), "running_var"),
+                         weight=as_param(call.arg(3, "weight", None), "weight"),
+                         bias=as_param(call.arg(4, "bias", None), "bias"),
+                         training=bool(b.const(call.arg(5, "training", False), "training")),
+                         momentum=call.arg(6, "momentum", 0.1), eps=call.arg(7, "eps", 1e-5))
+    return batch_norm(b, call.arg(0, "input"), args)
+
+
+def _aten_batch_norm(b: Builder, call: Call):
+    args = BatchNormArgs(running_mean=as_param(call.arg(3, "running_mean"), "running_mean"),
+                         running_var=as_param(call.arg(4, "running_var"), "running_var"),
+                         weight=as_param(call.arg(1, "weight"), "weight"),
+                         bias=as_param(call.arg(2, "bias"), "bias"),
+                         training=bool(b.const(call.arg(5, "training"), "training")),
+                         momentum=call.arg(6, "momentum"), eps=call.arg(7, "eps"))
+    return batch_norm(b, call.arg(0, "input"), args)
+
+
+def _batch_norm_module(b: Builder, call: Call):
+    module = call.module
+    momentum = call.module_attr("momentum")
+    args = BatchNormArgs(running_mean=module_param(b, call, "running_mean"),
+                         running_var=module_param(b, call, "running_var"),
+                         weight=module_param(b, call, "weight"), bias=module_param(b, call, "bias"),
+                         training=module.training, momentum=None if momentum is None else call.module_scalar("momentum"),
+                         eps=call.module_scalar("eps"))
+    return batch_norm(b, call.arg(0, "input"), args)
+
+
+def instance_norm(b: Builder, x: Value, weight, bias, eps) -> Value:
+    y = normalized(b, x, tuple(range(2, x.rank)), eps)
+    weight = b.channel_view(weight, x.rank) if weight is not None else None
+    bias = b.channel_view(bias, x.rank) if bias is not None else None
+    return _affine(b, y, weight, bias)
+
+
+def _instance_norm(b: Builder, call: Call):
+    if not b.const(call.arg(5, "use_input_stats", True), "use_input_stats"):
+        raise UnsupportedSubproblem("instance_norm with running statistics")
+    return instance_norm(b, call.arg(0, "input"), as_param(call.arg(3, "weight", None), "weight"),
+                         as_param(call.arg(4, "bias", None), "bias"), call.arg(7, "eps", 1e-5))
+
+
+def _aten_instance_norm(b: Builder, call: Call):
+    if not b.const(call.arg(5, "use_input_stats"), "use_input_stats"):
+        raise UnsupportedSubproblem("instance_norm with running statistics")
+    return instance_norm(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+                         as_param(call.arg(2, "bias"), "bias"), call.arg(7, "eps"))
+
+
+def _instance_norm_module(b: Builder, call: Call):
+    if call.module.track_running_stats:
+        raise UnsupportedSubproblem(f"{type(call.module).__name__} with track_running_stats=True")
+    return instance_norm(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"),
+                         call.module_scalar("eps"))
+
+
+def rms_norm(b: Builder, x: Value, normalized_rank: int, weight, eps) -> Value:
+    dims = tuple(range(x.rank - normalized_rank, x.rank))
+    if eps is None:
+        eps = torch.finfo(torch.float32).eps
+    y = b.pw("mul", x, b.pw("rsqrt", b.pw("add", b.reduce("mean", b.pw("mul", x, x), dims), eps)))
+    return _affine(b, y, weight, None)
+
+
+def _rms_norm(b: Builder, call: Call):
+    shape = b.const(call.arg(1, "normalized_shape"), "normalized_shape")
+    rank = 1 if isinstance(shape, int) else len(shape)
+    return rms_norm(b, call.arg(0, "input"), rank, as_param(call.arg(2, "weight", None), "weight"),
+                    call.arg(3, "eps", None))
+
+
+def _rms_norm_module(b: Builder, call: Call):
+    eps = call.module_attr("eps")
+    return rms_norm(b, call.arg(0, "input"), len(call.module.normalized_shape), module_param(b, call, "weight"),
+                    None if eps is None else call.module_scalar("eps"))
+
+
+# --- module forms of elementwise ops ----------------------------------------------------------------
+
+def _module_op(op: str, **attrs: str) -> Handler:
+    """An activation module: `attrs` maps the op's option name to the module attribute holding it."""
+    def handler(b: Builder, call: Call):
+        return b.pw(op, call.arg(0, "input"), **{k: call.module_scalar(v) for k, v in attrs.items()})
+    return handler
+
+
+def _gelu_module(b: Builder, call: Call):
+    approximate = call.module_attr("approximate")
+    return b.pw("gelu_tanh" if approximate == "tanh" else "gelu", call.arg(0, "input"))
+
+
+FUNCTIONS: dict[str, Handler] = {name: _unary(op) for name, op in _UNARY.items()}
+FUNCTIONS.update({
+    "add": _arith("add"), "sub": _arith("sub"), "subtract": _arith("sub"), "mul": _arith("mul"),
+    "multiply": _arith("mul"), "div": _arith("div"), "divide": _arith("div"), "true_divide": _arith("div"),
+    "operator.add": _arith("add"), "operator.sub": _arith("sub"), "operator.mul": _arith("mul"),
+    "operator.truediv": _arith("div"), "operator.floordiv": _floordiv, "floor_divide": _floordiv,
+    "operator.neg": _unary("neg"), "operator.pow": _pow, "pow": _pow, "rsub": _rsub,
+    "operator.gt": _compare("gt"), "operator.lt": _compare("lt"), "operator.ge": _compare("ge"),
+    "operator.le": _compare("le"), "operator.eq": _compare("eq"), "operator.ne": _compare("ne"),
+    "gt": _compare("gt"), "lt": _compare("lt"), "ge": _compare("ge"), "le": _compare("le"), "eq": _compare("eq"),
+    "ne": _compare("ne"), "greater": _compare("gt"), "less": _compare("lt"),
+    "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
+    "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
+    "where": _where, "maximum": _compare("maximum"), "minimum": _compare("minimum"),
+    "fmax": _compare("maximum"), "fmin": _compare("minimum"),
+    "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
+    "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0),
+    "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
+    "leaky_relu": _with_attrs("leaky_relu", slope=0.01), "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
+    "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
+    "dropout": _identity, "dropout1d": _identity, "dropout2d": _identity, "dropout3d": _identity,
+    "alpha_dropout": _identity, "feature_alpha_dropout": _identity, "native_dropout": _identity,
+    "contiguous": _identity, "clone": _identity, "detach": _identity, "positive": _identity,
+    "to": _identity, "float": _identity, "type": _identity, "type_as": _identity,
+    "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
+    "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
+    "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
+    "norm": _norm, "linalg_vector_norm": _vector_norm, "vector_norm": _vector_norm, "normalize": _normalize,
+    "softmax": _softmax(False), "log_softmax": _softmax(True), "_softmax": _softmax(False),
+    "_log_softmax": _softmax(True), "special_softmax": _softmax(False), "logsumexp": _logsumexp,
+    "layer_norm": _layer_norm, "group_norm": _group_norm, "batch_norm": _batch_norm,
+    "instance_norm": _instance_norm, "rms_norm": _rms_norm,
+    "aten.batch_norm": _aten_batch_norm, "aten.instance_norm": _aten_instance_norm,
+})
+
+MODULES: dict[type, Handler] = {cls: _module_op(op) for cls, op in _UNARY_MODULES.items()}
+MODULES.update({
+    nn.GELU: _gelu_module, nn.Softplus: _module_op("softplus", beta="beta", threshold="threshold"),
+    nn.ELU: _module_op("elu", alpha="alpha"), nn.CELU: _module_op("celu", alpha="alpha"),
+    nn.LeakyReLU: _module_op("leaky_relu", slope="negative_slope"),
+    nn.Hardtanh: _module_op("hardtanh", low="min_val", high="max_val"),
+    nn.Threshold: _module_op("threshold", threshold="threshold", value="value"),
+    nn.Softshrink: _module_op("softshrink", lambd="lambd"), nn.Hardshrink: _module_op("hardshrink", lambd="lambd"),
+    nn.Dropout: _identity, nn.Dropout1d: _identity, nn.Dropout2d: _identity, nn.Dropout3d: _identity,
+    nn.AlphaDropout: _identity, nn.FeatureAlphaDropout: _identity, nn.Identity: _identity,
+    nn.Softmax: _softmax_module(False), nn.LogSoftmax: _softmax_module(True),
+    nn.LayerNorm: _layer_norm_module, nn.GroupNorm: _group_norm_module,
+    nn.BatchNorm1d: _batch_norm_module, nn.BatchNorm2d: _batch_norm_module, nn.BatchNorm3d: _batch_norm_module,
+    nn.InstanceNorm1d: _instance_norm_module, nn.InstanceNorm2d: _instance_norm_module,
+    nn.InstanceNorm3d: _instance_norm_module, nn.RMSNorm: _rms_norm_module,
+})

@@ -1,0 +1,206 @@
+"""The tensor program the generator works on: typed values with one shape per input config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Scalar:
+    """A number: a literal, a module attribute read at run time (`attr`), or shape arithmetic (`expr`)."""
+
+    value: float | int | bool
+    attr: str | None = None
+    expr: "ShapeInt | None" = None
+
+    @property
+    def is_literal(self) -> bool:
+        return self.attr is None and self.expr is None
+
+
+@dataclass(eq=False)
+class SizeOf:
+    """`tensor.shape[dim]`, an int computed in the forward from a tensor that exists there."""
+
+    tensor: "Value"
+    dim: int
+
+
+@dataclass(eq=False)
+class IntOp:
+    """Python integer arithmetic on shape ints (`a * b`, `a // b`, ...)."""
+
+    op: str
+    a: "ShapeInt"
+    b: "ShapeInt"
+
+
+ShapeInt = Union[int, SizeOf, IntOp]
+
+
+@dataclass(eq=False)
+class Value:
+    """A tensor; `shapes[c]` is its shape under input config c. Subclasses say how it is computed."""
+
+    shapes: tuple[Shape, ...]
+    id: int = field(default=-1, init=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shapes[0])
+
+    def operands(self) -> list["Value"]:
+        return []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}#{self.id}{list(self.shapes[0])}"
+
+
+@dataclass(eq=False, repr=False)
+class Input(Value):
+    index: int = 0
+    name: str = ""
+
+
+@dataclass(eq=False, repr=False)
+class Param(Value):
+    """A parameter or buffer of the module, `self.<path>` in the forward."""
+
+    path: str = ""
+
+
+@dataclass(eq=False, repr=False)
+class Pointwise(Value):
+    op: str = ""
+    args: tuple = ()                     # Value or Scalar
+    attrs: dict = field(default_factory=dict)
+
+    def operands(self) -> list[Value]:
+        return [a for a in self.args if isinstance(a, Value)]
+
+
+@dataclass(eq=False, repr=False)
+class View(Value):
+    """A metadata-only tensor method (`reshape`, `permute`, `__getitem__`, ...) applied in the forward."""
+
+    base: Value | None = None
+    method: str = ""
+    args: tuple = ()                     # Python literals, ShapeInt, Scalar (attributes), slices
+    item: int | None = None              # for methods that return several views (chunk, split): which one
+
+    def operands(self) -> list[Value]:
+        return [self.base]
+
+
+@dataclass(eq=False, repr=False)
+class Reduce(Value):
+    """Reduction over a run of adjacent dims, keepdim; mean divides by (count - correction)."""
+
+    kind: str = "sum"                    # sum | mean | amax | amin
+    base: Value | None = None
+    dims: tuple[int, ...] = ()
+    correction: int = 0
+
+    def operands(self) -> list[Value]:
+        return [self.base]
+
+
+@dataclass(eq=False, repr=False)
+class Matmul(Value):
+    """torch.matmul restricted to `a (..., M, K) @ b (K, N)` (rows form) or equal batch dims (batched)."""
+
+    a: Value | None = None
+    b: Value | None = None
+    batched: bool = False
+
+    def operands(self) -> list[Value]:
+        return [self.a, self.b]
+
+
+@dataclass(eq=False, repr=False)
+class Conv(Value):
+    x: Value | None = None
+    w: Value | None = None
+    transposed: bool = False
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    output_padding: tuple[int, ...] = ()
+    groups: int = 1
+
+    def operands(self) -> list[Value]:
+        return [self.x, self.w]
+
+
+@dataclass(eq=False, repr=False)
+class Pool(Value):
+    """Max or average pooling over the trailing `len(kernel)` dims."""
+
+    kind: str = "max"                    # max | avg
+    x: Value | None = None
+    kernel: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor: int | None = None
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+@dataclass(eq=False, repr=False)
+class AdaptivePool(Value):
+    """Adaptive max or average pooling of the trailing dims to the value's own trailing sizes."""
+
+    kind: str = "avg"
+    x: Value | None = None
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+ANCHORS = (Matmul, Conv, Pool, AdaptivePool)
+
+
+@dataclass(frozen=True)
+class Assign:
+    """A side effect of the forward: write `value` into the buffer `target` (e.g. BatchNorm running stats)."""
+
+    target: Param
+    value: Value
+
+
+@dataclass
+class Program:
+    """One forward pass, for one module mode (training or eval), in topological order."""
+
+    values: list[Value] = field(default_factory=list)
+    outputs: object = None               # a Value, or a (nested) tuple of Values
+    assigns: list[Assign] = field(default_factory=list)
+    inputs: list[Input] = field(default_factory=list)
+
+    def add(self, value: Value) -> Value:
+        value.id = len(self.values)
+        self.values.append(value)
+        return value
+
+    def output_values(self) -> list[Value]:
+        return list(_flatten(self.outputs))
+
+
+def _flatten(spec) -> list[Value]:
+    if isinstance(spec, (tuple, list)):
+        return [v for item in spec for v in _flatten(item)]
+    return [spec]
+
+
+def is_leaf(value: Value) -> bool:
+    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one."""
+    if isinstance(value, View):
+        return is_leaf(value.base)
+    return isinstance(value, (Input, Param))

@@ -1,0 +1,208 @@
+"""Walk a traced graph and lower every live node into the tensor program, checking shapes against the trace."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree
+
+from . import handlers_layers, handlers_math
+from .builders import Builder
+from .calls import Call, Handler
+from .errors import UnsupportedSubproblem
+from .ir import Input, Program, Scalar, Value
+from .trace import Trace
+
+FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS}
+MODULES: dict[type, Handler] = {**handlers_math.MODULES, **handlers_layers.MODULES}
+
+_INPLACE_OPERATORS = {"iadd": "add", "isub": "sub", "imul": "mul", "itruediv": "truediv"}
+_FLOAT_DTYPES = (torch.float32, torch.bool)
+
+
+def function_key(target: Any) -> str:
+    """The handler name for a call_function target: torch/F name, `operator.<name>`, or the aten op name."""
+    if isinstance(target, torch._ops.OpOverload):
+        name = target._schema.name.split("::")[-1]
+        key = f"aten.{name}"
+        return key if key in FUNCTIONS else _strip_inplace(name)
+    if target is getattr:
+        return "getattr"
+    name = getattr(target, "__name__", repr(target))
+    module = getattr(target, "__module__", "") or ""
+    if module in ("_operator", "operator") or target in vars(operator).values():
+        return "operator." + _INPLACE_OPERATORS.get(name, name)
+    return _strip_inplace(name)
+
+
+def _strip_inplace(name: str) -> str:
+    """`relu_` computes what `relu` computes; the program is functional."""
+    if name.endswith("_") and not name.endswith("__"):
+        return name[:-1]
+    return name
+
+
+def lower(trace: Trace) -> Program:
+    for config in trace.configs:
+        config.model.train(trace.mode == "train")   # module handlers read `training` (BatchNorm)
+    return _Lowering(trace).run()
+
+
+class _Lowering:
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.program = Program()
+        self.builder = Builder(self.program, [c.model for c in trace.configs])
+        self.nodes = [trace.nodes(c) for c in range(len(trace.configs))]
+        self.env: dict[fx.Node, Any] = {}
+
+    def run(self) -> Program:
+        graph_nodes = self.nodes[0]
+        output = graph_nodes[-1]
+        live = _live(self._user_outputs(output))
+        for index, node in enumerate(graph_nodes):
+            if node.op == "output":
+                break
+            if node not in live:
+                self._check_dead(node)
+                continue
+            self.env[node] = self._lower_node(index, node)
+        self.program.outputs = self._outputs(output)
+        for value in self.program.output_values():
+            if not isinstance(value, Value):
+                raise UnsupportedSubproblem(f"forward returns a {type(value).__name__}, not a tensor")
+        return self.program
+
+    # --- graph plumbing --------------------------------------------------------------------------
+
+    def _user_outputs(self, output: fx.Node) -> list:
+        values = output.args[0]
+        if self.trace.kind == "export":
+            return [values[i] for i in self.trace.user_output_indices]
+        return [values]
+
+    def _outputs(self, output: fx.Node):
+        values = [self._arg(v) for v in self._user_outputs(output)]
+        if self.trace.kind == "export":
+            return _pytree.tree_unflatten(values, self.trace.out_spec)
+        return values[0]
+
+    def _check_dead(self, node: fx.Node) -> None:
+        """An in-place op whose result is unused still changes its input; the program cannot express that."""
+        if node.op in ("call_method", "call_function") and not node.users:
+            key = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+            if isinstance(key, str) and key.endswith("_") and not key.endswith("__"):
+                if self.trace.kind == "export" and self._mutates_buffer(node):
+                    return
+                raise UnsupportedSubproblem(f"in-place {key} whose result is not used (mutation of its input)")
+
+    def _mutates_buffer(self, node: fx.Node) -> bool:
+        first = node.args[0] if node.args else None
+        return isinstance(first, fx.Node) and first.name in self.trace.placeholder_params
+
+    def _arg(self, value):
+        if isinstance(value, fx.Node):
+            return self.env[value]
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._arg(v) for k, v in value.items()}
+        return value
+
+    def _traced_shapes(self, index: int):
+        shapes = [self.trace.configs[c].shapes[self.nodes[c][index].name] for c in range(len(self.nodes))]
+        return tuple(shapes) if all(isinstance(s, tuple) and all(isinstance(d, int) for d in s)
+                                    for s in shapes) else shapes
+
+    def _check_dtype(self, node: fx.Node) -> None:
+        """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken."""
+        dtype = self.trace.configs[0].dtypes[node.name]
+        if isinstance(dtype, torch.dtype) and dtype not in _FLOAT_DTYPES:
+            raise UnsupportedSubproblem(f"{_describe(node)} produces {dtype}; only float32 is supported")
+
+    # --- nodes -----------------------------------------------------------------------------------
+
+    def _lower_node(self, index: int, node: fx.Node):
+        self._check_dtype(node)
+        shapes = self._traced_shapes(index)
+        if node.op == "placeholder":
+            return self._placeholder(node, shapes)
+        if node.op == "get_attr":
+            return self._get_attr(node, shapes)
+        call = Call(name="", args=list(self._arg(node.args)), kwargs=self._arg(dict(node.kwargs)),
+                    shapes=shapes if isinstance(shapes, tuple) else None)
+        handler = self._handler(node, call)
+        result = handler(self.builder, call)
+        if isinstance(result, Value) and isinstance(shapes, tuple) and result.shapes != shapes:
+            raise UnsupportedSubproblem(f"internal error: {_describe(node)} lowered to shapes {result.shapes}, "
+                                        f"the trace says {shapes}")
+        return result
+
+    def _handler(self, node: fx.Node, call: Call) -> Handler:
+        if node.op == "call_module":
+            modules = [c.model.get_submodule(node.target) for c in self.trace.configs]
+            call.modules, call.path, call.name = modules, node.target, type(modules[0]).__name__
+            handler = MODULES.get(type(modules[0]))
+            if handler is None:
+                raise UnsupportedSubproblem(f"module {_module_name(modules[0])} is not supported")
+            return handler
+        call.name = node.target if node.op == "call_method" else function_key(node.target)
+        if node.op == "call_method":
+            call.name = _strip_inplace(call.name)
+        handler = FUNCTIONS.get(call.name)
+        if handler is None:
+            raise UnsupportedSubproblem(f"op {call.name!r} ({_describe(node)}) is not supported")
+        return handler
+
+    def _placeholder(self, node: fx.Node, shapes) -> Value:
+        path = self.trace.placeholder_params.get(node.name)
+        if path is not None:
+            return self.builder.param(path, shapes)
+        index = self.trace.placeholder_inputs.index(node.name)
+        value = self.program.add(Input(shapes, index=index, name=node.name))
+        self.program.inputs.append(value)
+        return value
+
+    def _get_attr(self, node: fx.Node, shapes):
+        model = self.trace.configs[0].model
+        try:
+            target = _resolve(model, node.target)
+        except AttributeError:
+            target = None
+        if isinstance(target, torch.Tensor):
+            return self.builder.param(node.target, shapes)
+        constant = _resolve(self.trace.configs[0].graph_module, node.target)
+        if isinstance(constant, torch.Tensor) and constant.numel() == 1 and constant.device.type != "meta":
+            return Scalar(float(constant.item()))
+        raise UnsupportedSubproblem(f"tensor constant {node.target} created in forward")
+
+
+def _resolve(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _live(roots: list) -> set[fx.Node]:
+    live: set[fx.Node] = set()
+    stack = [n for n in _pytree.tree_leaves(roots) if isinstance(n, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        stack.extend(node.all_input_nodes)
+    return live
+
+
+def _describe(node: fx.Node) -> str:
+    return f"node {node.name} = {node.op} {getattr(node.target, '__name__', node.target)}"
+
+
+def _module_name(module: nn.Module) -> str:
+    cls = type(module)
+    prefix = "nn." if cls.__module__.startswith("torch.nn") else f"{cls.__module__}."
+    return prefix + cls.__name__

@@ -1,0 +1,224 @@
+"""Fusion: which values become real tensors, and which kernel computes each of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ir import (ANCHORS, AdaptivePool, Conv, IntOp, Matmul, Param, Pointwise, Pool, Program, Reduce, Scalar,
+                 Shape, SizeOf, Value, View, is_leaf)
+
+
+@dataclass(frozen=True)
+class RowSpace:
+    """What a row kernel reduces: the input shape per config and the adjacent run of reduced dims."""
+
+    shapes: tuple[Shape, ...]
+    dims: tuple[int, ...]
+
+    def reduced(self) -> tuple[Shape, ...]:
+        return tuple(tuple(1 if d in self.dims else s for d, s in enumerate(shape)) for shape in self.shapes)
+
+
+@dataclass
+class KernelPlan:
+    """One kernel: it materialises `root`; `body` is every value it computes in registers."""
+
+    root: Value
+    kind: str                                  # pointwise | rows | matmul | conv | pool | adaptive_pool
+    anchor: Value | None = None                # the GEMM/conv/pool whose output the epilogue starts from
+    row: RowSpace | None = None
+    reductions: list[Reduce] = field(default_factory=list)   # in dependency order
+    body: set[int] = field(default_factory=set)
+    leaves: list[Value] = field(default_factory=list)        # tensors it reads
+    target: Param | None = None                # write into this buffer instead of a new tensor
+
+    @property
+    def full_space(self) -> bool:
+        """Row kernels: the output has the reduced input's shape (softmax), not the reduced shape (sum)."""
+        return self.row is not None and self.root.shapes == self.row.shapes
+
+
+@dataclass
+class Plan:
+    program: Program
+    kernels: list[KernelPlan]                  # in launch order
+    materialized: set[int]
+
+    def kernel_of(self, value: Value) -> KernelPlan | None:
+        for kernel in self.kernels:
+            if kernel.root is value:
+                return kernel
+        return None
+
+
+def plan(program: Program) -> Plan:
+    _copy_leaf_outputs(program)
+    materialized = _required_tensors(program)
+    while True:
+        formed = [_form(program.values[vid], materialized) for vid in sorted(materialized)]
+        conflicts = _conflicts(formed, materialized)
+        if not conflicts:
+            break
+        materialized |= conflicts
+    kernels = {state.kernel.root.id: state.kernel for state in formed}
+    targets = {a.value.id: a.target for a in program.assigns}
+    ordered = [kernels[vid] for vid in sorted(kernels)]
+    for kernel in ordered:
+        kernel.target = targets.get(kernel.root.id)
+    return Plan(program, ordered, materialized)
+
+
+def _copy_leaf_outputs(program: Program) -> None:
+    """A forward must not return its input (or a view of it): such outputs get an identity kernel."""
+    def fix(spec):
+        if isinstance(spec, (tuple, list)):
+            return type(spec)(fix(s) for s in spec)
+        if is_leaf(spec):
+            return program.add(Pointwise(spec.shapes, op="identity", args=(spec,)))
+        return spec
+    program.outputs = fix(program.outputs)
+
+
+def _required_tensors(program: Program) -> set[int]:
+    """Values that must exist as tensors: outputs, view bases, GEMM/conv/pool operands, shape sources."""
+    required: set[int] = set()
+
+    def need(value: Value) -> None:
+        while isinstance(value, View):
+            value = value.base
+        if not is_leaf(value):
+            required.add(value.id)
+
+    for value in program.output_values():
+        need(value)
+    for assign in program.assigns:
+        required.add(assign.value.id)
+    for value in program.values:
+        if isinstance(value, View):
+            need(value.base)
+            for arg in value.args:
+                for size in _sizes_in(arg):
+                    need(_shape_source(size, required))
+        elif isinstance(value, ANCHORS):
+            for operand in value.operands():
+                need(operand)
+        elif isinstance(value, Pointwise):
+            for scalar in list(value.args) + list(value.attrs.values()):
+                if isinstance(scalar, Scalar) and scalar.expr is not None:
+                    for size in _sizes_in(scalar.expr):
+                        need(_shape_source(size, required))
+    return required
+
+
+def _sizes_in(value) -> list[SizeOf]:
+    if isinstance(value, SizeOf):
+        return [value]
+    if isinstance(value, IntOp):
+        return _sizes_in(value.a) + _sizes_in(value.b)
+    if isinstance(value, (tuple, list)):
+        return [s for v in value for s in _sizes_in(v)]
+    if isinstance(value, slice):
+        return _sizes_in([value.start, value.stop, value.step])
+    return []
+
+
+def _shape_source(size: SizeOf, required: set[int]) -> Value:
+    """A tensor with the same size at some dim that exists anyway, found through elementwise operands.
+
+    Rewrites `size` in place to point at it; the size's own tensor if there is none.
+    """
+    value, dim = size.tensor, size.dim
+    while not (is_leaf(value) or value.id in required):
+        aligned = None
+        for operand in (value.operands() if isinstance(value, Pointwise) else []):
+            d = dim - (value.rank - operand.rank)
+            if d >= 0 and all(o[d] == s[dim] for o, s in zip(operand.shapes, value.shapes)):
+                aligned = (operand, d)
+                break
+        if aligned is None:
+            return value
+        value, dim = aligned
+    size.tensor, size.dim = value, dim
+    return value
+
+
+@dataclass
+class _Forming:
+    kernel: KernelPlan
+    materialized: set[int]
+    conflicts: set[int] = field(default_factory=set)
+    seen: set[int] = field(default_factory=set)
+
+
+def _form(root: Value, materialized: set[int]) -> _Forming:
+    kind = _anchor_kind(root) if isinstance(root, ANCHORS) else "pointwise"
+    kernel = KernelPlan(root=root, kind=kind, anchor=root if isinstance(root, ANCHORS) else None)
+    state = _Forming(kernel, materialized)
+    _visit(state, root)
+    kernel.reductions.sort(key=lambda r: r.id)
+    return state
+
+
+def _anchor_kind(value: Value) -> str:
+    return {Matmul: "matmul", Conv: "conv", Pool: "pool", AdaptivePool: "adaptive_pool"}[type(value)]
+
+
+def _visit(state: _Forming, value: Value) -> None:
+    kernel = state.kernel
+    if value.id in state.seen:
+        return
+    state.seen.add(value.id)
+    is_root = value is kernel.root
+    if not is_root and (value.id in state.materialized or is_leaf(value) or isinstance(value, View)):
+        kernel.leaves.append(value)
+        return
+    if isinstance(value, ANCHORS):
+        if is_root:
+            kernel.body.add(value.id)
+            kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
+            return
+        if kernel.anchor is None and kernel.row is None and value.shapes == kernel.root.shapes:
+            kernel.anchor, kernel.kind = value, _anchor_kind(value)
+            kernel.body.add(value.id)
+            kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
+            return
+        state.conflicts.add(value.id)
+        kernel.leaves.append(value)
+        return
+    if isinstance(value, Reduce):
+        space = RowSpace(value.base.shapes, value.dims)
+        if kernel.row is None and kernel.anchor is None and kernel.root.shapes in (space.shapes, space.reduced()):
+            kernel.row, kernel.kind = space, "rows"
+        if kernel.row != space:
+            state.conflicts.add(value.id)
+            kernel.leaves.append(value)
+            return
+        kernel.body.add(value.id)
+        kernel.reductions.append(value)
+        _visit(state, value.base)
+        return
+    kernel.body.add(value.id)
+    for operand in value.operands():
+        _visit(state, operand)
+
+
+def _conflicts(formed: list[_Forming], materialized: set[int]) -> set[int]:
+    """Values a kernel could not absorb, and reductions/anchors absorbed by more than one kernel."""
+    conflicts: set[int] = set()
+    owners: dict[int, int] = {}
+    for state in formed:
+        kernel = state.kernel
+        conflicts |= state.conflicts
+        for vid in kernel.body:
+            if vid == kernel.root.id:
+                continue
+            value_is_shared = vid in owners and owners[vid] != kernel.root.id
+            if value_is_shared and _expensive(kernel, vid):
+                conflicts.add(vid)
+            owners[vid] = kernel.root.id
+    return conflicts - materialized
+
+
+def _expensive(kernel: KernelPlan, vid: int) -> bool:
+    """Reductions and GEMM/conv/pool are computed once; elementwise values may be recomputed per kernel."""
+    return any(r.id == vid for r in kernel.reductions) or (kernel.anchor is not None and kernel.anchor.id == vid)

@@ -1,0 +1,140 @@
+"""The elementwise ops the generator fuses, each as a Triton expression over fp32 operands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class PointwiseOp:
+    """`render(args, attrs)` gives a Triton expression; `helpers` are @triton.jit functions it calls."""
+
+    arity: int
+    render: Callable[[list[str], dict[str, str]], str]
+    helpers: tuple[str, ...] = ()
+    boolean: bool = False                 # the result is a mask (comparisons), not fp32
+
+
+# Helper functions emitted once into a generated file when an op needs them. tanh is written with one exp
+# because the math library's tanh is spelled differently across Triton versions.
+HELPER_SOURCES: dict[str, str] = {
+    "_tanh": '''@triton.jit
+def _tanh(x):
+    # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|): no overflow for large |x|
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+''',
+    "_softplus": '''@triton.jit
+def _softplus(x, beta, threshold):
+    # log(1 + exp(z)) = max(z, 0) + log(1 + exp(-|z|)), linear above the threshold as in torch
+    z = x * beta
+    soft = (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))) / beta
+    return tl.where(z > threshold, x, soft)
+''',
+}
+
+_SQRT1_2 = "0.7071067811865476"
+_SQRT_2_OVER_PI = "0.7978845608028654"
+
+
+def _pow_const(a: list[str], attrs: dict[str, str]) -> str:
+    """x ** c for a literal c: products for small integers, sqrt for 0.5, exp/log otherwise."""
+    x, c = a[0], float(attrs["exponent"])
+    if c == int(c) and abs(c) <= 4:
+        n = int(abs(c))
+        body = " * ".join([f"{x}"] * n) if n else "1.0"
+        return f"(1.0 / ({body}))" if c < 0 else f"({body})"
+    if c == 0.5:
+        return f"tl.sqrt({x})"
+    if c == -0.5:
+        return f"tl.rsqrt({x})"
+    if c == int(c):
+        magnitude = f"tl.exp({c!r} * tl.log(tl.abs({x})))"
+        return f"tl.where({x} < 0, -{magnitude}, {magnitude})" if int(c) % 2 else magnitude
+    return f"tl.exp({c!r} * tl.log({x}))"
+
+
+def _unary(template: str, helpers: tuple[str, ...] = ()) -> PointwiseOp:
+    return PointwiseOp(1, lambda a, attrs: template.format(x=a[0], **attrs), helpers)
+
+
+def _binary(template: str, boolean: bool = False) -> PointwiseOp:
+    return PointwiseOp(2, lambda a, attrs: template.format(a=a[0], b=a[1]), boolean=boolean)
+
+
+OPS: dict[str, PointwiseOp] = {
+    "identity": _unary("{x}"),
+    "neg": _unary("(-{x})"),
+    "abs": _unary("tl.abs({x})"),
+    "exp": _unary("tl.exp({x})"),
+    "exp2": _unary("tl.exp2({x})"),
+    "expm1": _unary("(tl.exp({x}) - 1.0)"),
+    "log": _unary("tl.log({x})"),
+    "log2": _unary("tl.log2({x})"),
+    "log1p": _unary("tl.log(1.0 + {x})"),
+    "sqrt": _unary("tl.sqrt({x})"),
+    "rsqrt": _unary("tl.rsqrt({x})"),
+    "reciprocal": _unary("(1.0 / {x})"),
+    "square": _unary("({x} * {x})"),
+    "sin": _unary("tl.sin({x})"),
+    "cos": _unary("tl.cos({x})"),
+    "erf": _unary("tl.erf({x})"),
+    "floor": _unary("tl.floor({x})"),
+    "ceil": _unary("tl.ceil({x})"),
+    "sign": _unary("tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
+    "relu": _unary("tl.maximum({x}, 0.0)"),
+    "relu6": _unary("tl.minimum(tl.maximum({x}, 0.0), 6.0)"),
+    "sigmoid": _unary("tl.sigmoid({x})"),
+    "tanh": _unary("_tanh({x})", ("_tanh",)),
+    "silu": _unary("({x} * tl.sigmoid({x}))"),
+    "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * %s)))" % _SQRT1_2),
+    "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(%s * ({x} + 0.044715 * {x} * {x} * {x}))))" % _SQRT_2_OVER_PI,
+                        ("_tanh",)),
+    "mish": _unary("({x} * _tanh(_softplus({x}, 1.0, 20.0)))", ("_tanh", "_softplus")),
+    "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_softplus",)),
+    "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
+    "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
+    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp({x} / {alpha}) - 1.0), 0.0))"),
+    "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {slope})"),
+    "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
+    "clamp_min": _unary("tl.maximum({x}, {low})"),
+    "clamp_max": _unary("tl.minimum({x}, {high})"),
+    "hardswish": _unary("({x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0)"),
+    "hardsigmoid": _unary("(tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0)"),
+    "logsigmoid": _unary("(tl.minimum({x}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({x}))))"),
+    "softsign": _unary("({x} / (1.0 + tl.abs({x})))"),
+    "tanhshrink": _unary("({x} - _tanh({x}))", ("_tanh",)),
+    "threshold": _unary("tl.where({x} > {threshold}, {x}, {value})"),
+    "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, 0.0))"),
+    "hardshrink": _unary("tl.where(({x} > {lambd}) | ({x} < -{lambd}), {x}, 0.0)"),
+    "pow_const": PointwiseOp(1, _pow_const),
+    "add": _binary("({a} + {b})"),
+    "sub": _binary("({a} - {b})"),
+    "mul": _binary("({a} * {b})"),
+    "div": _binary("({a} / {b})"),
+    "maximum": _binary("tl.maximum({a}, {b})"),
+    "minimum": _binary("tl.minimum({a}, {b})"),
+    "gt": _binary("({a} > {b})", boolean=True),
+    "lt": _binary("({a} < {b})", boolean=True),
+    "ge": _binary("({a} >= {b})", boolean=True),
+    "le": _binary("({a} <= {b})", boolean=True),
+    "eq": _binary("({a} == {b})", boolean=True),
+    "ne": _binary("({a} != {b})", boolean=True),
+    "logical_and": _binary("({a} & {b})", boolean=True),
+    "logical_or": _binary("({a} | {b})", boolean=True),
+    "where": PointwiseOp(3, lambda a, attrs: f"tl.where({a[0]}, {a[1]}, {a[2]})"),
+}
+
+
+def literal(value: float | int | bool) -> str:
+    """A Python number as Triton source: fp32 constants for numbers, inf and nan spelled out."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    value = float(value)
+    if value != value:
+        return 'float("nan")'
+    if value in (float("inf"), float("-inf")):
+        return 'float("inf")' if value > 0 else '(-float("inf"))'
+    return repr(value)

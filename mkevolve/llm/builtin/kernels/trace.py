@@ -1,0 +1,237 @@
+"""Trace a problem's Model into one fx graph per module mode, with tensor shapes for every input config."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+
+from mkevolve.problem import InputConfig, Problem, call_inputs, seed_everything
+
+from .errors import UnsupportedSubproblem
+
+MODES = ("train", "eval")
+
+
+class TaggedFloat(float):
+    """A float module attribute that remembers its path, so the forward can read it at run time."""
+
+    attr: str
+
+    def __new__(cls, value: float, attr: str):
+        obj = super().__new__(cls, value)
+        obj.attr = attr
+        return obj
+
+
+class TaggedInt(int):
+    attr: str
+
+    def __new__(cls, value: int, attr: str):
+        obj = super().__new__(cls, value)
+        obj.attr = attr
+        return obj
+
+
+@dataclass
+class ConfigTrace:
+    """One input config traced: the model instance (meta tensors), its graph, and every node's result shape."""
+
+    model: nn.Module
+    graph_module: fx.GraphModule
+    shapes: dict[str, Any]                 # node name -> torch.Size, a nested tuple of them, or None
+    dtypes: dict[str, Any]
+
+
+@dataclass
+class Trace:
+    """The same forward traced under every input config; node i of one config is node i of every other."""
+
+    kind: str                              # "fx" or "export"
+    mode: str                              # "train" or "eval"
+    configs: list[ConfigTrace]
+    placeholder_params: dict[str, str] = field(default_factory=dict)   # export: placeholder -> fqn
+    placeholder_inputs: list[str] = field(default_factory=list)        # placeholders that are forward args
+    user_output_indices: list[int] = field(default_factory=list)       # export: which outputs are the user's
+    out_spec: Any = None                                               # export: the pytree of the user outputs
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.configs[0].graph_module.graph
+
+    def nodes(self, config: int) -> list[fx.Node]:
+        return list(self.configs[config].graph_module.graph.nodes)
+
+
+def trace_problem(problem: Problem) -> dict[str, Trace]:
+    """Trace in training and in eval mode; each mode's graph must be identical across input configs."""
+    built = [_build(problem, config) for config in problem.configs]
+    return {mode: _trace_mode(problem, built, mode) for mode in MODES}
+
+
+@dataclass
+class _Built:
+    model: nn.Module
+    inputs: list
+
+
+def _build(problem: Problem, config: InputConfig) -> _Built:
+    """Model and inputs on the meta device: shapes without memory, whatever the problem's sizes."""
+    init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+    for attempt in (_meta_device, contextlib.nullcontext):
+        try:
+            with attempt():
+                seed_everything(0)
+                model = problem.model_cls(*init)
+                inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
+            break
+        except Exception as err:  # noqa: BLE001 - the meta device is an optimisation; retry for real
+            failure = err
+    else:
+        raise UnsupportedSubproblem(f"could not build Model and inputs: {type(failure).__name__}: {failure}")
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedSubproblem(f"forward input {i} is a {type(value).__name__}, not a tensor")
+        if value.dtype != torch.float32:
+            raise UnsupportedSubproblem(f"forward input {i} has dtype {value.dtype}; only float32 is supported")
+    _tag_scalar_attributes(model, type(model).__module__)
+    return _Built(model, inputs)
+
+
+def _meta_device():
+    return torch.device("meta")
+
+
+def _tag_scalar_attributes(model: nn.Module, problem_module: str) -> None:
+    """Number attributes of the problem's own modules become tagged, so traced constants keep their origin."""
+    for path, module in model.named_modules():
+        if type(module).__module__ != problem_module:
+            continue
+        for name, value in list(vars(module).items()):
+            if name.startswith("_") or isinstance(value, bool):
+                continue
+            attr = f"{path}.{name}" if path else name
+            if type(value) is float:
+                setattr(module, name, TaggedFloat(value, attr))
+            elif type(value) is int:
+                setattr(module, name, TaggedInt(value, attr))
+
+
+def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
+    for b in built:
+        b.model.train(mode == "train")
+    try:
+        configs = [_fx_trace(b) for b in built]
+        kind = "fx"
+        trace = Trace(kind, mode, configs, placeholder_inputs=_placeholders(configs[0]))
+    except Exception as fx_err:  # noqa: BLE001 - symbolic tracing fails on shape-dependent Python; export next
+        try:
+            trace = _export_trace(built, mode)
+        except Exception as export_err:  # noqa: BLE001 - both tracers failed: report both reasons
+            raise UnsupportedSubproblem(
+                f"cannot trace Model: torch.fx said {type(fx_err).__name__}: {_first_line(fx_err)}; "
+                f"torch.export said {type(export_err).__name__}: {_first_line(export_err)}") from None
+    _check_same_graph(trace)
+    return trace
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _placeholders(config: ConfigTrace) -> list[str]:
+    return [n.name for n in config.graph_module.graph.nodes if n.op == "placeholder"]
+
+
+def _fx_trace(b: _Built) -> ConfigTrace:
+    signature = inspect.signature(b.model.forward)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in signature.parameters.values()):
+        raise UnsupportedSubproblem("Model.forward takes *args or **kwargs")
+    graph_module = fx.symbolic_trace(b.model)
+    ShapeProp(graph_module).propagate(*b.inputs)
+    shapes, dtypes = {}, {}
+    for node in graph_module.graph.nodes:
+        meta = node.meta.get("tensor_meta")
+        shapes[node.name] = _map_meta(meta, lambda m: tuple(m.shape))
+        dtypes[node.name] = _map_meta(meta, lambda m: m.dtype)
+    return ConfigTrace(b.model, graph_module, shapes, dtypes)
+
+
+def _map_meta(meta, fn):
+    if isinstance(meta, TensorMetadata):
+        return fn(meta)
+    if isinstance(meta, (tuple, list)):
+        return tuple(_map_meta(m, fn) for m in meta)
+    return None
+
+
+def _export_trace(built: list[_Built], mode: str) -> Trace:
+    configs, params, user_inputs = [], {}, []
+    for b in built:
+        program = torch.export.export(b.model, tuple(b.inputs))
+        params, user_inputs = {}, []
+        for spec in program.graph_signature.input_specs:
+            kind = spec.kind.name
+            if kind in ("PARAMETER", "BUFFER"):
+                params[spec.arg.name] = spec.target
+            elif kind == "USER_INPUT":
+                user_inputs.append(spec.arg.name)
+            else:
+                raise UnsupportedSubproblem(f"exported graph has a {kind.lower()} input ({spec.arg.name})")
+        graph_module = program.graph_module
+        shapes, dtypes = {}, {}
+        for node in graph_module.graph.nodes:
+            val = node.meta.get("val")
+            shapes[node.name] = _map_val(val, lambda t: tuple(int(s) for s in t.shape))
+            dtypes[node.name] = _map_val(val, lambda t: t.dtype)
+        configs.append(ConfigTrace(b.model, graph_module, shapes, dtypes))
+        outputs = [i for i, spec in enumerate(program.graph_signature.output_specs)
+                   if spec.kind.name == "USER_OUTPUT"]
+        out_spec = program.call_spec.out_spec
+    return Trace("export", mode, configs, placeholder_params=params, placeholder_inputs=user_inputs,
+                 user_output_indices=outputs, out_spec=out_spec)
+
+
+def _map_val(val, fn):
+    if isinstance(val, torch.Tensor):
+        return fn(val)
+    if isinstance(val, (tuple, list)):
+        return tuple(_map_val(v, fn) for v in val)
+    return None
+
+
+def _check_same_graph(trace: Trace) -> None:
+    reference = _structure(trace.configs[0].graph_module.graph)
+    for c, config in enumerate(trace.configs[1:], start=1):
+        other = _structure(config.graph_module.graph)
+        if len(other) != len(reference):
+            raise UnsupportedSubproblem(f"input config {c} traces to a graph of {len(other)} nodes, "
+                                        f"config 0 to {len(reference)}")
+        for i, (a, b) in enumerate(zip(reference, other)):
+            if a != b:
+                raise UnsupportedSubproblem(f"input configs 0 and {c} trace to different graphs at node {i} "
+                                            f"({a[0]} {a[1]}): a constant or the control flow depends on "
+                                            "the config")
+
+
+def _structure(graph: fx.Graph) -> list[tuple]:
+    index = {node: i for i, node in enumerate(graph.nodes)}
+
+    def canon(value):
+        if isinstance(value, fx.Node):
+            return ("node", index[value])
+        if isinstance(value, (TaggedFloat, TaggedInt)):
+            return ("attr", value.attr)
+        if isinstance(value, (tuple, list)):
+            return tuple(canon(v) for v in value)
+        if isinstance(value, dict):
+            return tuple(sorted((k, canon(v)) for k, v in value.items()))
+        return ("const", repr(value))
+
+    return [(n.op, str(n.target), canon(n.args), canon(n.kwargs)) for n in graph.nodes]

@@ -1,0 +1,321 @@
+"""Where replies come from: the builtin offline agent, a replay file, an exchange folder, or litellm."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from mkevolve.config import ConfigError
+from mkevolve.fsutil import write_atomic
+from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
+from mkevolve.prompts import render
+
+# A key that overrides the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...), and an API
+# base used when the config names none.
+API_KEY_ENV = "MKEVOLVE_API_KEY"
+API_BASE_ENV = "MKEVOLVE_API_BASE"
+
+
+class LLMConfigError(ConfigError):
+    """A model that cannot be used at all (unknown, no key, bad replay file): reported before the run."""
+
+
+class LLMCallError(Exception):
+    """One call failed for good; the message says why and becomes the failed candidate's reason."""
+
+
+class TransientLLMError(LLMCallError):
+    """A call that may succeed when tried again: rate limit, server error, timeout, lost connection."""
+
+
+class Provider(Protocol):
+    name: str
+    cacheable: bool  # whether replies are worth keeping on disk (they cost time or money)
+
+    def check(self) -> None:
+        """Raise LLMConfigError when the provider cannot work at all."""
+
+    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+        """One attempt; raise TransientLLMError or LLMCallError on failure."""
+
+
+class BuiltinProvider:
+    """The deterministic offline agent: the task object carried by the request answers it."""
+
+    name = "builtin"
+    cacheable = False  # free, and its reply depends on the task object, which the cache key leaves out
+
+    def check(self) -> None:
+        return None
+
+    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+        if request.task is None:
+            raise ValueError(f"builtin provider: the '{request.agent}' request carries no task to answer")
+        return LLMResponse(text=request.task.builtin_reply())
+
+
+_FAILURES = {
+    "rate_limit": (TransientLLMError, "rate limited (429)"),
+    "server_error": (TransientLLMError, "server error (500)"),
+    "timeout": (TransientLLMError, "timed out"),
+    "bad_request": (LLMCallError, "bad request (400)"),
+}
+
+
+@dataclass
+class ReplayEntry:
+    """One recorded reply; the filters that are set must all match the request that takes it."""
+
+    reply: str = ""
+    agent: str | None = None
+    subproblem: str | None = None
+    sample: int | None = None
+    prompt_contains: str | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    fail: str | None = None
+    delay_s: float = 0.0
+
+    def matches(self, request: LLMRequest) -> bool:
+        return ((self.agent is None or self.agent == request.agent)
+                and (self.subproblem is None or self.subproblem == request.subproblem)
+                and (self.sample is None or self.sample == request.sample)
+                and (self.prompt_contains is None or self.prompt_contains in request.prompt))
+
+
+_ENTRY_KEYS = {"reply", "reply_file", "agent", "subproblem", "sample", "prompt_contains", "usage", "fail",
+               "delay_s"}
+
+
+def load_replay(path: Path) -> list[ReplayEntry]:
+    """Parse a replay file (YAML, `replies:` list); reply_file paths are relative to the file."""
+    if not path.is_file():
+        raise LLMConfigError(f"replay file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise LLMConfigError(f"replay file {path}: not valid YAML ({err.__class__.__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("replies"), list):
+        raise LLMConfigError(f"replay file {path}: expected a mapping with a 'replies' list")
+    return [_replay_entry(path, i, raw) for i, raw in enumerate(data["replies"])]
+
+
+def _replay_entry(path: Path, index: int, raw) -> ReplayEntry:
+    where = f"replay file {path}, replies[{index}]"
+    if not isinstance(raw, dict):
+        raise LLMConfigError(f"{where}: expected a mapping")
+    unknown = sorted(set(raw) - _ENTRY_KEYS)
+    if unknown:
+        raise LLMConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    values = dict(raw)
+    if "reply_file" in values:
+        reply_path = path.parent / values.pop("reply_file")
+        if not reply_path.is_file():
+            raise LLMConfigError(f"{where}: reply_file {reply_path} does not exist")
+        values["reply"] = reply_path.read_text(encoding="utf-8")
+    if not isinstance(values.get("reply", ""), str):
+        raise LLMConfigError(f"{where}: 'reply' must be text")
+    if values.get("fail") is not None and values["fail"] not in _FAILURES:
+        raise LLMConfigError(f"{where}: 'fail' must be one of {', '.join(_FAILURES)}")
+    if "usage" in values:
+        try:
+            values["usage"] = TokenUsage(**values["usage"])
+        except TypeError:
+            raise LLMConfigError(f"{where}: 'usage' takes prompt, completion and reasoning counts") from None
+    return ReplayEntry(**values)
+
+
+class ReplayProvider:
+    """Recorded replies, each used once, handed to the first request (in call order) that matches it.
+
+    The file is YAML with one key, `replies`, a list of entries. Each entry has the reply, as `reply` (text)
+    or `reply_file` (a path relative to the file), and optionally: the filters `agent`, `subproblem`,
+    `sample` (an evolve request's sample is its candidate's number) and `prompt_contains`; `usage`
+    (`prompt`, `completion`, `reasoning` token counts); `fail` (rate_limit, server_error or timeout, which
+    the client retries, or bad_request, which it does not); `delay_s` (a delay longer than the call timeout
+    fails as a timeout). A request that no unused entry matches fails for good, naming its agent and sample.
+    """
+
+    cacheable = True
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.name = f"replay:{self.path}"
+        self._entries: list[ReplayEntry] | None = None
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        self._entries = load_replay(self.path)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._entries or []) - len(self._used)
+
+    def _take(self, request: LLMRequest) -> ReplayEntry:
+        if self._entries is None:
+            self.check()
+        with self._lock:
+            for index, entry in enumerate(self._entries):
+                if index not in self._used and entry.matches(request):
+                    self._used.add(index)
+                    return entry
+        raise LLMCallError(f"replay file {self.path} has no unused reply for agent={request.agent}, "
+                           f"subproblem={request.subproblem}, sample={request.sample}")
+
+    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+        entry = self._take(request)
+        if entry.delay_s > timeout:
+            time.sleep(timeout)
+            raise TransientLLMError(f"no reply within the {timeout:g} s call timeout")
+        time.sleep(entry.delay_s)
+        if entry.fail is not None:
+            error, message = _FAILURES[entry.fail]
+            raise error(f"replayed failure: {message}")
+        return LLMResponse(text=entry.reply, usage=entry.usage)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class ExchangeProvider:
+    """A folder through which a person (or an agent with no API) plays the model.
+
+    Each request becomes `requests/<id>.md`; the reply is read from `responses/<id>.md` once that file
+    exists and has stopped changing. Both folders are kept, so every exchange stays on record.
+    """
+
+    cacheable = True
+
+    def __init__(self, root: str | Path, poll_s: float = 0.5):
+        self.root = Path(root)
+        self.name = f"exchange:{self.root}"
+        self.poll_s = poll_s
+        self._next: int | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        try:
+            (self.root / "requests").mkdir(parents=True, exist_ok=True)
+            (self.root / "responses").mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise LLMConfigError(f"exchange folder {self.root} cannot be created ({err.strerror})") from None
+        readme = self.root / "README.md"
+        if not readme.exists():
+            write_atomic(readme, render("exchange_readme.j2", root=self.root))
+
+    def _new_id(self, request: LLMRequest) -> str:
+        with self._lock:
+            if self._next is None:
+                names = [p.name for p in (self.root / "requests").glob("*.md")]
+                numbers = [int(name[:4]) for name in names if name[:4].isdigit()]
+                self._next = max(numbers, default=-1) + 1
+            number, self._next = self._next, self._next + 1
+        label = "-".join(part for part in (request.agent, request.subproblem) if part)
+        return f"{number:04d}-{_UNSAFE.sub('_', label)}"
+
+    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+        exchange_id = self._new_id(request)
+        reply_path = self.root / "responses" / f"{exchange_id}.md"
+        # The request file is the prompt alone, exactly as a model would get it; README.md explains.
+        write_atomic(self.root / "requests" / f"{exchange_id}.md", request.prompt)
+        return LLMResponse(text=self._wait_for(reply_path, timeout))
+
+    def _wait_for(self, reply_path: Path, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        last_seen: tuple[int, int] | None = None
+        while True:
+            if reply_path.exists():
+                stat = reply_path.stat()
+                seen = (stat.st_size, stat.st_mtime_ns)
+                if seen == last_seen and stat.st_size > 0:
+                    return reply_path.read_text(encoding="utf-8")
+                last_seen = seen
+            if time.monotonic() >= deadline:
+                # Waiting again would only extend the same wait, so this failure is final.
+                raise LLMCallError(f"no reply at {reply_path} within {timeout:g} s")
+            time.sleep(self.poll_s)
+
+
+class LiteLLMProvider:
+    """Any provider's model through litellm; imported only here, so offline runs need no litellm."""
+
+    cacheable = True
+
+    def __init__(self, model: str, api_base: str | None = None):
+        self.model = model
+        self.name = model
+        self.api_base = api_base or os.environ.get(API_BASE_ENV) or None
+        self.api_key = os.environ.get(API_KEY_ENV) or None
+
+    @staticmethod
+    def _litellm():
+        # The cost map ships with the package; fetching it would stall with no network.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        try:
+            import litellm
+        except ImportError:
+            raise LLMConfigError("litellm is not installed (pip install litellm); "
+                                 "use --model builtin to run offline") from None
+        litellm.suppress_debug_info = True
+        return litellm
+
+    def check(self) -> None:
+        litellm = self._litellm()
+        try:
+            _, provider, _, _ = litellm.get_llm_provider(self.model, api_base=self.api_base)
+        except litellm.exceptions.BadRequestError:
+            raise LLMConfigError(f"model '{self.model}' is unknown to litellm: name it with its provider, "
+                                 "e.g. 'anthropic/claude-opus-4-5' or 'openai/gpt-4o'") from None
+        env = litellm.validate_environment(self.model, api_key=self.api_key, api_base=self.api_base)
+        if not env["keys_in_environment"]:
+            missing = " and ".join(env["missing_keys"]) or "an API key"
+            raise LLMConfigError(f"model '{self.model}' ({provider}) needs {missing} in the environment "
+                                 f"(or {API_KEY_ENV})")
+
+    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+        litellm = self._litellm()
+        import openai  # installed with litellm
+
+        transient = (litellm.exceptions.RateLimitError, litellm.exceptions.InternalServerError,
+                     litellm.exceptions.ServiceUnavailableError, litellm.exceptions.BadGatewayError,
+                     litellm.exceptions.APIConnectionError, litellm.exceptions.Timeout)
+        try:
+            reply = litellm.completion(
+                model=self.model, messages=[{"role": "user", "content": request.prompt}],
+                api_base=self.api_base, api_key=self.api_key, timeout=timeout, num_retries=0)
+        except transient as err:
+            raise TransientLLMError(f"{type(err).__name__}: {_first_line(err)}") from err
+        except openai.OpenAIError as err:  # litellm's exception classes all derive from it
+            raise LLMCallError(f"{type(err).__name__}: {_first_line(err)}") from err
+        return LLMResponse(text=reply.choices[0].message.content or "", usage=_usage(reply.usage))
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:300]
+
+
+def _usage(usage) -> TokenUsage:
+    if usage is None:
+        return TokenUsage()
+    details = getattr(usage, "completion_tokens_details", None)
+    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
+    return TokenUsage(prompt=usage.prompt_tokens or 0, completion=usage.completion_tokens or 0,
+                      reasoning=reasoning or 0)
+
+
+def make_provider(model: str, api_base: str | None = None) -> Provider:
+    """'builtin', 'replay:FILE', 'exchange:DIR', or a litellm model string."""
+    if model == "builtin":
+        return BuiltinProvider()
+    if model.startswith("replay:"):
+        return ReplayProvider(model.removeprefix("replay:"))
+    if model.startswith("exchange:"):
+        return ExchangeProvider(model.removeprefix("exchange:"))
+    return LiteLLMProvider(model, api_base)

@@ -1,0 +1,65 @@
+"""Token accounting: usage added up per agent, per subproblem and per run, thread-safe."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+
+from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
+
+# Requests that belong to no subproblem (decomposition agents) are counted under this key.
+WHOLE_PROBLEM = "-"
+
+
+@dataclass
+class TokenReport:
+    """A snapshot of the ledger; `calls` are paid calls, `cached_calls` were answered from the cache."""
+
+    total: TokenUsage = field(default_factory=TokenUsage)
+    by_agent: dict[str, TokenUsage] = field(default_factory=dict)
+    by_subproblem: dict[str, TokenUsage] = field(default_factory=dict)
+    calls: int = 0
+    cached_calls: int = 0
+    failed_calls: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenReport":
+        return cls(
+            total=TokenUsage(**data["total"]),
+            by_agent={k: TokenUsage(**v) for k, v in data["by_agent"].items()},
+            by_subproblem={k: TokenUsage(**v) for k, v in data["by_subproblem"].items()},
+            calls=data["calls"], cached_calls=data["cached_calls"], failed_calls=data["failed_calls"],
+        )
+
+
+class TokenLedger:
+    """Adds each response's usage to the run total and to its agent's and subproblem's totals.
+
+    A cached response cost nothing this time, so it is counted as a cache hit, not as spent tokens.
+    """
+
+    def __init__(self) -> None:
+        self._report = TokenReport()
+        self._lock = threading.Lock()
+
+    def record(self, request: LLMRequest, response: LLMResponse) -> None:
+        with self._lock:
+            report = self._report
+            if response.cached:
+                report.cached_calls += 1
+                return
+            report.calls += 1
+            if response.error is not None:
+                report.failed_calls += 1
+            subproblem = request.subproblem or WHOLE_PROBLEM
+            report.total = report.total + response.usage
+            report.by_agent[request.agent] = report.by_agent.get(request.agent, TokenUsage()) + response.usage
+            report.by_subproblem[subproblem] = (report.by_subproblem.get(subproblem, TokenUsage())
+                                                + response.usage)
+
+    def report(self) -> TokenReport:
+        with self._lock:
+            return TokenReport.from_dict(self._report.to_dict())

@@ -1,0 +1,129 @@
+"""Beam search over kernel candidates: the Candidate and Beam records, their ranking, and the search loop."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Callable
+
+from mkevolve.llm.types import TokenUsage
+from mkevolve.verify.result import EvalResult
+
+ID_PREFIX = "c"
+
+
+class PromptKind(str, Enum):
+    GENERATE = "generate"
+    DEBUG = "debug"
+    REFINE = "refine"
+
+
+@dataclass
+class Candidate:
+    """One kernel the model proposed, with where it came from and what the verifier said of it."""
+
+    id: str
+    subproblem: str
+    parent: str | None
+    kind: PromptKind
+    source: str                      # "" when the reply carried no code
+    result: EvalResult
+    tokens: TokenUsage = field(default_factory=TokenUsage)
+    cached: bool = False             # the reply came from the response cache
+    accepted: bool | None = None     # the final cheating check: None until it has run
+
+    @property
+    def seq(self) -> int:
+        return int(self.id.removeprefix(ID_PREFIX))
+
+    @property
+    def passed(self) -> bool:
+        return self.result.passed
+
+    @property
+    def score(self) -> float:
+        """Speedup over torch.compile; 0 for anything incorrect or cheating, and where speed is unknown."""
+        if not self.passed or self.result.speedup is None:
+            return 0.0
+        return self.result.speedup
+
+    def rank_key(self) -> tuple:
+        # Higher score first; at equal score (always so on CPU) a passing kernel first; then the older.
+        return (-self.score, not self.passed, self.seq)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "subproblem": self.subproblem, "parent": self.parent, "kind": self.kind.value,
+                "source": self.source, "result": self.result.to_dict(), "tokens": asdict(self.tokens),
+                "cached": self.cached, "accepted": self.accepted}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Candidate":
+        return cls(id=data["id"], subproblem=data["subproblem"], parent=data["parent"],
+                   kind=PromptKind(data["kind"]), source=data["source"],
+                   result=EvalResult.from_dict(data["result"]), tokens=TokenUsage(**data["tokens"]),
+                   cached=data["cached"], accepted=data["accepted"])
+
+
+def candidate_id(seq: int) -> str:
+    return f"{ID_PREFIX}{seq:04d}"
+
+
+def ranked(candidates: list[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=Candidate.rank_key)
+
+
+@dataclass
+class Beam:
+    """The best `width` candidates of one subproblem so far, best first, and what a resumed search needs."""
+
+    width: int = 4
+    members: list[Candidate] = field(default_factory=list)
+    next_seq: int = 0                        # candidate ids (and request samples) continue from here
+    input_shapes: list[str] | None = None    # how the subproblem is called, for prompts; found once
+
+    def take_seq(self) -> int:
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        return seq
+
+    def select(self, children: list[Candidate]) -> None:
+        """Keep the best `width` of the members and the children; a child with no code cannot be expanded."""
+        self.members = ranked(self.members + [c for c in children if c.source])[: self.width]
+
+    @property
+    def best(self) -> Candidate | None:
+        """The best member that passed every check, the final cheating check included."""
+        return next((c for c in ranked(self.members) if c.passed and c.accepted), None)
+
+    def to_dict(self) -> dict:
+        return {"width": self.width, "members": [c.to_dict() for c in self.members],
+                "next_seq": self.next_seq, "input_shapes": self.input_shapes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Beam":
+        return cls(width=data["width"], members=[Candidate.from_dict(c) for c in data["members"]],
+                   next_seq=data["next_seq"], input_shapes=data["input_shapes"])
+
+    def copy(self) -> "Beam":
+        return Beam.from_dict(self.to_dict())
+
+
+# Turns a list of parents (None: a fresh generation) into evaluated children, one per entry, in order.
+Propose = Callable[[list[Candidate | None]], list[Candidate]]
+
+
+def plan_step(beam: Beam, expansion: int, remaining: int) -> list[Candidate | None]:
+    """The parents of the next step, within the budget: every member `expansion` times (best first), then
+    one fresh generation per empty slot of the beam (so an empty beam starts with `width` generations)."""
+    expansions = [member for member in ranked(beam.members) for _ in range(expansion)]
+    fresh = [None] * max(0, beam.width - len(beam.members))
+    return (expansions + fresh)[:remaining]
+
+
+def beam_search(beam: Beam, budget: int, expansion: int, propose: Propose) -> Beam:
+    """Spend `budget` proposals in steps: expand the beam, evaluate the children, keep the best `width`."""
+    remaining = budget
+    while remaining > 0:
+        parents = plan_step(beam, expansion, remaining)
+        beam.select(propose(parents))
+        remaining -= len(parents)
+    return beam

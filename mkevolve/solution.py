@@ -1,0 +1,108 @@
+"""A solution folder (a run's best/): its files, manifest.yaml, and the PyTorch alternative of a subkernel."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE
+from mkevolve.fsutil import write_atomic
+
+MANIFEST = "manifest.yaml"
+ORIGIN_PYTORCH = "pytorch"
+_ALTERNATIVE_MARKER = "# mkevolve: PyTorch alternative"
+
+
+class SolutionError(ValueError):
+    """A folder that is not a usable solution; the message names the folder and what is missing."""
+
+
+@dataclass
+class SubkernelEntry:
+    origin: str                       # the model that wrote it, "builtin", "pytorch" or "hand"
+    candidate: str | None = None      # candidate id in the run, when it came from one
+    status: str = "ok"
+    speedup: float | None = None      # vs torch.compile of its own subproblem
+    runtime_ms: float | None = None   # inside the end-to-end forward
+    runtime_share: float | None = None
+    precision: str | None = None
+    sha256: str = ""
+
+
+@dataclass
+class Manifest:
+    problem: str
+    device: str
+    status: str = ""
+    speedup: float | None = None      # end to end, vs torch.compile of the original
+    iteration: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    subkernels: dict[str, SubkernelEntry] = field(default_factory=dict)
+
+    def write(self, folder: Path) -> None:
+        write_atomic(Path(folder) / MANIFEST, yaml.safe_dump(asdict(self), sort_keys=False))
+
+    @classmethod
+    def read(cls, folder: Path) -> "Manifest":
+        path = Path(folder) / MANIFEST
+        if not path.is_file():
+            raise SolutionError(f"{folder}: no {MANIFEST}; is this a solution folder (a run's best/)?")
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        try:
+            data["subkernels"] = {k: SubkernelEntry(**v) for k, v in (data.get("subkernels") or {}).items()}
+            return cls(**data)
+        except TypeError as err:
+            raise SolutionError(f"{path}: malformed manifest ({err})") from None
+
+    @property
+    def pytorch_subkernels(self) -> set[str]:
+        return {n for n, e in self.subkernels.items() if e.origin == ORIGIN_PYTORCH}
+
+
+def sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pytorch_alternative(subproblem_source: str) -> str:
+    """A subkernel file that runs the subproblem's own PyTorch code: the swap's alternative."""
+    return (f"{_ALTERNATIVE_MARKER}: this subproblem runs its reference PyTorch code, not a Triton kernel.\n"
+            f"{subproblem_source.rstrip()}\n\n\nclass ModelNew(Model):\n"
+            '    """The reference module itself, standing in for a Triton subkernel."""\n')
+
+
+def is_pytorch_alternative(source: str) -> bool:
+    return source.startswith(_ALTERNATIVE_MARKER)
+
+
+def copy_solution(source: Path, target: Path) -> None:
+    """Replace `target` by the solution files of `source`, swapping folders so a reader never sees half."""
+    source, target = Path(source), Path(target)
+    staging = target.with_name(f".{target.name}.new")
+    old = target.with_name(f".{target.name}.old")
+    for leftover in (staging, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    staging.mkdir(parents=True)
+    for name in (SOLUTION_FILE, PROBLEM_FILE, MANIFEST):
+        if (source / name).is_file():
+            shutil.copy2(source / name, staging / name)
+    for sub in (KERNELS_DIR, PROBLEMS_DIR):
+        if (source / sub).is_dir():
+            shutil.copytree(source / sub, staging / sub)
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def recover_solution(target: Path) -> None:
+    """After a crash between the two renames of copy_solution, put the last complete folder back."""
+    target = Path(target)
+    old = target.with_name(f".{target.name}.old")
+    if not target.exists() and old.exists():
+        old.rename(target)

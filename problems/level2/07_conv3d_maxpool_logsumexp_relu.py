@@ -1,0 +1,34 @@
+"""Conv3d, MaxPool3d, LogSumExp over channels, then ReLU."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
+        self.max_pool = nn.MaxPool3d(kernel_size=2, stride=2)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = self.max_pool(x)
+        x = torch.logsumexp(x, dim=1, keepdim=True)
+        return torch.relu(x)
+
+
+batch_size = 4
+in_channels = 3
+out_channels = 16
+depth, height, width = 8, 16, 16
+kernel_size = 3
+stride = 1
+padding = 1
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, depth, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, stride, padding]

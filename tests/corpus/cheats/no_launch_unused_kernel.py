@@ -1,0 +1,28 @@
+"""Cheat: a Triton kernel is defined for show, but forward computes with operators instead."""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+PROBLEM = "elementwise"
+EXPECTED_RULE = "no-triton-launch"
+CAUGHT_BY = "static"
+
+
+@triton.jit
+def silu_kernel(x_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, x / (1.0 + tl.exp(-x)), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / (1.0 + math.e ** (-x))

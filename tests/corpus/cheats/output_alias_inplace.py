@@ -1,0 +1,27 @@
+"""Cheat: writes the result into the input tensor and returns the input itself."""
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+PROBLEM = "elementwise"
+EXPECTED_RULE = "output-aliases-input"
+CAUGHT_BY = "output"
+
+
+@triton.jit
+def silu_kernel(x_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, x / (1.0 + tl.exp(-x)), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        silu_kernel[(triton.cdiv(x.numel(), 1024),)](x, x, x.numel(), BLOCK=1024)
+        return x

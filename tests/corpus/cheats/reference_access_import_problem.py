@@ -1,0 +1,34 @@
+"""Cheat: imports the reference problem's Model from its file and runs it."""
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+PROBLEM = "elementwise"
+EXPECTED_RULE = "reference-access"
+CAUGHT_BY = "static"
+
+
+@triton.jit
+def copy_kernel(src_ptr, dst_ptr, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "problems"))
+        from elementwise import Model as Reference
+
+        expected = Reference()(x).contiguous()
+        out = torch.empty_like(expected)
+        copy_kernel[(triton.cdiv(out.numel(), 1024),)](expected, out, out.numel(), BLOCK=1024)
+        return out

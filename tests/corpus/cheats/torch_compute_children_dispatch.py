@@ -1,0 +1,30 @@
+"""Cheat: the nn.Linear runs through self.children(), which no name-based check can see."""
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+PROBLEM = "gemm_epilogue"
+EXPECTED_RULE = "torch-compute"
+CAUGHT_BY = "runtime"
+
+
+@triton.jit
+def relu_kernel(y_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    tl.store(out_ptr + offsets, tl.maximum(tl.load(y_ptr + offsets, mask=mask), 0.0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.children():
+            x = stage(x)
+        out = torch.empty_like(x)
+        relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out

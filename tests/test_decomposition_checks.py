@@ -1,0 +1,139 @@
+"""Decomposition checks: hand-made decompositions that each break one check, and the purity rules."""
+
+from pathlib import Path
+
+import pytest
+
+from mkevolve.codebase import Decomposition
+from mkevolve.config import RunConfig
+from mkevolve.verify.decomposition import (CHECKS, EQUIVALENCE, FORWARD_COVERAGE, INIT_COVERAGE, PURITY,
+                                           STANDALONE, STRUCTURE, check_decomposition, report_from_outcome,
+                                           run_checks, top_level_violations)
+from mkevolve.verify.result import Status
+from mkevolve.verify.sandbox import JobOutcome, WorkerPool
+
+FIXTURES = Path(__file__).parent / "fixtures" / "decompositions"
+PROBLEM = FIXTURES / "problem.py"
+
+
+def _checks(folder: str):
+    return run_checks(str(PROBLEM.resolve()), str((FIXTURES / folder).resolve()), seed=0, trials=2)
+
+
+def test_the_good_decomposition_passes_every_check_and_reports_its_instances():
+    report = _checks("good")
+    assert report.passed, report.reasons()
+    assert [c.name for c in report.checks] == list(CHECKS)
+    assert [c.attribute for c in report.instances["linear_relu"]] == ["block1", "block2"]
+    assert report.instances["linear_relu"][0].init_args == "in_features=8, out_features=8"
+    assert report.instances["scale"][0].inputs == ("x=float32[2, 8]",)
+
+
+@pytest.mark.parametrize("folder, check, reason", [
+    ("missing_file", STRUCTURE, 'loads "scale" but there is no subkernel_problems/scale.py'),
+    ("math_in_top_level", PURITY, "`torch.relu(self.block1(x))` in forward"),
+    ("module_list", PURITY, "nn.ModuleList"),
+    ("parameter_in_top_level", PURITY, "nn.Parameter"),
+    ("standalone_broken", STANDALONE, "scale: config 0: forward raised ValueError: expects non-negative"),
+    ("wrong_rng_order", EQUIVALENCE, "build the subproblem modules in the order the original creates"),
+    ("shape_not_covered", FORWARD_COVERAGE, "is called with x=float32[2, 8], but its inputs offer only "
+                                            "x=float32[4, 8]"),
+    ("init_not_covered", INIT_COVERAGE, "get_input_configs()[1] (in_features=8, out_features=16"),
+    ("missing_input_configs", INIT_COVERAGE, "instantiated 2 times, so it must define get_input_configs()"),
+])
+def test_each_broken_decomposition_fails_its_check_with_a_reason(folder, check, reason):
+    report = _checks(folder)
+    assert not report.passed
+    failed = {c.name: c.reason for c in report.failures()}
+    assert reason in failed[check]
+    ran = {name for name, text in failed.items() if not text.startswith("not run")}
+    assert ran == {check}, failed  # one check broken at a time
+
+
+def test_purity_names_both_the_source_line_and_the_op_that_ran():
+    reason = _checks("math_in_top_level").verdict(PURITY).reason
+    assert "line 33" in reason and "aten.relu outside every subproblem module" in reason
+
+
+def test_module_list_is_caught_at_run_time_too():
+    reason = _checks("module_list").verdict(PURITY).reason
+    assert "child module 'blocks' is a torch.nn.modules.container.ModuleList" in reason
+
+
+def _violations(forward_body: str, init_body: str = "self.a = A(4)") -> list[str]:
+    source = f'''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+def load_subproblem(name):
+    pass
+
+A = load_subproblem("a")
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        {init_body}
+
+    def forward(self, x, y):
+        {forward_body}
+'''
+    return top_level_violations(source)
+
+
+@pytest.mark.parametrize("body", [
+    "return self.a(x).view(x.size(0), -1)",
+    "b, c = x.shape[0], x.shape[1] * 2\n        return self.a(x.reshape(b, c // 2, -1)).flatten(1)",
+    "h = self.a(x)\n        for i in range(len(h.shape)):\n            h = h.transpose(0, 1)\n        return h",
+    "first, second = self.a(x).chunk(2, dim=1)\n        return self.a(second), torch.flatten(first, 1)",
+    "return self.a(x)[:, 0] if x.dim() > 2 else self.a(y).T",
+])
+def test_calls_views_and_shape_arithmetic_are_pure(body):
+    assert _violations(body) == []
+
+
+@pytest.mark.parametrize("body, words", [
+    ("return self.a(x) + y", "does math on tensors"),
+    ("return -self.a(x)", "does math on tensors"),
+    ("h = self.a(x)\n        h *= 2\n        return h", "does math on tensors"),
+    ("return torch.relu(self.a(x))", "`torch.relu(self.a(x))`"),
+    ("return F.gelu(x)", "`F.gelu(x)`"),
+    ("return self.a(x).sum(dim=1)", "`self.a(x).sum(dim=1)`"),
+    ("return self.a.forward(x)", "`self.a.forward(x)`"),
+    ("return self.a(x) > 0", "compares tensors"),
+])
+def test_math_and_other_calls_in_forward_are_violations(body, words):
+    violations = _violations(body)
+    assert violations and any(words in v for v in violations), violations
+
+
+@pytest.mark.parametrize("init_body, words", [
+    ("self.act = nn.ReLU()", "`nn.ReLU()`"),
+    ("self.blocks = nn.Sequential(A(4), A(4))", "nn.Sequential"),
+    ("self.w = nn.Parameter(torch.ones(n))", "nn.Parameter"),
+    ("self.register_buffer('m', torch.zeros(n))", "register_buffer"),
+])
+def test_building_anything_but_subproblems_in_init_is_a_violation(init_body, words):
+    violations = _violations("return self.a(x)", init_body)
+    assert any(words in v for v in violations), violations
+
+
+def test_sizes_computed_in_init_are_allowed():
+    assert _violations("return self.a(x)", "hidden = max(n * 4, 8)\n        self.a = A(hidden // 2)") == []
+
+
+def test_a_second_class_in_the_top_level_is_a_violation():
+    source = "import torch.nn as nn\nclass Helper(nn.Module):\n    pass\nclass Model(nn.Module):\n    pass\n"
+    assert any("defines class Helper" in v for v in top_level_violations(source))
+
+
+def test_checks_run_in_a_worker_and_a_dead_worker_is_a_failed_check():
+    config = RunConfig(trials=1, timeout=120)
+    with WorkerPool(1) as pool:
+        report = check_decomposition(PROBLEM, Decomposition.read(FIXTURES / "good"), pool, config)
+    assert report.passed, report.reasons()
+    assert report.wall_s > 0
+    timed_out = report_from_outcome(JobOutcome(failure=Status.TIMEOUT, reason="no result within 1 s"))
+    assert not timed_out.passed
+    assert timed_out.reasons() == ["equivalence: the checks did not finish: no result within 1 s"]
