@@ -46,6 +46,36 @@ def _subcommands(sub) -> None:
                          "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS)
     p.set_defaults(handler="mkevolve.orchestrator:run_command")
 
+    p = sub.add_parser("eval", help="re-verify and profile a solution folder, per subkernel and end to end")
+    p.add_argument("solution_dir")
+    p.add_argument("--problem", default=None, help="the original problem (default: the manifest's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(p, VERIFY_FLAGS)
+    p.set_defaults(handler="mkevolve.evaluate:eval_command")
+
+    p = sub.add_parser("swap", help="replace one subkernel: a file, 'pytorch', or a candidate id")
+    p.add_argument("solution_dir")
+    p.add_argument("subkernel")
+    p.add_argument("replacement", help="a kernel file, 'pytorch', or a candidate id from the run")
+    p.add_argument("--problem", default=None, help="the original problem (default: the manifest's)")
+    add_config_flags(p, VERIFY_FLAGS)
+    p.set_defaults(handler="mkevolve.swap:swap_command")
+
+    p = sub.add_parser("port", help="adapt a solution to an architecture variant, reusing matching subkernels")
+    p.add_argument("solution_dir")
+    p.add_argument("variant_problem")
+    add_config_flags(p, SEARCH_FLAGS + ["out", "decompose_attempts", "retries"] + VERIFY_FLAGS)
+    p.set_defaults(handler="mkevolve.port:port_command")
+
+    p = sub.add_parser("pack", help="flatten a solution folder into one KernelBench-compatible file")
+    p.add_argument("solution_dir")
+    p.add_argument("-o", "--output", required=True, help="the file to write")
+    p.set_defaults(handler="mkevolve.pack:pack_command")
+
+    p = sub.add_parser("report", help="write report.html for a run directory")
+    p.add_argument("run_dir")
+    p.set_defaults(handler="mkevolve.report:report_command")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mkevolve", description=__doc__.splitlines()[0])

@@ -8,7 +8,7 @@ import keyword
 import re
 import tokenize
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from mkevolve.fsutil import write_atomic
 
@@ -29,7 +29,7 @@ _PROBLEM_LOADER = '''def load_subproblem(name):
     """The Model class of subkernel_problems/<name>.py, found next to this file."""
     import importlib.util
     import sys
-    from pathlib import Path
+    from pathlib import Path, PurePosixPath
 
     path = Path(__file__).resolve().parent / "subkernel_problems" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{__name__}__{name}", path)
@@ -43,7 +43,7 @@ _SOLUTION_LOADER = '''def load_subkernel(name):
     """The ModelNew class of subkernel_implementations/<name>.py, found next to this file."""
     import importlib.util
     import sys
-    from pathlib import Path
+    from pathlib import Path, PurePosixPath
 
     path = Path(__file__).resolve().parent / "subkernel_implementations" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{__name__}__{name}", path)
@@ -135,7 +135,7 @@ class Decomposition:
         files.update({spec.path: spec.source for spec in self.subproblems})
         return files
 
-    def with_configs(self, observed: dict[str, list[InstanceConfig]]) -> "Decomposition":
+    def with_configs(self, observed: dict[str, list[InstanceConfig]]) -> Decomposition:
         """A copy whose instance counts and configs are the ones the checks observed."""
         specs = [replace(s, instances=len(observed.get(s.name, [])) or s.instances,
                          configs=list(observed.get(s.name, s.configs))) for s in self.subproblems]
@@ -152,7 +152,7 @@ class Decomposition:
                 stale.unlink()
 
     @classmethod
-    def read(cls, folder: str | Path) -> "Decomposition":
+    def read(cls, folder: str | Path) -> Decomposition:
         folder = Path(folder)
         top = folder / PROBLEM_FILE
         if not top.is_file():
@@ -163,9 +163,10 @@ class Decomposition:
         return cls.from_files(files)
 
     @classmethod
-    def from_files(cls, files: dict[str, str], previous: "Decomposition | None" = None) -> "Decomposition":
+    def from_files(cls, files: dict[str, str], previous: Decomposition | None = None) -> Decomposition:
         """Build from relative path -> source (a parsed reply); subproblems the top-level loads but the
         files lack are taken from `previous`. Subproblem files nothing loads are kept so the checks name them."""
+        files = {PurePosixPath(p).as_posix(): source for p, source in files.items()}  # "./x.py" is "x.py"
         unknown = [p for p in files if p != PROBLEM_FILE and not _is_subproblem_path(p)]
         if unknown:
             raise CodebaseError(f"unexpected file(s) {', '.join(unknown)}: a decomposition has only "
@@ -303,7 +304,7 @@ class ProblemSkeleton:
     init_arg_names: tuple[str, ...]
 
     @classmethod
-    def from_source(cls, name: str, source: str) -> "ProblemSkeleton":
+    def from_source(cls, name: str, source: str) -> ProblemSkeleton:
         tree = ast.parse(source)
         model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
         if model is None:

@@ -140,7 +140,7 @@ class Orchestrator:
         decomposition = Decomposition.read(iteration_dir(self.run_dir, t - 1))
         refinement = "none"
         if t % self.config.refine_every == 0:
-            failing = [n for n in decomposition.names if self._best_of(n) is None]
+            failing = [n for n in decomposition.names if self._failing(n)]
             if failing:
                 self._phase(t, f"splitting {', '.join(failing)}")
                 decomposition = split_agent.split(self.problem_path, decomposition, failing, **self._agent_args())
@@ -181,6 +181,11 @@ class Orchestrator:
 
     def _best_of(self, name: str):
         return self._beam(name).best if name in self.state.beams else None
+
+    def _failing(self, name: str) -> bool:
+        """Tried and still without an accepted kernel; a subproblem never evolved is new, not failing."""
+        beam = self._beam(name)
+        return beam.next_seq > 0 and beam.best is None
 
     def _budget(self, decomposition: Decomposition) -> dict[str, int]:
         needs_work = {n for n in decomposition.names if self._best_of(n) is None}
@@ -394,19 +399,29 @@ def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
     return problem_path, config, run_dir, state
 
 
-def run_command(args) -> int:
-    """`mkevolve run`: 0 when best/ holds a verified end-to-end solution, 1 when none passed, 2 bad input."""
+def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition,
+             beams: dict[str, Beam]) -> tuple[Path, RunState]:
+    """A new run that starts from a given decomposition and beams (what `port` reuses), not from Decompose."""
+    problem_path = Path(problem_path)
+    run_dir = new_run_dir(config.out, problem_path)
+    write_atomic(run_dir / "config.yaml", config.to_yaml())
+    decomposition.write(iteration_dir(run_dir, 0))
+    state = RunState(problem=str(problem_path.resolve()), run_id=run_dir.name, step=Step.DECOMPOSED)
+    for spec in decomposition.subproblems:
+        beam = beams.get(spec.name) or Beam(width=config.beam_width)
+        state.beams[spec.name], state.beam_sources[spec.name] = beam.to_dict(), beam_hash(spec.source)
+    state.save(run_dir)
+    return run_dir, state
+
+
+def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: RunState) -> tuple[RunOutcome, int]:
+    """Run (or resume) to the end with a live display; returns the outcome and the LLM calls it paid for."""
     from mkevolve.llm.client import make_client
     from mkevolve.verify.verifier import Verifier
 
-    try:
-        problem_path, config, run_dir, state = prepare_run(args)
-    except StateError as err:
-        raise ProblemError(args.resume, str(err).split(": ", 1)[-1]) from None
     events = EventLog(run_dir / "events.jsonl")
     client = make_client(config, events, cache_dir=run_dir / "llm_cache")
-    view = RunView(problem=problem_path.name, iterations=config.iterations)
-    display = RunDisplay(view)
+    display = RunDisplay(RunView(problem=Path(problem_path).name, iterations=config.iterations))
     display.console.print(f"run directory: {run_dir}")
     try:
         with Verifier(config, events) as verifier, display:
@@ -414,10 +429,20 @@ def run_command(args) -> int:
     except KeyboardInterrupt:
         display.console.print(f"interrupted; best/ is consistent. Continue with: "
                               f"python -m mkevolve run --resume {run_dir}")
-        return 130
+        raise
     client.emit_totals()
     _write_report(run_dir, display)
     _print_summary(outcome, display)
+    return outcome, client.provider_calls
+
+
+def run_command(args) -> int:
+    """`mkevolve run`: 0 when best/ holds a verified end-to-end solution, 1 when none passed, 2 bad input."""
+    try:
+        problem_path, config, run_dir, state = prepare_run(args)
+    except StateError as err:
+        raise ProblemError(Path(args.resume) / "state.json", str(err).split(": ", 1)[-1]) from None
+    outcome, _ = execute_run(problem_path, config, run_dir, state)
     return 0 if outcome.passed else 1
 
 

@@ -8,9 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from mkevolve.codebase import (FALLBACK_MARKER, KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE,
-                               CodebaseError, Decomposition, instances_in_source, is_valid_name,
-                               referenced_subproblems, safe_name, wrap_original, write_solution)
+from mkevolve.codebase import (
+    FALLBACK_MARKER,
+    KERNELS_DIR,
+    PROBLEM_FILE,
+    PROBLEMS_DIR,
+    SOLUTION_FILE,
+    CodebaseError,
+    Decomposition,
+    instances_in_source,
+    is_valid_name,
+    referenced_subproblems,
+    safe_name,
+    wrap_original,
+    write_solution,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "decompositions"
 GOOD = FIXTURES / "good"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from mkevolve.codebase import CodebaseError, Decomposition
 from mkevolve.config import RunConfig
@@ -55,6 +55,8 @@ class AttemptLoop:
     pool: Executor
     events: EventLog | None
     history: list[Attempt] = field(default_factory=list)
+    # A reply identical to an earlier one gets the earlier verdict instead of a second check.
+    reports: dict[tuple, CheckReport] = field(default_factory=dict)
 
     def run(self, requests_for: Callable[[list[Feedback]], list[LLMRequest]],
             build: Callable[[dict[str, str]], Decomposition],
@@ -104,29 +106,37 @@ class AttemptLoop:
             if attempt.decomposition is not None:
                 key = tuple(sorted(attempt.decomposition.files().items()))
                 unique.setdefault(key, []).append(attempt)
-        if not unique:
-            return None
+        winner = None
+        for key in [k for k in unique if k in self.reports]:
+            winner = winner or self._judge(unique.pop(key), self.reports[key], validate)
+        if winner is not None or not unique:
+            return winner
         executor = ThreadPoolExecutor(max_workers=max(1, min(len(unique), getattr(self.pool, "size", 1))))
         pending = {executor.submit(check_decomposition, self.problem_path, group[0].decomposition, self.pool,
-                                   self.config): group for group in unique.values()}
-        winner = None
+                                   self.config): (key, group) for key, group in unique.items()}
         try:
             while pending and winner is None:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    group = pending.pop(future)
-                    report = future.result()
-                    for attempt in group:
-                        attempt.report = report
-                        attempt.reasons = report.reasons() or (validate(attempt.decomposition, report)
-                                                               if report.passed else ["the checks failed"])
-                    winner = winner or next((a for a in group if a.passed), None)
+                    key, group = pending.pop(future)
+                    self.reports[key] = future.result()
+                    winner = winner or self._judge(group, self.reports[key], validate)
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
-        for group in pending.values():
+        for _, group in pending.values():
             for attempt in group:
                 attempt.reasons = ["not checked: another attempt passed first"]
         return winner
+
+    @staticmethod
+    def _judge(group: list[Attempt], report: CheckReport,
+               validate: Callable[[Decomposition, CheckReport], list[str]]) -> Attempt | None:
+        """Give every attempt of one reply its verdict; the first that passes, if any."""
+        for attempt in group:
+            attempt.report = report
+            attempt.reasons = report.reasons() or (validate(attempt.decomposition, report)
+                                                   if report.passed else ["the checks failed"])
+        return next((a for a in group if a.passed), None)
 
     def _emit(self, attempt: Attempt) -> None:
         if self.events is None:

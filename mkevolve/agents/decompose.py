@@ -11,12 +11,12 @@ from mkevolve.codebase import Decomposition, wrap_original
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
 from mkevolve.llm.builtin.decomposer import UnsupportedModule, decomposition_files, format_reply
-from mkevolve.llm.client import LLMClient
+from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import ProblemError, load_problem, read_source
 from mkevolve.prompts import render
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
-from mkevolve.verify.executor import Executor
+from mkevolve.verify.executor import Executor, make_executor
 
 EXIT_OK, EXIT_FALLBACK = 0, 1
 CPU_WORKERS_DEFAULT = 2
@@ -65,9 +65,6 @@ def decompose(problem_path: str | Path, config: RunConfig, client: LLMClient, po
 
 def decompose_command(args) -> int:
     """`mkevolve decompose`: write the decomposition, print its subproblems and every check's verdict."""
-    from mkevolve.llm.client import make_client
-    from mkevolve.verify.executor import make_executor
-
     config = config_from_args(args)
     problem = load_problem(args.problem)
     events = EventLog()

@@ -73,8 +73,8 @@ def total_fuse(problem_path: str | Path, decomposition: Decomposition, config: R
     def validate(candidate: Decomposition, report: CheckReport) -> list[str]:
         count = sum(len(v) for v in report.instances.values())
         if len(candidate.subproblems) != 1 or count != 1:
-            return [f"expected one subproblem built once; got {len(candidate.subproblems)} subproblem(s), "
-                    f"{count} instance(s)"]
+            got = f"{len(candidate.subproblems)} subproblem(s), {count} instance(s)"
+            return [f"expected one subproblem built once; got {got}"]
         return []
 
     result = _refine("total_fuse", problem_path, decomposition, requests, validate, config, client, pool, events)

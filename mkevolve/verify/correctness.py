@@ -208,10 +208,16 @@ def _raise_violations(violations: list[Violation]) -> None:
         raise Rejected(Status.CHEATING, first.describe(), first.line, first.rule.value)
 
 
+_COMPILE_TIME_ERRORS = ("NameError", "SyntaxError", "AttributeError", "TypeError", "CompilationError",
+                        "UnsupportedLanguageConstruct")
+
+
 def _is_compile_error(err: Exception) -> bool:
-    module = type(err).__module__
-    return module.startswith("triton.compiler") or type(err).__name__ in {"CompilationError",
-                                                                           "CompileTimeAssertionFailure"}
+    """Triton's compiler errors, and their interpreter equivalents (which wrap the same mistakes)."""
+    name, module = type(err).__name__, type(err).__module__
+    if module.startswith("triton.compiler") or name in {"CompilationError", "CompileTimeAssertionFailure"}:
+        return True
+    return name == "InterpreterError" and any(kind in str(err) for kind in _COMPILE_TIME_ERRORS)
 
 
 def _first_line(err: Exception, limit: int = 400) -> str:

@@ -9,15 +9,38 @@ from __future__ import annotations
 import ast
 import inspect
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mkevolve.codebase import (LOADER, PROBLEM_FILE, PROBLEMS_DIR, Decomposition, InstanceConfig,
-                               is_valid_name, referenced_subproblems)
+import networkx as nx
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mkevolve.codebase import (
+    LOADER,
+    PROBLEM_FILE,
+    PROBLEMS_DIR,
+    Decomposition,
+    InstanceConfig,
+    is_valid_name,
+    referenced_subproblems,
+)
 from mkevolve.config import RunConfig
+from mkevolve.problem import (
+    ProblemError,
+    build_model,
+    call_inputs,
+    flatten_outputs,
+    import_file,
+    load_problem,
+    make_inputs,
+    seed_everything,
+)
 from mkevolve.verify.executor import Executor
 from mkevolve.verify.sandbox import Job, JobOutcome
 
@@ -63,7 +86,7 @@ class CheckReport:
 
     @classmethod
     def from_checks(cls, checks: list[CheckResult], instances: dict[str, list[InstanceConfig]] | None = None,
-                    wall_s: float = 0.0) -> "CheckReport":
+                    wall_s: float = 0.0) -> CheckReport:
         return cls(passed=all(c.passed for c in checks), checks=checks, instances=instances or {},
                    wall_s=wall_s)
 
@@ -253,13 +276,17 @@ class _InitScan(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _builds_subproblem(self, node: ast.AST) -> bool:
-        return isinstance(node, ast.Call) and (
-            (isinstance(node.func, ast.Name) and node.func.id in self.aliases) or _is_loader_call(node.func))
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.aliases
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if _is_loader_call(node) or _is_loader_call(func):
+            self.violations.append(f"line {node.lineno}: __init__ calls {LOADER}; bind every subproblem class "
+                                   f'at module level (Name = {LOADER}("name")) and build it from that name')
+            self.generic_visit(node)
+            return
         allowed = (
-            self._builds_subproblem(node) or _is_loader_call(node)
+            self._builds_subproblem(node)
             or (isinstance(func, ast.Name) and func.id in INIT_BUILTINS)
             or (isinstance(func, ast.Attribute) and func.attr == "__init__" and isinstance(func.value, ast.Call)
                 and isinstance(func.value.func, ast.Name) and func.value.func.id == "super")
@@ -400,8 +427,6 @@ class _Signature:
 
 
 def _describe(value: Any) -> Any:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype).replace("torch.", ""))
     if isinstance(value, (list, tuple, torch.Size)):
@@ -486,8 +511,6 @@ class _Run:
     """One check run in a worker: loads the problem, the subproblems and the top-level, then compares."""
 
     def __init__(self, problem_path: Path, folder: Path, seed: int, trials: int, eval_mode: bool):
-        import torch
-
         self.problem_path = problem_path
         self.folder = folder
         self.seed = seed
@@ -501,8 +524,6 @@ class _Run:
         torch.backends.cudnn.allow_tf32 = False
 
     def all_checks(self, static_impurities: list[str]) -> list[CheckResult]:
-        from mkevolve.problem import ProblemError, import_file, load_problem
-
         try:
             problem = load_problem(self.problem_path)
         except ProblemError as err:
@@ -524,8 +545,6 @@ class _Run:
     # -- standalone ----------------------------------------------------------------------------------
 
     def _standalone(self) -> tuple[dict[str, _SubproblemFacts], CheckResult]:
-        from mkevolve.problem import ProblemError, load_problem
-
         facts, failures = {}, []
         for name in referenced_subproblems(_read(self.folder / PROBLEM_FILE)):
             path = self.folder / PROBLEMS_DIR / f"{name}.py"
@@ -543,19 +562,15 @@ class _Run:
         return facts, CheckResult(STANDALONE, True)
 
     def _facts(self, name: str, sub) -> _SubproblemFacts:
-        from mkevolve.problem import call_inputs, make_inputs
-
         configs = []
         for config in sub.configs:
             init = call_inputs(sub.path, config.get_init_inputs, "get_init_inputs")
-            inputs = make_inputs(sub.path, config, self.seed + 1, _cpu())
+            inputs = make_inputs(sub.path, config, self.seed + 1, torch.device("cpu"))
             configs.append((_bind(sub.model_cls.__init__, tuple(init), {}, skip_self=True),
                             _bind(sub.model_cls.forward, tuple(inputs), {}, skip_self=True)))
         return _SubproblemFacts(name, configs, hasattr(sub.module, "get_input_configs"))
 
     def _run_standalone(self, sub) -> str | None:
-        from mkevolve.problem import ProblemError, build_model, call_inputs, flatten_outputs, make_inputs
-        import torch
 
         for index, config in enumerate(sub.configs):
             outputs = []
@@ -568,7 +583,7 @@ class _Run:
                         outputs.append(flatten_outputs(model(*inputs)))
                 except ProblemError as err:
                     return f"config {index}: {err.reason}"
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001  (untrusted code: any error is the verdict)
                     return f"config {index}: forward raised {type(err).__name__}: {err}"
             if not all(isinstance(t, torch.Tensor) for t in outputs[0]):
                 return f"config {index}: forward must return a tensor or a tuple of tensors"
@@ -579,8 +594,6 @@ class _Run:
     # -- equivalence, with recording ----------------------------------------------------------------
 
     def _equivalence(self, problem, top) -> CheckResult:
-        from mkevolve.problem import ProblemError, call_inputs
-
         classes = _subproblem_classes(top, self.folder / PROBLEMS_DIR)
         for index, config in enumerate(problem.configs):
             try:
@@ -594,8 +607,6 @@ class _Run:
         return CheckResult(EQUIVALENCE, True)
 
     def _compare_config(self, problem, top, classes: dict, init: list, config) -> str | None:
-        from mkevolve.problem import build_model, flatten_outputs, make_inputs, seed_everything
-        import torch
 
         reference = build_model(problem.path, problem.model_cls, init, self.seed, self.device, self.eval_mode)
         first = len(self.instances)
@@ -603,8 +614,8 @@ class _Run:
             try:
                 decomposed = build_model(self.folder / PROBLEM_FILE, top.Model, init, self.seed, self.device,
                                          self.eval_mode, what="top-level Model")
-            except Exception as err:
-                return f"building the top-level Model failed: {err}"
+            except ProblemError as err:
+                return err.reason
         new = self.instances[first:]
         self.runtime_impurities += _structure_impurities(decomposed, new, classes)
         for trial in range(self.trials):
@@ -619,7 +630,7 @@ class _Run:
                             actual = flatten_outputs(decomposed(*inputs))
                     else:
                         actual = flatten_outputs(decomposed(*inputs))
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001  (untrusted code: any error is the verdict)
                     return f"top-level forward raised {type(err).__name__}: {err}"
             mismatch = _compare(expected, actual, ATOL, RTOL)
             if mismatch:
@@ -666,18 +677,8 @@ def _purity(static: list[str], runtime: list[str]) -> CheckResult:
     return CheckResult(PURITY, not found, "; ".join(found))
 
 
-def _cpu():
-    import torch
-
-    return torch.device("cpu")
-
-
 def _subproblem_classes(top, problems_dir: Path) -> dict[type, str]:
     """Subproblem Model classes the top-level module bound, by the file they came from."""
-    import sys
-
-    from torch import nn
-
     classes = {}
     for value in vars(top).values():
         if isinstance(value, type) and issubclass(value, nn.Module):
@@ -696,7 +697,7 @@ class _RecordConstruction:
         self.sink = sink
         self.saved: list[tuple[type, Any]] = []
 
-    def __enter__(self) -> "_RecordConstruction":
+    def __enter__(self) -> _RecordConstruction:
         for cls, name in self.classes.items():
             self.saved.append((cls, cls.__dict__.get("__init__")))
             cls.__init__ = self._recording(cls, name, cls.__init__)
@@ -748,9 +749,7 @@ class _RecordForward:
         self.handles = []
         self.mode = None
 
-    def __enter__(self) -> "_RecordForward":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
+    def __enter__(self) -> _RecordForward:
         ops = self.ops
         state = {"depth": 0}
 
@@ -790,8 +789,6 @@ class _RecordForward:
 
 
 def _compare(expected: list, actual: list, atol: float, rtol: float) -> str | None:
-    import torch
-
     if len(expected) != len(actual):
         return f"the original returns {len(expected)} output(s), the top-level {len(actual)}"
     for index, (a, b) in enumerate(zip(expected, actual)):
@@ -853,8 +850,6 @@ def _offer(signatures: set) -> str:
 def _unpaired(fact: _SubproblemFacts, instances: list[_Instance]) -> list[str]:
     """Instantiations and get_input_configs entries left over by a maximum one-to-one pairing (same
     constructor arguments, and every call's inputs equal to the entry's)."""
-    import networkx as nx
-
     graph = nx.Graph()
     left = [("instance", i) for i in range(len(instances))]
     right = [("config", j) for j in range(len(fact.configs))]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import inspect
 import itertools
 import keyword
 import math
@@ -26,8 +27,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from mkevolve.codebase import (PROBLEM_FILE, PROBLEMS_DIR, ProblemSkeleton, class_alias, safe_name,
-                               wrap_original)
+from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, ProblemSkeleton, class_alias, safe_name, wrap_original
 from mkevolve.problem import ProblemError, call_inputs, load_problem, make_inputs, read_source, seed_everything
 
 
@@ -79,7 +79,7 @@ _PURE_VIEWS = {
     "_unsafe_view", "movedim", "alias", "split_with_sizes", "getattr",
 }
 # Reductions that take a second tensor are elementwise (torch.max(a, b)).
-_BINARY_WHEN_TWO_TENSORS = {"max", "min", "amax", "amin", "maximum", "minimum"}
+_BINARY_WHEN_TWO_TENSORS = {"max", "min"}
 
 _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
           operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.matmul: "@",
@@ -102,6 +102,7 @@ class LeafRecord:
     arguments: list[tuple[str, Any, Any]]   # (parameter name, value, default or inspect.Parameter.empty)
     order: int
     draws_random: bool
+    stateless: bool = False   # no parameters or buffers: every subproblem that calls it may build its own
     expressions: dict[str, str] = field(default_factory=dict)  # argument -> source in the top-level's terms
 
 
@@ -156,6 +157,8 @@ def _record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, C
         sys.setprofile(profile)
         try:
             model = model_cls(*init_args)
+        except Exception as err:  # noqa: BLE001  (the user's constructor: any failure leaves nothing to trace)
+            raise UnsupportedModule(f"Model(*get_init_inputs()) raised {type(err).__name__}: {err}") from None
         finally:
             sys.setprofile(previous)
     return model, _construction(model, finished, raw_events)
@@ -203,7 +206,9 @@ def _construction(model: nn.Module, finished, raw_events) -> Construction:
         if path not in layers:
             continue
         function = _init_function(type(obj), code)
-        leaves[path] = LeafRecord(path, type(obj), _with_defaults(function, arguments), order, draws)
+        stateless = next(obj.parameters(), None) is None and next(obj.buffers(), None) is None
+        leaves[path] = LeafRecord(path, type(obj), _with_defaults(function, arguments), order, draws,
+                                  stateless and not draws)
     return Construction(root_arguments, leaves, raw_events)
 
 
@@ -216,8 +221,6 @@ def _init_function(cls: type, code):
 
 
 def _with_defaults(function, arguments: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
-    import inspect
-
     params = inspect.signature(function).parameters if function is not None else {}
     result = []
     for name, value in arguments:
@@ -243,7 +246,7 @@ class InitSource:
     module_globals: dict[str, Any]
 
     @classmethod
-    def of(cls, source: str, module_globals: dict[str, Any]) -> "InitSource":
+    def of(cls, source: str, module_globals: dict[str, Any]) -> InitSource:
         tree = ast.parse(source)
         model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
         init = next((n for n in (model.body if model else []) if isinstance(n, ast.FunctionDef)
@@ -278,15 +281,14 @@ class InitSource:
         if any(_self_attributes(s) - {name} for s in picked):
             raise UnsupportedModule(f"self.{name} is created from other attributes of the module")
         assigned = set().union(*(_assigned_names(s) for s in picked))
-        free = sorted({n for s in picked for n in _loaded_names(s)} - assigned - {"self"})
+        free = [n for n in dict.fromkeys(n for s in picked for n in _loaded_names(s))
+                if n not in assigned and n != "self"]
         return [ast.unparse(s) for s in picked], free
 
     def _definition(self, name: str) -> int | None:
         found = None
         for i, stmt in enumerate(self.statements):
-            if isinstance(stmt, ast.Assign) and any(_is_self_attr(t, name) for t in stmt.targets):
-                found = i
-            elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            if isinstance(stmt, ast.Assign) and any(_is_self_attr(t, name) for t in stmt.targets) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                   and isinstance(stmt.value.func, ast.Attribute)
                   and stmt.value.func.attr in ("register_buffer", "register_parameter")
                   and stmt.value.args and isinstance(stmt.value.args[0], ast.Constant)
@@ -297,33 +299,33 @@ class InitSource:
     def leaf_expressions(self, leaf: LeafRecord, root_arguments: dict[str, Any]) -> dict[str, str]:
         """Constructor arguments of a layer made by `self.<attr> = Layer(...)`, as expressions over the
         top module's arguments and module constants, where they evaluate to what the layer received."""
-        import inspect
-
         call = self._constructor_call(leaf.path)
-        function = _init_function(leaf.cls, getattr(leaf.cls.__init__, "__code__", None))
-        if call is None or function is None or any(isinstance(a, ast.Starred) for a in call.args):
+        if call is None or any(isinstance(a, ast.Starred) for a in call.args):
             return {}
         try:
-            bound = inspect.signature(function).bind(None, *call.args,
-                                                     **{k.arg: k.value for k in call.keywords if k.arg})
+            bound = inspect.signature(leaf.cls.__init__).bind(None, *call.args,
+                                                              **{k.arg: k.value for k in call.keywords if k.arg})
         except TypeError:
-            return {}
-        namespace = dict(self.module_globals)
+            return {}  # the call does not bind as written (a **kwargs spread): keep the literal values
+        namespace = {name: self.module_globals[name] for name in self.literal_globals}
         namespace.update(root_arguments)
         values = {name: value for name, value, _ in leaf.arguments}
         expressions = {}
         for name, node in list(bound.arguments.items())[1:]:
-            if name not in values or not isinstance(node, ast.expr):
-                continue
-            if not _loaded_names_expr(node) <= (self.arg_names | _literal_globals(self.module_globals)):
+            names = _loaded_names_expr(node) if isinstance(node, ast.expr) else {"*"}
+            if name not in values or not names <= set(namespace):
                 continue
             try:
-                value = eval(compile(ast.Expression(node), "<init>", "eval"), dict(namespace))
-            except Exception:
-                continue
+                value = eval(compile(ast.Expression(node), "<init>", "eval"), {"__builtins__": builtins}, namespace)
+            except (ArithmeticError, TypeError, ValueError, IndexError, KeyError):
+                continue  # the expression needs more than sizes and constants: keep the literal value
             if _same_value(value, values[name]):
                 expressions[name] = ast.unparse(node)
         return expressions
+
+    @property
+    def literal_globals(self) -> set[str]:
+        return set(_constants(self.module_globals))
 
     def _constructor_call(self, path: str) -> ast.Call | None:
         if "." in path:
@@ -335,11 +337,30 @@ class InitSource:
         return None
 
     def follow_ups(self) -> list[tuple[ast.stmt, set[str]]]:
-        """Expression statements after the layers are built that touch attributes (custom inits)."""
-        return [(s, _self_attributes(s)) for s in self.statements
-                if isinstance(s, ast.Expr) and _self_attributes(s)
-                and not (isinstance(s.value, ast.Call) and isinstance(s.value.func, ast.Attribute)
-                         and s.value.func.attr in ("register_buffer", "register_parameter", "__init__"))]
+        """Statements that change attributes after they are built (custom inits such as
+        `nn.init.zeros_(self.fc.bias)` or `self.conv.bias = nn.Parameter(...)`), with the attributes they name."""
+        found = []
+        for stmt in self.statements:
+            touches_inside = isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+                _is_nested_self_attribute(t) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]))
+            plain_call = isinstance(stmt, ast.Expr) and not (
+                isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute)
+                and stmt.value.func.attr in ("register_buffer", "register_parameter", "__init__"))
+            if (touches_inside or plain_call) and _self_attributes(stmt):
+                found.append((stmt, _self_attributes(stmt)))
+        return found
+
+
+def _is_nested_self_attribute(node: ast.AST) -> bool:
+    """self.<a>.<b>...: an attribute of something the module holds."""
+    return (isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.value, (ast.Attribute, ast.Subscript))
+            and _root_is_self(node))
+
+
+def _root_is_self(node: ast.AST) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _is_self_attr(node: ast.AST, name: str) -> bool:
@@ -362,17 +383,6 @@ def _loaded_names(stmt: ast.AST) -> list[str]:
 
 def _loaded_names_expr(node: ast.AST) -> set[str]:
     return set(_loaded_names(node)) - set(dir(builtins))
-
-
-def _literal_globals(module_globals: dict[str, Any]) -> set[str]:
-    names = set()
-    for name, value in module_globals.items():
-        try:
-            _literal(value)
-        except UnsupportedModule:
-            continue
-        names.add(name)
-    return names
 
 
 # ---- Values: literals and example values --------------------------------------------------------------
@@ -405,19 +415,21 @@ def _same_value(a: Any, b: Any) -> bool:
         return False
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
-    try:
-        return type(a) is type(b) and bool(a == b) or (
-            isinstance(a, (int, float)) and isinstance(b, (int, float))
-            and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
-    except Exception:
-        return False
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return (numbers or type(a) is type(b)) and a == b
+
+
+class ValueKind(Enum):
+    TENSOR = "tensor"
+    TENSORS = "tensors"       # a tuple or list of tensors
+    OTHER = "other"           # a Python value (a size, a scale) or anything else
 
 
 @dataclass(frozen=True)
 class ValueInfo:
     """What a graph value was when the original ran on its own inputs."""
 
-    kind: str                 # "tensor", "tensors" (a tuple of them) or "other"
+    kind: ValueKind
     shape: tuple = ()
     dtype: torch.dtype | None = None
     contiguous: bool = True
@@ -428,26 +440,27 @@ class ValueInfo:
     python: Any = None
 
     @classmethod
-    def of(cls, value: Any) -> "ValueInfo":
+    def of(cls, value: Any) -> ValueInfo:
         if isinstance(value, torch.Tensor):
             return cls._tensor(value)
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            return cls("tensors")
-        return cls("other", python=value if isinstance(value, (int, float, bool, str, type(None))) else None)
+            return cls(ValueKind.TENSORS)
+        literal = isinstance(value, (int, float, bool, str, type(None)))
+        return cls(ValueKind.OTHER, python=value if literal else None)
 
     @classmethod
-    def _tensor(cls, t: torch.Tensor) -> "ValueInfo":
+    def _tensor(cls, t: torch.Tensor) -> ValueInfo:
         floating = t.is_floating_point()
         low = high = 0
         if not floating and t.dtype != torch.bool and t.numel():
             low, high = int(t.min()), int(t.max())
         nonneg = bool(t.numel() == 0 or (t.min() >= 0).item()) if t.dtype != torch.bool else True
-        return cls("tensor", tuple(t.shape), t.dtype, t.is_contiguous(), nonneg, low, high,
+        return cls(ValueKind.TENSOR, tuple(t.shape), t.dtype, t.is_contiguous(), nonneg, low, high,
                    t.numel() * t.element_size())
 
     def factory(self) -> str:
         """Source that makes a random input like this value (non-negative stays non-negative)."""
-        if self.kind != "tensor":
+        if self.kind is not ValueKind.TENSOR:
             return _literal(self.python)
         shape = ", ".join(str(d) for d in self.shape)
         if self.dtype == torch.bool:
@@ -490,10 +503,11 @@ class TracedModule:
     output_spec: Any
     placeholders: list[fx.Node]
     links: list[set[str]]                        # owner keys that must stay in one subproblem
-    follow_ups: dict[str, list[tuple[str, tuple[str, ...]]]]  # owner key -> (statement, layers it names)
+    follow_ups: dict[str, list[FollowUp]]        # owner key -> statements run after it is built
     tracer: str                                  # "fx" or "export"
     constants: dict[str, Any]                    # module-level literals of the problem file
     sinkable: set[fx.Node] = field(default_factory=set)   # shape values and pure views, recomputed on demand
+    tensor_constants: dict[str, torch.Tensor] = field(default_factory=dict)  # made in forward, not in __init__
     returned: list[fx.Node] = field(default_factory=list)  # nodes the forward returns
 
     @property
@@ -509,7 +523,7 @@ class _Tracer(fx.Tracer):
     """torch.nn layers are leaves; the user's own modules are traced through."""
 
 
-_CACHE: "OrderedDict[tuple, TracedModule | UnsupportedModule]" = OrderedDict()
+_CACHE: OrderedDict[tuple, TracedModule | UnsupportedModule] = OrderedDict()
 _CACHE_SIZE = 8
 _CACHE_LOCK = threading.Lock()
 _KEY_LOCKS: dict[tuple, threading.Lock] = {}
@@ -545,10 +559,13 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
     except ProblemError as err:
         raise UnsupportedModule(err.reason) from None
     config = problem.configs[0]
-    init_args = call_inputs(path, config.get_init_inputs, "get_init_inputs")
+    try:
+        init_args = call_inputs(path, config.get_init_inputs, "get_init_inputs")
+        inputs = make_inputs(path, config, 1, torch.device("cpu"))
+    except ProblemError as err:
+        raise UnsupportedModule(err.reason) from None
     model, construction = _record_construction(problem.model_cls, init_args)
     model.train(not eval_mode)
-    inputs = make_inputs(path, config, 1, torch.device("cpu"))
     gm, tracer, output_spec = _graph(model, inputs)
     values = _propagate(gm, inputs)
     module_globals = vars(problem.module)
@@ -556,29 +573,33 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
     for leaf in construction.leaves.values():
         leaf.expressions = init_source.leaf_expressions(leaf, construction.root_arguments)
     shape_nodes = _shape_nodes(gm, values)
-    units = _units(gm, values, shape_nodes, model, tracer, construction)
+    tensor_constants = _tensor_constants(gm, model)
+    units = _units(gm, values, shape_nodes, model, tracer, construction, tensor_constants)
     imports = tuple(ast.unparse(n) for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom)))
     constants = _constants(module_globals)
-    raws = _raw_records(units, construction, init_source, model, constants, _import_names(imports))
-    links, follow_ups = _links(init_source, model, construction)
+    import_names = _import_names(imports)
+    raws = _raw_records(units, construction, init_source, model, constants, import_names)
+    links, follow_ups = _links(init_source, model, construction, constants, import_names)
     return TracedModule(
         problem_name=path.stem, source=source, skeleton=ProblemSkeleton.from_source(path.stem, source),
         graph_module=gm, values=values, units=units, shape_nodes=shape_nodes, construction=construction,
         raws=raws, imports=imports, output_spec=output_spec,
         placeholders=[n for n in gm.graph.nodes if n.op == "placeholder"], links=links, follow_ups=follow_ups,
         tracer=tracer, constants=constants, sinkable=shape_nodes | _pure_views(units),
-        returned=_returned(gm))
+        returned=_returned(gm), tensor_constants=tensor_constants)
 
 
 def _graph(model: nn.Module, inputs: list) -> tuple[fx.GraphModule, str, Any]:
     """fx symbolic tracing, or torch.export with the problem's shapes where symbolic tracing fails."""
+    # Tracing runs the user's forward on proxies; what it raises varies (TraceError, TypeError, guard errors),
+    # and every failure means the same: try the next tracer, then give up with both reasons.
     try:
         graph = _Tracer().trace(model)
         return fx.GraphModule(model, graph), "fx", None
-    except Exception as fx_error:
+    except Exception as fx_error:  # noqa: BLE001
         try:
             exported = torch.export.export(model, tuple(inputs), strict=False)
-        except Exception as export_error:
+        except Exception as export_error:  # noqa: BLE001
             raise UnsupportedModule(f"neither torch.fx ({type(fx_error).__name__}: {fx_error}) nor torch.export "
                                     f"({type(export_error).__name__}) can trace the module") from None
     gm = exported.module()
@@ -608,7 +629,7 @@ def _propagate(gm: fx.GraphModule, inputs: list) -> dict[fx.Node, ValueInfo]:
         seed_everything(0)
         try:
             Recorder(gm).run(*inputs)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (the user's forward on a traced graph)
             raise UnsupportedModule(f"the traced graph does not run: {type(err).__name__}: {err}") from None
     return values
 
@@ -621,13 +642,33 @@ def _shape_nodes(gm: fx.GraphModule, values: dict[fx.Node, ValueInfo]) -> set[fx
     """Nodes that compute Python values from tensor metadata; each subproblem that needs one recomputes it."""
     found: set[fx.Node] = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method") or values.get(node, ValueInfo("tensor")).kind != "other":
+        if node.op not in ("call_function", "call_method") or node not in values \
+                or values[node].kind is not ValueKind.OTHER:
             continue
-        inputs = [a for a in node.all_input_nodes]
         metadata = (node.op == "call_method" and node.target in _METADATA_METHODS) or (
             node.target is getattr and len(node.args) > 1 and node.args[1] in _METADATA_ATTRIBUTES)
-        if metadata or all(a in found for a in inputs):
+        if metadata or all(a in found for a in node.all_input_nodes):
             found.add(node)
+    return found
+
+
+_SMALL_CONSTANT = 64  # elements: a tensor made in forward from Python values, written out in the subproblem
+
+
+def _tensor_constants(gm: fx.GraphModule, model: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors the tracer captured as constants (`torch.tensor(self.value)` in forward): the graph holds them,
+    the original module does not."""
+    owned = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in owned:
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                if value.numel() > _SMALL_CONSTANT:
+                    raise UnsupportedModule(f"the forward uses a constant tensor of {value.numel()} elements")
+                found[node.target] = value.detach().clone()
     return found
 
 
@@ -640,7 +681,7 @@ def _returned(gm: fx.GraphModule) -> list[fx.Node]:
     return list(dict.fromkeys(output.all_input_nodes))
 
 
-def closure(traced: "TracedModule", nodes: set[fx.Node]) -> set[fx.Node]:
+def closure(traced: TracedModule, nodes: set[fx.Node]) -> set[fx.Node]:
     """The shape values and views outside `nodes` that computing `nodes` needs, recomputed in place."""
     needed: set[fx.Node] = set()
     pending = [a for n in nodes for a in n.all_input_nodes if a in traced.sinkable and a not in nodes]
@@ -652,7 +693,7 @@ def closure(traced: "TracedModule", nodes: set[fx.Node]) -> set[fx.Node]:
     return needed
 
 
-def external_inputs(traced: "TracedModule", nodes: set[fx.Node]) -> list[fx.Node]:
+def external_inputs(traced: TracedModule, nodes: set[fx.Node]) -> list[fx.Node]:
     """Values computed elsewhere (or forward arguments) that `nodes` and their recomputed views take."""
     local = nodes | closure(traced, nodes)
     inputs: list[fx.Node] = []
@@ -679,7 +720,7 @@ def _kind(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo]) -> Kind:
     base = label.rstrip("_")
     if base in _BINARY_WHEN_TWO_TENSORS:
         tensors = [a for a in node.args
-                   if isinstance(a, fx.Node) and values.get(a, ValueInfo("other")).kind == "tensor"]
+                   if isinstance(a, fx.Node) and a in values and values[a].kind is ValueKind.TENSOR]
         return Kind.POINTWISE if len(tensors) >= 2 else Kind.REDUCTION
     if base in _ANCHORS:
         return Kind.ANCHOR
@@ -693,7 +734,7 @@ def _kind(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo]) -> Kind:
 def _owner_key(target: str, model: nn.Module, leaves: dict[str, LeafRecord]) -> str:
     if target in leaves:
         return f"leaf:{target}"
-    parent, _, name = target.rpartition(".")
+    parent = target.rpartition(".")[0]
     if parent == "":
         return f"raw:{target}"
     if parent in leaves:
@@ -704,32 +745,29 @@ def _owner_key(target: str, model: nn.Module, leaves: dict[str, LeafRecord]) -> 
 
 
 def _units(gm: fx.GraphModule, values, shape_nodes, model: nn.Module, tracer: str,
-           construction: Construction) -> list[Unit]:
-    leaves = set(construction.leaves)
-    leaf_records = construction.leaves
+           construction: Construction, tensor_constants: dict[str, torch.Tensor]) -> list[Unit]:
+    """Compute nodes as units; an exported graph's consecutive nodes from one torch.nn layer form one unit."""
+    leaves = construction.leaves
     units: list[Unit] = []
+    last_layer = None
     for node in gm.graph.nodes:
         if node.op not in ("call_module", "call_function", "call_method") or node in shape_nodes:
             continue
-        owners = {_owner_key(a.target, model, leaf_records) for a in node.all_input_nodes if a.op == "get_attr"}
+        owners = {_owner_key(a.target, model, leaves) for a in node.all_input_nodes
+                  if a.op == "get_attr" and a.target not in tensor_constants}
         if node.op == "call_module":
             if node.target not in leaves:
                 raise UnsupportedModule(f"cannot rebuild module '{node.target}' "
                                         f"({type(model.get_submodule(node.target)).__name__})")
             owners.add(f"leaf:{node.target}")
-        cluster = _export_cluster(node, leaves) if tracer == "export" else None
-        if cluster and units and units[-1].label == f"@{cluster}":
+        layer = _export_layer(node, leaves) if tracer == "export" else None
+        if layer is not None and layer == last_layer:
             units[-1].nodes.append(node)
             units[-1].owners |= owners
             continue
-        label = _label(node, model)
-        unit = Unit(len(units), [node], f"@{cluster}" if cluster else label, _kind(label, node, values), owners)
-        if cluster:
-            unit.kind = _kind(type(model.get_submodule(cluster)).__name__.lower(), node, values)
-        units.append(unit)
-    for unit in units:
-        if unit.label.startswith("@"):
-            unit.label = type(model.get_submodule(unit.label[1:])).__name__.lower()
+        last_layer = layer
+        label = type(model.get_submodule(layer)).__name__.lower() if layer else _label(node, model)
+        units.append(Unit(len(units), [node], label, _kind(label, node, values), owners))
     if not units:
         raise UnsupportedModule("the forward does no computation")
     return units
@@ -740,7 +778,7 @@ def _is_torch_layer(module: nn.Module) -> bool:
             and not isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)))
 
 
-def _export_cluster(node: fx.Node, leaves: set[str]) -> str | None:
+def _export_layer(node: fx.Node, leaves: dict[str, LeafRecord]) -> str | None:
     """The torch.nn layer an exported node came from, if any (its innermost module)."""
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
@@ -795,10 +833,19 @@ def _import_names(imports: tuple[str, ...]) -> set[str]:
     return names
 
 
-def _links(init_source: InitSource, model: nn.Module,
-           construction: Construction) -> tuple[list[set[str]], dict[str, list[tuple[str, tuple[str, ...]]]]]:
+@dataclass(frozen=True)
+class FollowUp:
+    """A statement of the original __init__ that changes layers after they are built."""
+
+    statement: str
+    layers: tuple[str, ...]       # the layer attributes it names
+    free_names: tuple[str, ...]   # Model arguments and module constants it reads
+
+
+def _links(init_source: InitSource, model: nn.Module, construction: Construction, constants: dict[str, Any],
+           import_names: set[str]) -> tuple[list[set[str]], dict[str, list[FollowUp]]]:
     """Statements after construction that touch layers (custom inits) tie those layers together; each is
-    kept under its first layer with the attributes it names."""
+    kept under its first layer."""
     links, follow_ups = [], {}
     for stmt, attributes in init_source.follow_ups():
         keys = set()
@@ -811,9 +858,15 @@ def _links(init_source: InitSource, model: nn.Module,
                 raise UnsupportedModule(f"Model.__init__ runs `{ast.unparse(stmt)[:60]}` on self.{attribute}, "
                                         "which the builtin decomposer cannot move into a subproblem")
         if keys:
+            free = [n for n in dict.fromkeys(_loaded_names(stmt)) if n != "self" and n not in import_names
+                    and not hasattr(builtins, n)]
+            unknown = [n for n in free if n not in construction.root_arguments and n not in constants]
+            if unknown:
+                raise UnsupportedModule(f"`{ast.unparse(stmt)[:60]}` in Model.__init__ reads {', '.join(unknown)}, "
+                                        "which is neither an argument of Model nor a module-level constant")
             links.append(keys)
-            attributes = tuple(sorted(k[5:] for k in keys))
-            follow_ups.setdefault(sorted(keys)[0], []).append((ast.unparse(stmt), attributes))
+            layers = tuple(sorted(k[5:] for k in keys))
+            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, tuple(free)))
     return links, follow_ups
 
 
@@ -829,7 +882,7 @@ class Segmentation:
 
     def groups(self, cuts: list[int]) -> list[range]:
         bounds = [0] + sorted(cuts) + [len(self.traced.units)]
-        return [range(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [range(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
     # -- the fusion rules --
 
@@ -870,8 +923,8 @@ class Segmentation:
         made = self._made_before(cut)
         taken = [n for n in external_inputs(self.traced, later) if n in made]
         returned = [n for n in self.traced.returned if n in made]
-        return (all(values[n].kind == "tensor" and values[n].contiguous for n in taken)
-                and all(values[n].kind == "tensor" for n in returned))
+        return (all(values[n].kind is ValueKind.TENSOR and values[n].contiguous for n in taken)
+                and all(values[n].kind is ValueKind.TENSOR for n in returned))
 
     def has_work(self, group: range) -> bool:
         return any(self.traced.units[i].kind is not Kind.VIEW for i in group)
@@ -881,7 +934,7 @@ class Segmentation:
     def normalize(self, cuts: list[int]) -> list[int]:
         """Move or drop cuts until every constraint holds: tensor boundaries, one group per owner,
         random draws in the original order, no group without work."""
-        cuts = sorted(set(c for c in cuts if 0 < c < len(self.traced.units)))
+        cuts = sorted({c for c in cuts if 0 < c < len(self.traced.units)})
         while True:
             fixed = self._fix_boundaries(cuts)
             fixed = self._fix_owners(fixed)
@@ -927,21 +980,27 @@ class Segmentation:
                 placed[key] = set(groups)
         return placed
 
+    def shareable(self, key: str) -> bool:
+        """A layer with no state and no random draws: each group that calls it builds its own copy."""
+        leaf = self.traced.construction.leaves.get(key[5:]) if key.startswith("leaf:") else None
+        return leaf is not None and leaf.stateless and not any(key in link for link in self.traced.links)
+
     def _fix_owners(self, cuts: list[int]) -> list[int]:
-        for groups in self._owner_groups(cuts).values():
-            if len(groups) > 1:
+        for key, groups in self._owner_groups(cuts).items():
+            if len(groups) > 1 and not self.shareable(key):
                 low, high = min(groups), max(groups)
                 return [c for i, c in enumerate(cuts) if not low <= i < high]
         return cuts
 
-    def owner_placement(self, cuts: list[int]) -> dict[str, int]:
-        """Every owner's group, unused ones that draw random numbers included (next to their neighbours)."""
-        placed = {k: min(g) for k, g in self._owner_groups(cuts).items()}
+    def owner_placement(self, cuts: list[int]) -> dict[str, set[int]]:
+        """The groups that build each owner: every user of a shareable layer, else one group; unused owners
+        that draw random numbers go next to the owner drawn just before them."""
+        placed = {k: (g if self.shareable(k) else {min(g)}) for k, g in self._owner_groups(cuts).items()}
         draws = self.random_owners()
         for key in sorted(draws, key=draws.get):
             if key not in placed:
-                earlier = [placed[k] for k in draws if k in placed and draws[k] < draws[key]]
-                placed[key] = max(earlier) if earlier else 0
+                earlier = [min(placed[k]) for k in draws if k in placed and draws[k] < draws[key]]
+                placed[key] = {max(earlier) if earlier else 0}
         return placed
 
     def random_owners(self) -> dict[str, int]:
@@ -956,7 +1015,7 @@ class Segmentation:
         draws = self.random_owners()
         by_group: dict[int, list[int]] = {}
         for key, order in draws.items():
-            by_group.setdefault(placed.get(key, 0), []).append(order)
+            by_group.setdefault(min(placed.get(key, {0})), []).append(order)
         groups = sorted(by_group)
         for a, b in itertools.combinations(groups, 2):
             if max(by_group[a]) > min(by_group[b]):
@@ -1033,7 +1092,7 @@ class GroupCode:
     output_nodes: list[fx.Node]
     owners: list[OwnerCode]
     key: str = ""
-    pattern: "Pattern | None" = None
+    pattern: Pattern | None = None
     attribute: str = ""
 
 
@@ -1043,7 +1102,7 @@ class Pattern:
 
     name: str
     groups: list[GroupCode]
-    params: list[tuple[str, str, str]] = field(default_factory=list)  # (param, owner key or "", argument)
+    params: list[tuple[str, str, str]] = field(default_factory=list)  # (param, owner attribute or "", argument)
 
 
 class CodeWriter:
@@ -1062,6 +1121,10 @@ class CodeWriter:
         patterns = self._patterns(codes)
         files = {f"{PROBLEMS_DIR}/{p.name}.py": self._subproblem_source(p) for p in patterns}
         return {PROBLEM_FILE: self._top_level(codes, patterns), **files}
+
+    def pattern_names(self) -> dict[int, str]:
+        """Each group's subproblem name, by the unit the group starts at."""
+        return {code.group.start: p.name for p in self._patterns(self.group_codes()) for code in p.groups}
 
     def group_codes(self) -> list[GroupCode]:
         kept = self._live_nodes()
@@ -1097,9 +1160,11 @@ class CodeWriter:
         units = [self.traced.units[i] for i in group]
         local = kept | closure(self.traced, kept)
         ordered = [n for n in self.model.graph.nodes if n in local]
-        owner_keys = sorted((k for k, g in self.placement.items() if g == index), key=self._owner_order)
+        owner_keys = sorted((k for k, g in self.placement.items() if index in g), key=self._owner_order)
         owners = self._owner_codes(owner_keys)
         names = self._canonical_names(inputs, ordered, owners)
+        if not outputs:
+            raise UnsupportedModule(f"units {group.start}-{group.stop - 1} compute nothing the rest of the forward uses")
         lines = [f"{names[n]} = {self._expression(n, names, owners)}" for n in ordered]
         lines.append(f"return {', '.join(names[n] for n in outputs)}")
         labels = [u.label for u in units if u.kind is not Kind.VIEW] or [units[0].label]
@@ -1162,6 +1227,9 @@ class CodeWriter:
 
     def _argument(self, value, names, owners) -> str:
         if isinstance(value, fx.Node):
+            if value.op == "get_attr" and value.target in self.traced.tensor_constants:
+                constant = self.traced.tensor_constants[value.target]
+                return f"torch.tensor({_literal(constant.tolist())}, dtype={constant.dtype})"
             if value.op == "get_attr":
                 return self._attribute_source(value.target, owners)
             return names[value]
@@ -1234,15 +1302,14 @@ class CodeWriter:
             else:
                 raw = self.traced.raws[name]
                 owners.append(f"{owner.attribute}=" + "\n".join(raw.statements))
-            owners += [statement for statement, _ in self.traced.follow_ups.get(owner.key, [])]
+            owners += [f.statement for f in self.traced.follow_ups.get(owner.key, [])]
         return "\n".join(code.forward_lines + owners)
 
     def _params(self, pattern: Pattern) -> list[tuple[str, str, str]]:
         """(parameter name, owner attribute or "" for a free name of a raw owner, argument name), in the
         order the owners are built; raw owners' free names keep their own names."""
         first = pattern.groups[0]
-        raw_names = list(dict.fromkeys(n for o in first.owners if o.key.startswith("raw:")
-                                       for n in self.traced.raws[o.key[4:]].free_names))
+        raw_names = list(dict.fromkeys(n for o in first.owners for n in self._free_names(o.key)))
         leaf_args: list[tuple[str, str]] = []
         for position, owner in enumerate(first.owners):
             if owner.key.startswith("leaf:"):
@@ -1260,12 +1327,15 @@ class CodeWriter:
             leaf_params.setdefault(attribute, []).append((param, attribute, name))
         params: list[tuple[str, str, str]] = []
         for owner in first.owners:
-            if owner.key.startswith("leaf:"):
-                params += leaf_params.get(owner.attribute, [])
-            else:
-                params += [(n, "", n) for n in self.traced.raws[owner.key[4:]].free_names
-                           if (n, "", n) not in params]
+            params += leaf_params.get(owner.attribute, [])
+            params += [(n, "", n) for n in self._free_names(owner.key) if (n, "", n) not in params]
         return params
+
+    def _free_names(self, owner_key: str) -> list[str]:
+        """Model arguments and constants the statements that build an owner read."""
+        if owner_key.startswith("raw:"):
+            return self.traced.raws[owner_key[4:]].free_names
+        return [n for f in self.traced.follow_ups.get(owner_key, []) for n in f.free_names]
 
     def _is_default(self, owner_key: str, argument: str) -> bool:
         leaf = self.traced.construction.leaves[owner_key[5:]]
@@ -1289,8 +1359,8 @@ class CodeWriter:
         first = pattern.groups[0]
         arrow = " -> ".join(first.labels)
         count = len(pattern.groups)
-        lines = [f'"""Subproblem {pattern.name} of {self.traced.problem_name}: {arrow} '
-                 f'({count} instance{"s" if count > 1 else ""})."""', ""]
+        doc = f"Subproblem {pattern.name} of {self.traced.problem_name}: {arrow} ({count} instance{'s' * (count > 1)})."
+        lines = [f'"""{doc}"""', ""]
         params = ", ".join(["self"] + [p[0] for p in pattern.params])
         body = ["class Model(nn.Module):", f"    def __init__({params}):", "        super().__init__()"]
         attributes = {o.key: o.attribute for o in first.owners}
@@ -1323,8 +1393,9 @@ class CodeWriter:
         if getattr(nn, leaf.cls.__name__, None) is not leaf.cls:
             raise UnsupportedModule(f"{leaf.cls.__qualname__} is not a public torch.nn layer")
         lines = [f"self.{owner.attribute} = nn.{leaf.cls.__name__}({', '.join(args)})"]
-        for statement, layers in self.traced.follow_ups.get(owner.key, []):
-            for layer in layers:
+        for follow_up in self.traced.follow_ups.get(owner.key, []):
+            statement = follow_up.statement
+            for layer in follow_up.layers:
                 statement = _rename_self_attribute(statement, layer, attributes[f"leaf:{layer}"])
             lines += statement.splitlines()
         return lines
@@ -1407,7 +1478,7 @@ class CodeWriter:
         return render_value(output.args[0])
 
 
-_EMPTY = __import__("inspect").Parameter.empty
+_EMPTY = inspect.Parameter.empty
 
 
 def _render_structure(value) -> str:
@@ -1425,6 +1496,10 @@ def _qualified(target) -> str:
     from torch.fx.node import _get_qualified_name
 
     name = _get_qualified_name(target)
+    short = name.rsplit(".", 1)[-1]
+    for public in ("torch.nn.functional", "torch"):  # torch._C._nn.gelu is torch.nn.functional.gelu
+        if name.startswith("torch._") and getattr(sys.modules[public], short, None) is target:
+            return f"{public}.{short}"
     if name.startswith("_operator."):
         return "operator." + name[len("_operator."):]
     root = name.split(".")[0]
@@ -1493,8 +1568,7 @@ def split_files(problem_path: str | Path, top_level: str, failing: list[str],
     traced = trace_problem(problem_path, eval_mode)
     cuts = _own_cuts(traced, top_level)
     segmentation = Segmentation(traced)
-    writer = CodeWriter(traced, cuts)
-    names = {code.group.start: p.name for p in writer._patterns(writer.group_codes()) for code in p.groups}
+    names = CodeWriter(traced, cuts).pattern_names()
     added = []
     for group in segmentation.groups(cuts):
         if names[group.start] in failing:

@@ -134,8 +134,8 @@ class Builder:
 
     # --- views -----------------------------------------------------------------------------------
 
-    def view(self, base: Value, method: str, args: tuple, shapes: tuple[Shape, ...]) -> Value:
-        return self.program.add(View(shapes, base=base, method=method, args=tuple(args)))
+    def view(self, base: Value, method: str, args: tuple, shapes: tuple[Shape, ...], item: int | None = None) -> Value:
+        return self.program.add(View(shapes, base=base, method=method, args=tuple(args), item=item))
 
     def channel_view(self, param: Value, rank: int, channel_dim: int = 1) -> Value:
         """A per-channel vector (C,) viewed as (C, 1, ..., 1) to broadcast against a rank-`rank` tensor."""

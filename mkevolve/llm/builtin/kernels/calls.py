@@ -21,6 +21,7 @@ class Call:
     args: list
     kwargs: dict
     shapes: tuple[Shape, ...] | None = None         # the traced result's shape per config, for tensor results
+    results: Any = None                              # per config, the traced shapes of any result (tuples too)
     modules: list[nn.Module] = field(default_factory=list)   # call_module: the instance under each config
     path: str = ""                                   # call_module: its attribute path on the model
 

@@ -1,3 +1,180 @@
-"""stub"""
-def emit_pool(*a): raise NotImplementedError
-def emit_adaptive_pool(*a): raise NotImplementedError
+"""Max and average pooling (fixed windows and adaptive ones) with a fused elementwise epilogue."""
+
+from __future__ import annotations
+
+from .configs import Variant
+from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, body_leaves, describe_body,
+                          helper_sources, indent, make_operands)
+from .indexing import GroupIndices, Indexer, Space
+from .ir import AdaptivePool, Pool, Program
+from .plan import KernelPlan
+
+
+def _positions(spatial: int) -> list[str]:
+    """Split the flat output index into plane (all leading dims) and p0, p1, ... (row-major)."""
+    lines, rest = [], "offs"
+    for d in range(spatial - 1, -1, -1):
+        lines += [f"p{d} = {rest} % P{d}", f"rest{d} = {rest} // P{d}"]
+        rest = f"rest{d}"
+    return lines + [f"plane = {rest}"]
+
+
+def _epilogue(kernel: KernelPlan, program: Program, operands):
+    leaves = body_leaves(kernel, program)
+    epilogue = [operands[v.id] for v in leaves]
+    indexer = Indexer(kernel.root.shapes, [Space("flat", tuple(range(kernel.root.rank)))], epilogue)
+    scalars = ScalarArgs()
+    emitter = ExprEmitter(indexer, {v.id: operands[v.id] for v in leaves}, scalars)
+    lines: list[str] = []
+    region = Region(lines, mask="mask", indices=GroupIndices(indexer, {0: "offs"}, lines, "e"),
+                    bound={kernel.anchor.id: "acc"})
+    result = emitter.value(kernel.root, region)
+    return epilogue, indexer, scalars, emitter, lines, result
+
+
+def _fixed_window(pool: Pool) -> list[str]:
+    spatial = len(pool.kernel)
+    lines = []
+    mask = "mask"
+    for d in range(spatial):
+        pad = "    " * d
+        lines += [f"{pad}for k{d} in tl.static_range(K{d}):",
+                  f"{pad}    in{d} = p{d} * STRIDE{d} - PAD{d} + k{d} * DIL{d}",
+                  f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
+        mask = f"ok{d}"
+    inner = "    " * spatial
+    offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
+    if pool.kind == "max":
+        lines += [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
+                  f"{inner}acc = tl.maximum(acc, v)"]
+    else:
+        lines += [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)"]
+    return lines
+
+
+def _avg_divisor(pool: Pool) -> list[str]:
+    """torch's divisor: the override, else the window clipped to the padded (or, without pads, real) input."""
+    if pool.divisor is not None:
+        return [f"acc = acc / {float(pool.divisor)!r}"]
+    spatial = len(pool.kernel)
+    lines = []
+    for d in range(spatial):
+        lines += [f"start{d} = p{d} * STRIDE{d} - PAD{d}",
+                  f"end{d} = tl.minimum(start{d} + K{d}, D{d} + PAD{d})"]
+        if not pool.count_include_pad:
+            lines += [f"size{d} = tl.minimum(end{d}, D{d}) - tl.maximum(start{d}, 0)"]
+        else:
+            lines += [f"size{d} = end{d} - start{d}"]
+    count = " * ".join(f"size{d}" for d in range(spatial))
+    return lines + [f"acc = acc / ({count}).to(tl.float32)"]
+
+
+def _adaptive_window(pool: AdaptivePool, spatial: int) -> list[str]:
+    lines = []
+    for d in range(spatial):
+        lines += [f"start{d} = (p{d} * D{d}) // P{d}", f"end{d} = ((p{d} + 1) * D{d} + P{d} - 1) // P{d}"]
+    mask = "mask"
+    for d in range(spatial):
+        pad = "    " * d
+        lines += [f"{pad}for k{d} in range(0, KMAX{d}):",
+                  f"{pad}    in{d} = start{d} + k{d}",
+                  f"{pad}    ok{d} = {mask} & (in{d} < end{d})"]
+        mask = f"ok{d}"
+    inner = "    " * spatial
+    offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
+    if pool.kind == "max":
+        lines += [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
+                  f"{inner}acc = tl.maximum(acc, v)"]
+    else:
+        count = " * ".join(f"(end{d} - start{d})" for d in range(spatial))
+        lines += [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)",
+                  f"acc = acc / ({count}).to(tl.float32)"]
+    return lines
+
+
+def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, adaptive: bool) -> KernelSource:
+    pool = kernel.anchor
+    spatial = len(pool.kernel) if not adaptive else _adaptive_rank(pool)
+    operands = make_operands(kernel.leaves)
+    x = operands[pool.x.id].name
+    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(kernel, program, operands)
+    ops = describe_body(kernel, program.values)
+    init = '-float("inf")' if pool.kind == "max" else "0.0"
+    window = _adaptive_window(pool, spatial) if adaptive else _fixed_window(pool) + (
+        _avg_divisor(pool) if pool.kind == "avg" else [])
+    sizes = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
+    geometry = ([f"KMAX{d}" for d in range(spatial)] if adaptive else
+                [f"{k}{d}: tl.constexpr" for k in ("K", "STRIDE", "PAD", "DIL") for d in range(spatial)])
+    params = (["x_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["numel"] + sizes + ["sxp"]
+              + [f"sx{d}" for d in range(spatial)] + indexer.kernel_params() + [n for n, _ in scalars.params]
+              + geometry + ["BLOCK: tl.constexpr"])
+    body = (["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
+            + _positions(spatial) + [f"acc = tl.full([BLOCK], {init}, tl.float32)"] + window + epi_lines
+            + [f"tl.store(out_ptr + offs, {result}, mask=mask)"])
+    what = f"adaptive {pool.kind}" if adaptive else pool.kind
+    decorator = ""
+    if variant.autotune:
+        configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in variant.pool)
+        decorator = f'@triton.autotune(configs=[{configs}], key=["numel"])\n'
+    source = f'''{decorator}@triton.jit
+def {name}({", ".join(params)}):
+    # {what} pooling over {spatial} trailing dims: each program computes BLOCK consecutive outputs.
+    # Epilogue: {ops or "none"}.
+{indent(body, 4)}
+'''
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
+    lines = [f"x = {x}.reshape(-1, *{x}.shape[-{spatial}:])"]
+    lines += [f"D{d} = x.shape[{1 + d}]" for d in range(spatial)]
+    lines += _out_sizes(pool, spatial, adaptive, x)
+    lines += [f"out = torch.empty((*{x}.shape[:-{spatial}], {', '.join(f'P{d}' for d in range(spatial))}), "
+              f"device=x.device, dtype=torch.float32)", "shape = out.shape", "numel = out.numel()"]
+    lines += indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
+    call_geometry = ([f"KMAX{d}" for d in range(spatial)] if adaptive else
+                     [f"{k}{d}={v[d]}" for k, v in (("K", pool.kernel), ("STRIDE", pool.stride),
+                                                     ("PAD", pool.padding), ("DIL", pool.dilation))
+                      for d in range(spatial)])
+    call = ", ".join(["x", "out"] + [o.name for o in epilogue] + ["numel"] + sizes + ["x.stride(0)"]
+                     + [f"x.stride({1 + d})" for d in range(spatial)] + indexer.kernel_params()
+                     + [a.name for a in scalar_args] + call_geometry)
+    if variant.autotune:
+        lines += ['grid = lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
+    else:
+        block, warps = variant.pool[0]
+        lines += [f"{name}[(triton.cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
+    launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
+               f"{indent(lines + ['return out'], 4)}\n"
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
+                        helper_sources(emitter.helpers), description=f"{what} pool{' + ' + ops if ops else ''}")
+
+
+def _adaptive_rank(pool: AdaptivePool) -> int:
+    """Adaptive pools keep the leading (batch, channel) dims; the rest are pooled."""
+    rank = pool.x.rank
+    return rank - 2 if rank >= 3 else rank - 1
+
+
+def _out_sizes(pool, spatial: int, adaptive: bool, x: str) -> list[str]:
+    if adaptive:
+        lines = [f"P{d} = {pool.shapes[0][pool.rank - spatial + d]}" for d in range(spatial)]
+        lines += [f"KMAX{d} = max(((p + 1) * D{d} + P{d} - 1) // P{d} - (p * D{d}) // P{d} for p in range(P{d}))"
+                  for d in range(spatial)]
+        return lines
+    lines = []
+    for d in range(spatial):
+        k, s, p, dil = pool.kernel[d], pool.stride[d], pool.padding[d], pool.dilation[d]
+        span = dil * (k - 1) + 1
+        if pool.ceil_mode:
+            lines += [f"P{d} = -(-(D{d} + {2 * p} - {span}) // {s}) + 1",
+                      f"P{d} = P{d} - 1 if (P{d} - 1) * {s} >= D{d} + {p} else P{d}"]
+        else:
+            lines.append(f"P{d} = (D{d} + {2 * p} - {span}) // {s} + 1")
+    return lines
+
+
+def emit_pool(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    return _emit(kernel, name, variant, program, adaptive=False)
+
+
+def emit_adaptive_pool(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    return _emit(kernel, name, variant, program, adaptive=True)

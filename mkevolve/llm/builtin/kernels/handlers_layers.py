@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from .builders import Builder, tuple_arg
@@ -264,7 +266,7 @@ def _split_like(method: str) -> Handler:
         x = call.arg(0, "input")
         args = tuple(_shape_arg(b, a) for a in call.args[1:]) + tuple(
             _shape_arg(b, v) for v in call.kwargs.values())
-        return tuple(b.view(x, method, args, shapes) for shapes in _pieces(call.shapes))
+        return tuple(b.view(x, method, args, shapes, item=i) for i, shapes in enumerate(_pieces(call.results)))
     return handler
 
 
@@ -300,6 +302,8 @@ def _dim(b: Builder, call: Call):
 
 def _getattr(b: Builder, call: Call):
     x, name = call.args
+    if isinstance(x, ValuesIndices):
+        return x.item(name)
     if not isinstance(x, Value):
         raise UnsupportedSubproblem(f"attribute {name!r} of a {type(x).__name__}")
     if name == "shape":
@@ -311,7 +315,22 @@ def _getattr(b: Builder, call: Call):
     raise UnsupportedSubproblem(f"tensor attribute .{name}")
 
 
+def _math(fn: str) -> Handler:
+    """math.<fn> on shape values (fx records it, e.g. `math.sqrt(k.size(-1))`): Python arithmetic in forward."""
+    def handler(b: Builder, call: Call):
+        value = call.args[0]
+        if isinstance(value, Value):
+            raise UnsupportedSubproblem(f"math.{fn} of a tensor")
+        if isinstance(value, (int, float)) and type(value) in (int, float):
+            return {"sqrt": math.sqrt, "ceil": math.ceil, "floor": math.floor}[fn](value)
+        if fn == "sqrt":
+            return IntOp("pow", value, 0.5)
+        raise UnsupportedSubproblem(f"math.{fn} of a shape value")
+    return handler
+
+
 FUNCTIONS: dict[str, Handler] = {
+    "math.sqrt": _math("sqrt"), "math.ceil": _math("ceil"), "math.floor": _math("floor"),
     "linear": _linear, "matmul": _matmul, "operator.matmul": _matmul, "mm": _matmul, "bmm": _bmm,
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,

@@ -20,7 +20,8 @@ _UNARY = {name: name for name in (
     "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "square", "sin",
     "cos", "erf", "floor", "ceil", "sign", "relu", "relu6", "sigmoid", "tanh", "silu", "mish", "selu",
     "hardswish", "hardsigmoid", "logsigmoid", "softsign", "tanhshrink")}
-_UNARY.update({"negative": "neg", "absolute": "abs", "special_erf": "erf", "special_expit": "sigmoid"})
+_UNARY.update({"negative": "neg", "absolute": "abs", "special_erf": "erf", "special_expit": "sigmoid",
+               "log_sigmoid": "logsigmoid"})
 
 _UNARY_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu",
                   nn.Mish: "mish", nn.SELU: "selu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
@@ -152,7 +153,7 @@ def _maximum_or_reduce(kind: str, op: str) -> Handler:
     def handler(b: Builder, call: Call):
         x = call.arg(0, "input")
         other = call.arg(1, "dim", None)
-        if isinstance(other, Value):
+        if isinstance(other, (Value, Scalar)):
             return b.pw(op, x, other)
         if other is None:
             return b.squeeze(b.reduce(kind, x, None), tuple(range(x.rank)))

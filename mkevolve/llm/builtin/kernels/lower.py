@@ -35,6 +35,8 @@ def function_key(target: Any) -> str:
     module = getattr(target, "__module__", "") or ""
     if module in ("_operator", "operator") or target in vars(operator).values():
         return "operator." + _INPLACE_OPERATORS.get(name, name)
+    if module == "math":
+        return "math." + name
     return _strip_inplace(name)
 
 
@@ -113,9 +115,14 @@ class _Lowering:
         return value
 
     def _traced_shapes(self, index: int):
+        """The node's shape per config for tensor results (the rank must agree); the raw entries otherwise."""
         shapes = [self.trace.configs[c].shapes[self.nodes[c][index].name] for c in range(len(self.nodes))]
-        return tuple(shapes) if all(isinstance(s, tuple) and all(isinstance(d, int) for d in s)
-                                    for s in shapes) else shapes
+        if not all(isinstance(s, tuple) and all(isinstance(d, int) for d in s) for s in shapes):
+            return shapes
+        if len({len(s) for s in shapes}) > 1:
+            raise UnsupportedSubproblem(f"{_describe(self.nodes[0][index])} has rank {len(shapes[0])} under one "
+                                        "input config and a different rank under another")
+        return tuple(shapes)
 
     def _check_dtype(self, node: fx.Node) -> None:
         """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken."""
@@ -133,7 +140,7 @@ class _Lowering:
         if node.op == "get_attr":
             return self._get_attr(node, shapes)
         call = Call(name="", args=list(self._arg(node.args)), kwargs=self._arg(dict(node.kwargs)),
-                    shapes=shapes if isinstance(shapes, tuple) else None)
+                    shapes=shapes if isinstance(shapes, tuple) else None, results=shapes)
         handler = self._handler(node, call)
         result = handler(self.builder, call)
         if isinstance(result, Value) and isinstance(shapes, tuple) and result.shapes != shapes:
@@ -167,17 +174,22 @@ class _Lowering:
         return value
 
     def _get_attr(self, node: fx.Node, shapes):
-        model = self.trace.configs[0].model
-        try:
-            target = _resolve(model, node.target)
-        except AttributeError:
-            target = None
-        if isinstance(target, torch.Tensor):
-            return self.builder.param(node.target, shapes)
-        constant = _resolve(self.trace.configs[0].graph_module, node.target)
-        if isinstance(constant, torch.Tensor) and constant.numel() == 1 and constant.device.type != "meta":
-            return Scalar(float(constant.item()))
+        """A parameter or buffer of the model; constants that tracing created (`torch.tensor(0.5)` in
+        forward) are inlined when they hold one number."""
+        if not node.target.startswith("_tensor_constant"):
+            if isinstance(_resolve(self.trace.configs[0].model, node.target), torch.Tensor):
+                return self.builder.param(node.target, shapes)
+            raise UnsupportedSubproblem(f"attribute {node.target} is not a tensor")
+        values = {_constant_value(_resolve(c.graph_module, node.target)) for c in self.trace.configs}
+        if len(values) == 1 and None not in values:
+            return Scalar(values.pop())
         raise UnsupportedSubproblem(f"tensor constant {node.target} created in forward")
+
+
+def _constant_value(tensor: torch.Tensor) -> float | None:
+    if tensor.numel() != 1 or tensor.device.type == "meta":
+        return None
+    return float(tensor.item())
 
 
 def _resolve(obj, path: str):

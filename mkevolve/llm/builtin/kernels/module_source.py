@@ -205,7 +205,7 @@ class ForwardWriter:
         if isinstance(value, SizeOf):
             return f"{self.tensor(value.tensor)}.shape[{value.dim}]"
         if isinstance(value, IntOp):
-            symbol = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "truediv": "/"}[value.op]
+            symbol = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "truediv": "/", "pow": "**"}[value.op]
             return f"({self.shape_value(value.a)} {symbol} {self.shape_value(value.b)})"
         if isinstance(value, Scalar):
             return self.scalar(value) if not value.is_literal else repr(value.value)

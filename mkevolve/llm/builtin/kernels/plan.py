@@ -146,6 +146,7 @@ def _shape_source(size: SizeOf, required: set[int]) -> Value:
 class _Forming:
     kernel: KernelPlan
     materialized: set[int]
+    prefer_rows: bool = False       # a reduction is reachable: fuse it, and leave GEMMs/convs to their own kernel
     conflicts: set[int] = field(default_factory=set)
     seen: set[int] = field(default_factory=set)
 
@@ -153,10 +154,25 @@ class _Forming:
 def _form(root: Value, materialized: set[int]) -> _Forming:
     kind = _anchor_kind(root) if isinstance(root, ANCHORS) else "pointwise"
     kernel = KernelPlan(root=root, kind=kind, anchor=root if isinstance(root, ANCHORS) else None)
-    state = _Forming(kernel, materialized)
+    state = _Forming(kernel, materialized, prefer_rows=_reaches_reduction(root, materialized))
     _visit(state, root)
     kernel.reductions.sort(key=lambda r: r.id)
     return state
+
+
+def _reaches_reduction(root: Value, materialized: set[int]) -> bool:
+    """Whether the root's elementwise expression (or the root itself) contains a reduction."""
+    stack, seen = [root], set()
+    while stack:
+        value = stack.pop()
+        if value.id in seen:
+            continue
+        seen.add(value.id)
+        if isinstance(value, Reduce):
+            return True
+        if value is root or (isinstance(value, Pointwise) and value.id not in materialized):
+            stack.extend(value.operands() if isinstance(value, Pointwise) else [])
+    return False
 
 
 def _anchor_kind(value: Value) -> str:
@@ -177,7 +193,8 @@ def _visit(state: _Forming, value: Value) -> None:
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
             return
-        if kernel.anchor is None and kernel.row is None and value.shapes == kernel.root.shapes:
+        if (kernel.anchor is None and kernel.row is None and not state.prefer_rows
+                and value.shapes == kernel.root.shapes):
             kernel.anchor, kernel.kind = value, _anchor_kind(value)
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)

@@ -1,0 +1,365 @@
+"""Benchmark the builtin Triton generator on a GPU: correctness, time against torch.compile, roofline fraction.
+
+    PYTHONPATH=. python3 scripts/bench_builtin.py --out results.json
+    PYTHONPATH=. python3 scripts/bench_builtin.py --out results.json --cases gemm_bias_gelu softmax
+    PYTHONPATH=. python3 scripts/bench_builtin.py --out checks.json --check tests/subproblems/*.py
+
+Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
+script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4), then times the
+best correct variant and torch.compile(Model) with CUDA events (10 warm-ups, 100 timed runs, L2 flushed
+before each, median). The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with
+FLOPs and the minimum bytes (every input and parameter read once, every output written once) counted by
+hand per case. `--check` instead verifies every variant of the given problem files, without timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import tempfile
+import textwrap
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import triton
+
+from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.problem import import_file, load_problem
+
+PEAK_FP32_FLOPS = 67e12
+PEAK_BYTES_PER_S = 4.3e12
+WARMUP, RUNS = 10, 100
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    source: str            # KernelBench-form problem
+    flops: float
+    min_bytes: float
+
+
+def _problem(body: str, inputs: str, init: str) -> str:
+    return textwrap.dedent(f'''
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        {textwrap.indent(textwrap.dedent(body), "        ").strip()}
+
+
+        def get_inputs():
+            return {inputs}
+
+
+        def get_init_inputs():
+            return {init}
+        ''').lstrip()
+
+
+def _cases() -> list[Case]:
+    f32 = 4
+    cases = []
+    m = n = k = 4096
+    cases.append(Case("gemm_bias_gelu", _problem('''
+        class Model(nn.Module):
+            def __init__(self, in_features, out_features):
+                super().__init__()
+                self.fc = nn.Linear(in_features, out_features)
+
+            def forward(self, x):
+                return F.gelu(self.fc(x))
+        ''', f"[torch.randn({m}, {k})]", f"[{k}, {n}]"), 2 * m * n * k, f32 * (m * k + k * n + n + m * n)))
+    b, s = 32, 1024
+    cases.append(Case("bmm", _problem('''
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.bmm(a, b)
+        ''', f"[torch.randn({b}, {s}, {s}), torch.randn({b}, {s}, {s})]", "[]"), 2 * b * s ** 3, f32 * 3 * b * s * s))
+    shape = (128, 4096, 4096)
+    numel = math.prod(shape)
+    cases.append(Case("pointwise_chain", _problem('''
+        class Model(nn.Module):
+            def __init__(self, features):
+                super().__init__()
+                self.scale = nn.Parameter(torch.rand(features) + 0.5)
+                self.shift = nn.Parameter(torch.randn(features))
+
+            def forward(self, x):
+                y = F.gelu(x * self.scale + self.shift, approximate="tanh")
+                return torch.clamp(y, -1.0, 1.0) + torch.sigmoid(x)
+        ''', f"[torch.randn{shape}]", f"[{shape[-1]}]"), 30 * numel, f32 * (2 * numel + 2 * shape[-1])))
+    rows, cols = 128, 32768
+    cases.append(Case("softmax", _problem('''
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.softmax(x, dim=1)
+        ''', f"[torch.randn({rows}, {cols})]", "[]"), 5 * rows * cols, f32 * 2 * rows * cols))
+    rows, cols = 16384, 4096
+    cases.append(Case("layernorm", _problem('''
+        class Model(nn.Module):
+            def __init__(self, features):
+                super().__init__()
+                self.ln = nn.LayerNorm(features)
+
+            def forward(self, x):
+                return self.ln(x)
+        ''', f"[torch.randn({rows}, {cols})]", f"[{cols}]"), 8 * rows * cols, f32 * (2 * rows * cols + 2 * cols)))
+    shape = (16, 64, 256, 256)
+    numel = math.prod(shape)
+    cases.append(Case("layernorm_kernelbench", _problem('''
+        class Model(nn.Module):
+            def __init__(self, normalized_shape):
+                super().__init__()
+                self.ln = nn.LayerNorm(normalized_shape)
+
+            def forward(self, x):
+                return self.ln(x)
+        ''', f"[torch.randn{shape}]", f"[{shape[1:]}]"), 8 * numel, f32 * (2 * numel + 2 * numel // shape[0])))
+    cases.append(Case("rmsnorm_channels", _problem('''
+        class Model(nn.Module):
+            def __init__(self, eps):
+                super().__init__()
+                self.eps = eps
+
+            def forward(self, x):
+                rms = torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)
+                return x / rms
+        ''', f"[torch.randn{shape}]", "[1e-5]"), 4 * numel, f32 * 2 * numel))
+    n_, c, hw, co = 32, 64, 56, 64
+    out = n_ * co * hw * hw
+    cases.append(Case("conv2d_3x3_bias_relu", _problem('''
+        class Model(nn.Module):
+            def __init__(self, in_channels, out_channels):
+                super().__init__()
+                self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+
+            def forward(self, x):
+                return torch.relu(self.conv(x))
+        ''', f"[torch.randn({n_}, {c}, {hw}, {hw})]", f"[{c}, {co}]"),
+        2 * out * c * 9, f32 * (n_ * c * hw * hw + co * c * 9 + co + out)))
+    return cases
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+
+@dataclass
+class VariantResult:
+    variant: int
+    precision: str
+    description: str
+    correct: bool
+    max_abs_err: float | None = None
+    time: Timing | None = None
+    error: str | None = None
+
+
+@dataclass
+class CaseResult:
+    name: str
+    flops: float
+    min_bytes: float
+    floor_ms: float
+    variants: list[VariantResult] = field(default_factory=list)
+    best_variant: int | None = None
+    candidate_ms: float | None = None
+    compile_ms: float | None = None
+    speedup_vs_compile: float | None = None
+    roofline_fraction: float | None = None
+    compile_roofline_fraction: float | None = None
+    error: str | None = None
+
+
+def time_cuda(fn) -> Timing:
+    """Median of RUNS timed calls after WARMUP, each preceded by an L2 flush outside the timed region."""
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    with torch.no_grad():
+        for _ in range(WARMUP):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(RUNS)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(RUNS)]
+        for start, end in zip(starts, ends):
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return Timing(times[len(times) // 2], times[len(times) // 5], times[(4 * len(times)) // 5])
+
+
+def _instantiate(problem_path: Path, config_index: int = 0):
+    """Reference model and inputs, built directly on the GPU with the seeds the verifier uses."""
+    problem = load_problem(problem_path)
+    config = problem.configs[config_index]
+    init = config.get_init_inputs()
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        model = problem.model_cls(*init)
+        torch.manual_seed(1)
+        inputs = config.get_inputs()
+    return problem, init, model, inputs
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _compare(expected, actual) -> tuple[bool, float]:
+    expected, actual = _outputs(expected), _outputs(actual)
+    if len(expected) != len(actual):
+        return False, float("inf")
+    worst, ok = 0.0, True
+    for e, a in zip(expected, actual):
+        if e.shape != a.shape or e.dtype != a.dtype:
+            return False, float("inf")
+        worst = max(worst, (e - a).abs().max().item() if e.numel() else 0.0)
+        ok = ok and torch.allclose(a, e, atol=1e-4, rtol=1e-4)
+    return ok, worst
+
+
+def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: bool) -> VariantResult:
+    generated = generate_kernel(problem_path, variant, target="cuda")
+    result = VariantResult(variant, generated.precision, generated.description, correct=False)
+    source_path = workdir / f"{problem_path.stem}_v{variant}.py"
+    source_path.write_text(generated.source)
+    module = import_file(source_path, prefix="bench_candidate")
+    problem = load_problem(problem_path)
+    for config_index, config in enumerate(problem.configs):
+        _, init, reference, inputs = _instantiate(problem_path, config_index)
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            candidate = module.ModelNew(*init)
+        with torch.no_grad():
+            expected = reference(*inputs)
+            actual = candidate(*inputs)
+        torch.cuda.synchronize()
+        ok, err = _compare(expected, actual)
+        result.max_abs_err = max(result.max_abs_err or 0.0, err)
+        if not ok:
+            return result
+        if with_timing and config_index == 0:
+            result.time = time_cuda(lambda: candidate(*inputs))
+        del reference, candidate, inputs, expected, actual
+    result.correct = True
+    return result
+
+
+def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
+    floor_ms = 1e3 * max(case.flops / PEAK_FP32_FLOPS, case.min_bytes / PEAK_BYTES_PER_S)
+    result = CaseResult(case.name, case.flops, case.min_bytes, floor_ms)
+    path = workdir / f"{case.name}.py"
+    path.write_text(case.source)
+    try:
+        count = variant_count(path, target="cuda")
+    except UnsupportedSubproblem as err:
+        result.error = f"unsupported: {err}"
+        return result
+    for variant in range(count) if variants == "all" else [int(variants)]:
+        try:
+            outcome = check_variant(path, variant, workdir, with_timing=True)
+        except Exception:  # noqa: BLE001 - one failing variant is a result to record, not the end of the run
+            outcome = VariantResult(variant, "", "", correct=False, error=traceback.format_exc(limit=4))
+        result.variants.append(outcome)
+        torch.cuda.empty_cache()
+        print(f"  {case.name} variant {variant}: "
+              + (f"{outcome.time.median_ms:.4f} ms" if outcome.correct else f"FAILED {outcome.error or ''}"
+                 f" max_abs_err={outcome.max_abs_err}"), flush=True)
+    timed = [v for v in result.variants if v.correct and v.time is not None]
+    if not timed:
+        result.error = result.error or "no correct variant"
+        return result
+    best = min(timed, key=lambda v: v.time.median_ms)
+    result.best_variant, result.candidate_ms = best.variant, best.time.median_ms
+    _, _, reference, inputs = _instantiate(path)
+    compiled = torch.compile(reference)
+    result.compile_ms = time_cuda(lambda: compiled(*inputs)).median_ms
+    result.speedup_vs_compile = result.compile_ms / result.candidate_ms
+    result.roofline_fraction = floor_ms / result.candidate_ms
+    result.compile_roofline_fraction = floor_ms / result.compile_ms
+    del reference, compiled, inputs
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_checks(paths: list[Path], workdir: Path, variants: str) -> list[dict]:
+    checks = []
+    for path in paths:
+        try:
+            count = variant_count(path, target="cuda")
+        except UnsupportedSubproblem as err:
+            checks.append({"problem": str(path), "unsupported": str(err)})
+            print(f"{path}: unsupported ({err})")
+            continue
+        for variant in range(count) if variants == "all" else [int(variants)]:
+            try:
+                outcome = check_variant(path, variant, workdir, with_timing=False)
+            except Exception:  # noqa: BLE001 - recorded per variant
+                outcome = VariantResult(variant, "", "", correct=False, error=traceback.format_exc(limit=4))
+            checks.append({"problem": str(path), **asdict(outcome)})
+            status = "ok" if outcome.correct else f"FAILED max_abs_err={outcome.max_abs_err} {outcome.error or ''}"
+            print(f"{path} variant {variant}: {status}", flush=True)
+            torch.cuda.empty_cache()
+    return checks
+
+
+def _print_table(results: list[CaseResult]) -> None:
+    header = f"{'case':<24}{'var':>4}{'ours ms':>11}{'compile ms':>12}{'speedup':>9}{'roof ours':>11}{'roof comp':>11}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if r.candidate_ms is None:
+            print(f"{r.name:<24}  {r.error}")
+            continue
+        print(f"{r.name:<24}{r.best_variant:>4}{r.candidate_ms:>11.4f}{r.compile_ms:>12.4f}"
+              f"{r.speedup_vs_compile:>8.2f}x{r.roofline_fraction:>11.1%}{r.compile_roofline_fraction:>11.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="where to write the JSON results")
+    parser.add_argument("--cases", nargs="*", help="suite cases to run (default: all)")
+    parser.add_argument("--variants", default="all", help="'all' or one variant index")
+    parser.add_argument("--check", nargs="*", type=Path, help="verify these problem files instead of the suite")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_builtin.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+                 "on a CPU, run tests/test_builtin_kernels.py instead")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "cuda": torch.version.cuda,
+              "peaks": {"fp32_flops": PEAK_FP32_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
+              "timing": {"warmup": WARMUP, "runs": RUNS, "l2_flush_bytes": L2_FLUSH_BYTES}}
+    with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
+        workdir = Path(tmp)
+        if args.check:
+            report["checks"] = run_checks(args.check, workdir, args.variants)
+        else:
+            cases = [c for c in _cases() if not args.cases or c.name in args.cases]
+            results = []
+            for case in cases:
+                print(f"{case.name}:", flush=True)
+                results.append(run_case(case, workdir, args.variants))
+            report["cases"] = [asdict(r) for r in results]
+            _print_table(results)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

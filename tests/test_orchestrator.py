@@ -1,0 +1,161 @@
+"""The run end to end with the builtin agent: a verified best/, resume after interruption at every
+checkpoint and after a hard kill, a clear error for a corrupted state.json, and the guarded Swap."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mkevolve.cli import main
+from mkevolve.config import RunConfig
+from mkevolve.orchestrator import BEST, execute_run, iteration_dir
+from mkevolve.run_state import RunState, Step
+from mkevolve.solution import Manifest
+from mkevolve.verify.verifier import Verifier
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEM = ROOT / "problems" / "gemm_chain.py"
+RUN_ARGS = ["--iterations", "2", "--budget", "3", "--workers", "2", "--trials", "2"]
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted(p for p in (out / PROBLEM.stem).iterdir() if p.is_dir())
+
+
+def fingerprint(run_dir: Path) -> dict:
+    """What must be identical between an interrupted-and-resumed run and an uninterrupted one."""
+    manifest = Manifest.read(run_dir / BEST)
+    state = RunState.load(run_dir)
+    return {
+        "solution": (run_dir / BEST / "decomposed_solution.py").read_text(),
+        "kernels": {n: (e.candidate, e.sha256) for n, e in manifest.subkernels.items()},
+        "status": manifest.status, "iteration": manifest.iteration,
+        "history": [(r.index, r.refinement, r.subproblems, r.budget, r.e2e_status) for r in state.history],
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["run", str(PROBLEM), "--out", str(out)] + RUN_ARGS) == 0
+    return run_dirs(out)[0]
+
+
+def test_builtin_run_leaves_the_documented_layout(finished_run):
+    for name in ("config.yaml", "state.json", "events.jsonl", "iterations/iter_00/decomposed_problem.py",
+                 "iterations/iter_01/decomposed_solution.py", "best/decomposed_solution.py",
+                 "best/manifest.yaml"):
+        assert (finished_run / name).exists(), name
+    state = RunState.load(finished_run)
+    assert state.step is Step.FINISHED and state.iteration == 2 and len(state.history) == 2
+    candidates = list((finished_run / "iterations" / "iter_01" / "candidates").rglob("c*.json"))
+    assert candidates and all("parent" in json.loads(c.read_text()) for c in candidates)
+    events = [json.loads(line)["kind"] for line in (finished_run / "events.jsonl").read_text().splitlines()]
+    assert {"decomposition", "budget", "iteration", "checkpoint", "verdict"} <= set(events)
+
+
+def test_manifest_describes_every_subkernel(finished_run):
+    manifest = Manifest.read(finished_run / BEST)
+    assert manifest.status == "ok" and manifest.speedup is None and manifest.device == "cpu"
+    assert len(manifest.subkernels) >= 2
+    for name, entry in manifest.subkernels.items():
+        assert entry.origin == "builtin" and entry.precision == "ieee" and len(entry.sha256) == 64
+        assert (finished_run / BEST / "subkernel_implementations" / f"{name}.py").is_file()
+
+
+def test_best_is_verified_and_self_contained(finished_run, tmp_path):
+    moved = tmp_path / "elsewhere" / "copy_of_best"
+    shutil.copytree(finished_run / BEST, moved)
+    with Verifier(RunConfig(workers=1, trials=2)) as verifier:
+        result = verifier.check_composite(PROBLEM, moved)
+    assert result.passed, result.reason
+    assert result.launches >= len(Manifest.read(moved).subkernels)
+
+
+def test_budget_calls_add_up_per_iteration(finished_run):
+    for record in RunState.load(finished_run).history:
+        assert sum(record.budget.values()) == 3
+
+
+class Interrupt(KeyboardInterrupt):
+    """Raised from a checkpoint, exactly as Ctrl-C arriving right after it."""
+
+
+def test_resume_after_interrupt_at_every_phase_matches(tmp_path, monkeypatch, finished_run):
+    """Stop at the first checkpoint of every phase (mid-evolution included), resume, compare."""
+    reference = fingerprint(finished_run)
+    out = tmp_path / "runs"
+    real_save = RunState.save
+    for stop_at in range(1, 20):
+        phases: list[tuple] = []
+
+        def save(self, run_dir, stop_at=stop_at, phases=phases):
+            real_save(self, run_dir)
+            phase = (self.iteration, self.step.value, bool(self.evolved))
+            if phase not in phases:
+                phases.append(phase)
+                if len(phases) == stop_at:
+                    raise Interrupt
+
+        monkeypatch.setattr(RunState, "save", save)
+        code = main(["run", str(PROBLEM), "--out", str(out)] + RUN_ARGS)
+        monkeypatch.setattr(RunState, "save", real_save)
+        run_dir = run_dirs(out)[-1]
+        if code == 0:  # the run finished before the stop point: every phase has been tried
+            assert stop_at > 8
+            break
+        assert code == 130
+        assert main(["run", "--resume", str(run_dir)]) == 0
+        assert fingerprint(run_dir) == reference, f"resume after phase {phases[-1]} differs"
+        shutil.rmtree(run_dir)
+    else:
+        pytest.fail("the run never finished")
+
+
+def test_resume_after_hard_kill(tmp_path, finished_run):
+    out = tmp_path / "runs"
+    command = [sys.executable, "-m", "mkevolve", "run", str(PROBLEM), "--out", str(out)] + RUN_ARGS
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    for line in proc.stdout:
+        if "evolving" in line and "iteration 1" in line:
+            break
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_dir = run_dirs(out)[-1]
+    assert RunState.load(run_dir).step is not Step.FINISHED
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert fingerprint(run_dir) == fingerprint(finished_run)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "corrupted state"),
+    (json.dumps({"version": 99}), "state version 99"),
+    (json.dumps({"version": 1, "problem": "p.py"}), "corrupted state"),
+])
+def test_corrupted_state_is_a_clear_error(tmp_path, capsys, content, fragment):
+    (tmp_path / "state.json").write_text(content)
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "state.json" in err and len(err.splitlines()) == 1
+
+
+def test_resume_of_a_folder_without_state(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "no state.json here" in capsys.readouterr().err
+
+
+def test_bad_problem_exits_2_before_any_run(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\n")
+    assert main(["run", str(bad), "--out", str(tmp_path / "runs")]) == 2
+    assert "defines no class named Model" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

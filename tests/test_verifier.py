@@ -1,0 +1,106 @@
+"""The whole verifier through worker subprocesses: honest kernels pass, each cheat is rejected for its
+rule, each fault costs one verdict and leaves the pool working, and `check` exits as documented."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from mkevolve.cli import main
+from mkevolve.config import RunConfig
+from mkevolve.verify.result import Status
+from mkevolve.verify.verifier import Verifier
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+FAULTS = CORPUS / "faults"
+
+
+def constant(path: Path, name: str) -> str:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} has no {name}")
+
+
+def problem_of(path: Path) -> Path:
+    return CORPUS / "problems" / f"{constant(path, 'PROBLEM')}.py"
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier(RunConfig(workers=2, timeout=60.0, trials=3)) as v:
+        yield v
+
+
+def test_honest_kernels_pass(verifier):
+    honest = sorted((CORPUS / "honest").glob("*.py"))
+    results = verifier.check_kernels([(problem_of(p), p) for p in honest])
+    for path, result in zip(honest, results):
+        assert result.status is Status.OK, f"{path.name}: {result.reason}"
+        assert result.launches >= 1 and result.speedup is None  # no GPU here: speed is unknown
+        assert result.max_abs_err is not None and result.max_abs_err <= 1e-4
+
+
+def test_every_cheat_is_rejected_for_its_rule(verifier):
+    cheats = sorted((CORPUS / "cheats").glob("*.py"))
+    results = verifier.check_kernels([(problem_of(p), p) for p in cheats])
+    wrong = [(p.name, r.status.value, r.rule, r.reason) for p, r in zip(cheats, results)
+             if r.status is not Status.CHEATING or r.rule != constant(p, "EXPECTED_RULE")]
+    assert not wrong
+    assert all(r.reason.startswith(f"[{r.rule}]") for r in results)
+
+
+@pytest.mark.parametrize("name, status, fragment", [
+    ("wrong_math", Status.INCORRECT, "mismatch"),
+    ("syntax_error", Status.COMPILE_ERROR, "syntax error at line"),
+    ("compile_error", Status.COMPILE_ERROR, "UNDEFINED_SCALE"),
+    ("runtime_error", Status.RUNTIME_ERROR, "only supports square inputs"),
+    ("exit", Status.CRASHED, "exit code 3"),
+    ("segfault", Status.CRASHED, "SIGSEGV"),
+])
+def test_fault_costs_one_verdict(verifier, name, status, fragment):
+    result = verifier.check_kernel(FAULTS / "problem.py", FAULTS / f"{name}.py")
+    assert result.status is status and fragment in result.reason
+    assert verifier.check_kernel(FAULTS / "problem.py", FAULTS / "honest.py").passed
+
+
+def test_hang_times_out_and_the_pool_keeps_working():
+    with Verifier(RunConfig(workers=1, timeout=8.0, trials=1)) as v:
+        assert v.check_kernel(FAULTS / "problem.py", FAULTS / "hang.py").status is Status.TIMEOUT
+        assert v.check_kernel(FAULTS / "problem.py", FAULTS / "honest.py").passed
+
+
+def test_wrong_math_reports_errors_and_first_failed_trial(verifier):
+    result = verifier.check_kernel(FAULTS / "problem.py", FAULTS / "wrong_math.py")
+    assert result.failed_trial == 0 and result.max_abs_err > 1e-4
+    assert result.line is None or result.line > 0
+
+
+def test_bad_problem_is_its_own_verdict(verifier, tmp_path):
+    problem = tmp_path / "problem.py"
+    problem.write_text((FAULTS / "problem.py").read_text().replace("return []\n", "return 3\n"))
+    result = verifier.check_kernel(problem, FAULTS / "honest.py")
+    assert result.status is Status.BAD_PROBLEM and "get_init_inputs() must return a list" in result.reason
+
+
+def test_check_command_exit_codes_and_json(capsys):
+    assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "honest.py"), "--json", "--trials", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "ok" and data["speedup"] is None and "reason" in data
+    assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "wrong_math.py"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "incorrect"
+
+
+def test_check_command_bad_input_exits_2(capsys, tmp_path):
+    assert main(["check", str(tmp_path / "missing.py"), str(FAULTS / "honest.py")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.py: no such file" in err and len(err.strip().splitlines()) == 1
+    assert main(["check", str(FAULTS / "problem.py"), str(tmp_path)]) == 2
+    assert main(["check", str(FAULTS / "problem.py")]) == 2  # usage
+
+
+def test_check_command_human_output(capsys):
+    assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "honest.py"), "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ok" in out and "unknown (no GPU" in out
