@@ -61,6 +61,10 @@ class SolutionEvaluation:
         return self.end_to_end.passed
 
     @property
+    def on_gpu(self) -> bool:
+        return self.device not in ("cpu", "unknown")
+
+    @property
     def failing_locally(self) -> list[str]:
         return [s.name for s in self.subkernels if not s.passed_locally]
 
@@ -154,8 +158,10 @@ def amdahl_contribution(share: float | None, speedup: float | None) -> float | N
     return (1.0 - share) + share * speedup
 
 
-def describe_speedup(value: float | None) -> str:
-    return UNKNOWN_NO_GPU if value is None else f"{value:.3f}x"
+def describe_speedup(value: float | None, on_gpu: bool) -> str:
+    if value is None:
+        return "unknown" if on_gpu else UNKNOWN_NO_GPU
+    return f"{value:.3f}x"
 
 
 def measure_runtimes(verifier, problem_path: Path, folder: Path) -> dict[str, float] | None:
@@ -256,7 +262,7 @@ def _row_cells(row: SubkernelEvaluation) -> list[str]:
 
 
 def _notes(row: SubkernelEvaluation) -> list[str]:
-    notes = [row.reason] if row.reason else []
+    notes = [row.reason if row.passed_locally else f"{row.status}: {row.reason}"] if row.reason else []
     if row.edited:
         notes.append("edited since the manifest was written")
     if row.kind is SubkernelKind.PYTORCH:
@@ -270,21 +276,23 @@ def print_evaluation(evaluation: SolutionEvaluation) -> None:
 
     console = Console()
     console.print(f"solution: {evaluation.folder}\nproblem:  {evaluation.problem}\ndevice:   {evaluation.device}")
-    table = Table(title="subkernels (speedup: vs torch.compile of the subproblem; share: of the end-to-end "
-                        "time; Amdahl: the end-to-end speedup that subkernel's speedup accounts for)")
+    table = Table(title="subkernels", caption="speedup: vs torch.compile of its subproblem; share: of the "
+                  "end-to-end time; Amdahl: the end-to-end speedup its own speedup accounts for")
     table.add_column("subkernel", no_wrap=True)
     for column in ("kind", "verdict", "max err", "speedup", "share", "Amdahl"):
         table.add_column(column)
     for row in evaluation.subkernels:
         table.add_row(*_row_cells(row))
     console.print(table)
+    # Whole lines (soft wrap): reasons and the diagnosis are what a person searches and copies.
     for row in evaluation.subkernels:
         for note in _notes(row):
-            console.print(f"  {row.name}: {note}", markup=False, highlight=False)
+            console.print(f"  {row.name}: {note}", markup=False, highlight=False, soft_wrap=True)
     e2e = evaluation.end_to_end
     colour = "green" if e2e.passed else "red"
-    console.print(f"end to end: [{colour}]{e2e.status.value}[/{colour}], speedup {describe_speedup(e2e.speedup)}")
-    console.print(evaluation.diagnosis)
-    if evaluation.device in ("cpu", "unknown"):
+    speedup = describe_speedup(e2e.speedup, evaluation.on_gpu)
+    console.print(f"end to end: [{colour}]{e2e.status.value}[/{colour}], speedup {speedup}")
+    console.print(evaluation.diagnosis, markup=False, highlight=False, soft_wrap=True)
+    if not evaluation.on_gpu:
         console.print("speedup, share and Amdahl are unknown: there is no GPU, so the kernels ran under the "
-                      "Triton interpreter for correctness only")
+                      "Triton interpreter for correctness only", soft_wrap=True)

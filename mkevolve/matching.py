@@ -362,7 +362,7 @@ def match_subproblems(solution: Decomposition, variant: Decomposition) -> list[M
         if same:
             best = max(same, key=rank)
             alike = position_similarity(variant_places[name], solution_places[best])
-            matches.append(Match(name, best, alike, f"same normalised source and signatures as {best}; "
+            matches.append(Match(name, best, alike, f"same normalised source and signatures as {best}, "
                                                     f"graph position {alike:.0%} alike"))
             continue
         nearest = max(solution.names, key=lambda s: (solution_prints[s].same_interface(mine),) + rank(s),

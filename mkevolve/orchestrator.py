@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
 
 from mkevolve.agents import decompose as decompose_agent
 from mkevolve.agents.evolve import RefineContext, evolve_kernel
@@ -23,7 +22,7 @@ from mkevolve.search.beam import Beam
 from mkevolve.solution import (ORIGIN_PYTORCH, Manifest, SubkernelEntry, copy_solution, pytorch_alternative,
                                recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
-from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.result import Status
 from mkevolve.verify.sandbox import Job
 
 BEST = "best"

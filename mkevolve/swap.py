@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 
+from mkevolve.codebase import KERNELS_DIR
 from mkevolve.config import ConfigError, build_config, config_from_args
 from mkevolve.evaluate import (SolutionFolder, describe_speedup, measure_runtimes, open_solution,
                                resolve_problem)
@@ -53,9 +54,15 @@ class SwapOutcome:
     before: EvalResult | None = None    # end to end, the folder as it was
     after: EvalResult | None = None     # end to end, with the replacement
     backup: Path | None = None
+    on_gpu: bool = False                # whether speedups could be measured at all
 
 
 # ---- what replaces the subkernel ----------------------------------------------------------------------
+
+
+def require_subkernel(solution: SolutionFolder, name: str) -> None:
+    if name not in solution.names:
+        raise ProblemError(solution.path, f"no subkernel '{name}' (have: {', '.join(solution.names)})")
 
 
 def _run_dir_of(solution: SolutionFolder) -> Path:
@@ -66,15 +73,23 @@ def _run_dir_of(solution: SolutionFolder) -> Path:
     return run_dir
 
 
+def _candidate_record(path: Path) -> dict:
+    """The verdict record saved next to a candidate; {} when there is none."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ProblemError(path, f"not a readable candidate record ({err.msg} at line {err.lineno})") from None
+
+
 def find_candidate(solution: SolutionFolder, name: str, candidate_id: str) -> Replacement:
     """A saved candidate of the run that wrote this solution, written for the same subproblem source."""
     run_dir = _run_dir_of(solution)
     subproblem_hash = sha256_of(solution.problem_file(name).read_text(encoding="utf-8"))
     found = sorted(run_dir.glob(f"iterations/iter_*/candidates/{name}/{candidate_id}.py"), reverse=True)
     for path in found:
-        record_path = path.with_suffix(".json")
-        record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {}
-        if record.get("problem_sha256") == subproblem_hash:
+        if _candidate_record(path.with_suffix(".json")).get("problem_sha256") == subproblem_hash:
             try:
                 model = build_config(run_dir / "config.yaml").model
             except ConfigError:
@@ -148,9 +163,9 @@ def _updated_manifest(solution: SolutionFolder, name: str, outcome: SwapOutcome,
         sha256=sha256_of(replacement.source))
     manifest.status, manifest.speedup = outcome.after.status.value, outcome.after.speedup
     runtimes = measure_runtimes(verifier, problem_path, solution.path) if verifier.on_gpu else None
-    total = sum((runtimes or {}).values())
-    for entry_name, entry in manifest.subkernels.items():
-        if runtimes is not None:
+    if runtimes is not None:
+        total = sum(runtimes.values())
+        for entry_name, entry in manifest.subkernels.items():
             entry.runtime_ms = runtimes.get(entry_name)
             entry.runtime_share = entry.runtime_ms / total if total and entry.runtime_ms is not None else None
     return manifest
@@ -161,10 +176,9 @@ def swap_subkernel(folder: str | Path, name: str, replacement: Replacement, prob
     """Verify `replacement` in a copy of the folder (locally, then end to end); only if both pass, back up
     the current file, write the new one and update manifest.yaml. A refused swap changes nothing."""
     solution = open_solution(folder)
-    if name not in solution.names:
-        raise ProblemError(solution.path, f"no subkernel '{name}' (have: {', '.join(solution.names)})")
+    require_subkernel(solution, name)
     problem_path = Path(problem_path)
-    outcome = SwapOutcome(subkernel=name, replacement=replacement, accepted=False)
+    outcome = SwapOutcome(subkernel=name, replacement=replacement, accepted=False, on_gpu=verifier.on_gpu)
     with tempfile.TemporaryDirectory(prefix="mkevolve-swap-") as scratch:
         trial_path = Path(scratch) / "trial"
         copy_solution(solution.path, trial_path)
@@ -183,14 +197,12 @@ def swap_subkernel(folder: str | Path, name: str, replacement: Replacement, prob
 # ---- the command ---------------------------------------------------------------------------------------
 
 
-def _end_to_end(result: EvalResult | None) -> str:
-    if result is None:
-        return "not checked"
-    return f"{result.status.value}, speedup {describe_speedup(result.speedup)}"
+def _end_to_end(result: EvalResult, on_gpu: bool) -> str:
+    return f"{result.status.value}, speedup {describe_speedup(result.speedup, on_gpu)}"
 
 
-def _change(before: EvalResult, after: EvalResult) -> str:
-    line = f"end to end: {_end_to_end(before)} -> {_end_to_end(after)}"
+def _change(before: EvalResult, after: EvalResult, on_gpu: bool) -> str:
+    line = f"end to end: {_end_to_end(before, on_gpu)} -> {_end_to_end(after, on_gpu)}"
     if before.speedup and after.speedup:
         line += f" ({after.speedup / before.speedup:.3f}x the previous speed)"
     return line
@@ -207,9 +219,9 @@ def print_outcome(outcome: SwapOutcome, folder: Path) -> None:
         print("  locally: PyTorch code, not a kernel (the end-to-end check allows PyTorch in this subkernel only)")
     else:
         print(f"  locally: {outcome.local.summary()}")
-    print(f"  {_change(outcome.before, outcome.after)}")
+    print(f"  {_change(outcome.before, outcome.after, outcome.on_gpu)}")
     kept = f"; the previous file is kept as {outcome.backup}" if outcome.backup else ""
-    print(f"  wrote {folder / 'subkernel_implementations' / (name + '.py')} and manifest.yaml{kept}")
+    print(f"  wrote {folder / KERNELS_DIR / (name + '.py')} and manifest.yaml{kept}")
 
 
 def swap_command(args) -> int:
@@ -218,8 +230,7 @@ def swap_command(args) -> int:
 
     config = config_from_args(args)
     solution = open_solution(args.solution_dir)
-    if args.subkernel not in solution.names:
-        raise ProblemError(solution.path, f"no subkernel '{args.subkernel}' (have: {', '.join(solution.names)})")
+    require_subkernel(solution, args.subkernel)
     problem_path = resolve_problem(solution, args.problem)
     replacement = resolve_replacement(solution, args.subkernel, args.replacement)
     with Verifier(config) as verifier:

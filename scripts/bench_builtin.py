@@ -200,7 +200,7 @@ def time_cuda(fn) -> Timing:
     return Timing(times[len(times) // 2], times[len(times) // 5], times[(4 * len(times)) // 5])
 
 
-def _instantiate(problem_path: Path, config_index: int = 0):
+def _instantiate(problem_path: Path, config_index: int = 0, eval_mode: bool = False):
     """Reference model and inputs, built directly on the GPU with the seeds the verifier uses."""
     problem = load_problem(problem_path)
     config = problem.configs[config_index]
@@ -210,7 +210,7 @@ def _instantiate(problem_path: Path, config_index: int = 0):
         model = problem.model_cls(*init)
         torch.manual_seed(1)
         inputs = config.get_inputs()
-    return problem, init, model, inputs
+    return problem, init, model.train(not eval_mode), inputs
 
 
 def _outputs(result) -> list[torch.Tensor]:
@@ -230,7 +230,8 @@ def _compare(expected, actual) -> tuple[bool, float]:
     return ok, worst
 
 
-def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: bool) -> VariantResult:
+def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: bool,
+                  eval_mode: bool = False) -> VariantResult:
     generated = generate_kernel(problem_path, variant, target="cuda")
     result = VariantResult(variant, generated.precision, generated.description, correct=False)
     source_path = workdir / f"{problem_path.stem}_v{variant}.py"
@@ -238,10 +239,10 @@ def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: 
     module = import_file(source_path, prefix="bench_candidate")
     problem = load_problem(problem_path)
     for config_index, config in enumerate(problem.configs):
-        _, init, reference, inputs = _instantiate(problem_path, config_index)
+        _, init, reference, inputs = _instantiate(problem_path, config_index, eval_mode)
         with torch.device("cuda"):
             torch.manual_seed(0)
-            candidate = module.ModelNew(*init)
+            candidate = module.ModelNew(*init).train(not eval_mode)
         with torch.no_grad():
             expected = reference(*inputs)
             actual = candidate(*inputs)
@@ -252,7 +253,6 @@ def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: 
             return result
         if with_timing and config_index == 0:
             result.time = time_cuda(lambda: candidate(*inputs))
-        del reference, candidate, inputs, expected, actual
     result.correct = True
     return result
 
@@ -289,12 +289,10 @@ def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
     result.speedup_vs_compile = result.compile_ms / result.candidate_ms
     result.roofline_fraction = floor_ms / result.candidate_ms
     result.compile_roofline_fraction = floor_ms / result.compile_ms
-    del reference, compiled, inputs
-    torch.cuda.empty_cache()
     return result
 
 
-def run_checks(paths: list[Path], workdir: Path, variants: str) -> list[dict]:
+def run_checks(paths: list[Path], workdir: Path, variants: str, eval_mode: bool) -> list[dict]:
     checks = []
     for path in paths:
         try:
@@ -305,7 +303,7 @@ def run_checks(paths: list[Path], workdir: Path, variants: str) -> list[dict]:
             continue
         for variant in range(count) if variants == "all" else [int(variants)]:
             try:
-                outcome = check_variant(path, variant, workdir, with_timing=False)
+                outcome = check_variant(path, variant, workdir, with_timing=False, eval_mode=eval_mode)
             except Exception:  # noqa: BLE001 - recorded per variant
                 outcome = VariantResult(variant, "", "", correct=False, error=traceback.format_exc(limit=4))
             checks.append({"problem": str(path), **asdict(outcome)})
@@ -333,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="*", help="suite cases to run (default: all)")
     parser.add_argument("--variants", default="all", help="'all' or one variant index")
     parser.add_argument("--check", nargs="*", type=Path, help="verify these problem files instead of the suite")
+    parser.add_argument("--eval", action="store_true", help="with --check: compare in eval mode (dropout off, "
+                                                            "BatchNorm running statistics)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_builtin.py needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
         workdir = Path(tmp)
         if args.check:
-            report["checks"] = run_checks(args.check, workdir, args.variants)
+            report["checks"] = run_checks(args.check, workdir, args.variants, args.eval)
         else:
             cases = [c for c in _cases() if not args.cases or c.name in args.cases]
             results = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import tokenize
 import time
@@ -60,7 +61,8 @@ class Verifier:
             return None
         first = violations[0]
         more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
-        return EvalResult(status=Status.CHEATING, reason=first.describe() + more,
+        note = packed_sections_note(source, [v.line for v in violations])
+        return EvalResult(status=Status.CHEATING, reason=first.describe() + more + note,
                           rule=first.rule.value, line=first.line)
 
     def check_kernel(self, problem_path: Path, solution_path: Path, *, timed: bool = True) -> EvalResult:
@@ -150,6 +152,43 @@ def composite_top_level_violations(solution_source: str) -> list[str]:
     tokens = [(tok.type, renames.get(tok.string, tok.string) if tok.type == tokenize.NAME else tok.string)
               for tok in tokenize.generate_tokens(io.StringIO(solution_source).readline)]
     return top_level_violations(tokenize.untokenize(tokens))
+
+
+# ---- files written by `mkevolve pack`: which packed subkernel a static violation falls in ------------------
+
+_PACK_MARKER = "# ==== mkevolve pack: "
+_PACK_SECTION = re.compile(r"^# ==== mkevolve pack: (?:subkernel (?P<name>\w+) \((?P<kind>\w+)\)|top-level ModelNew) ====$")
+
+
+def packed_section_marker(subkernel: str | None, kind: str | None) -> str:
+    """The comment line that opens a section of a packed file: one subkernel (and its kind), or the top-level."""
+    if subkernel is None:
+        return f"{_PACK_MARKER}top-level ModelNew ===="
+    return f"{_PACK_MARKER}subkernel {subkernel} ({kind}) ===="
+
+
+def packed_sections_note(source: str, lines: list[int | None]) -> str:
+    """For a packed file, the sections the violations at `lines` fall in, PyTorch ones named as such;
+    "" for any other file."""
+    starts = []
+    for number, text in enumerate(source.splitlines(), start=1):
+        found = _PACK_SECTION.match(text)
+        if found:
+            starts.append((number, found.group("name") or "the top-level ModelNew", found.group("kind")))
+    sections = []
+    for line in lines:
+        section = next((s for s in reversed(starts) if line is not None and s[0] <= line), None)
+        if section is not None and section not in sections:
+            sections.append(section)
+    if not sections:
+        return ""
+    pytorch = [name for _, name, kind in sections if kind == "pytorch"]
+    where = ", ".join(name for _, name, _ in sections)
+    if pytorch:
+        verb = "runs" if len(pytorch) == 1 else "run"
+        return (f" (packed file, a PyTorch fallback: {', '.join(pytorch)} {verb} PyTorch code, not a Triton "
+                f"kernel; violations in {where})")
+    return f" (packed file: violations in {where})"
 
 
 def _to_result(outcome: JobOutcome) -> EvalResult:

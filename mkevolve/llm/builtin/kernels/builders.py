@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 from torch import nn
 
 from .errors import UnsupportedSubproblem
-from .ir import (AdaptivePool, Conv, IntOp, Matmul, Param, Pointwise, Pool, Program, Reduce, Scalar, Shape,
-                 SizeOf, Value, View)
+from .ir import (
+    AdaptivePool,
+    Conv,
+    IntOp,
+    Matmul,
+    Param,
+    Pointwise,
+    Pool,
+    Program,
+    Reduce,
+    Scalar,
+    Shape,
+    SizeOf,
+    Value,
+    View,
+)
 from .pointwise_ops import OPS
 from .trace import TaggedFloat, TaggedInt
 
@@ -236,6 +249,3 @@ def tuple_arg(value, n: int, what: str) -> tuple[int, ...]:
         return tuple(int(v) for v in value)
     return tuple(int(value) for _ in range(n))
 
-
-def product(values) -> int:
-    return math.prod(values)

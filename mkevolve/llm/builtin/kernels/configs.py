@@ -19,6 +19,7 @@ class RowTiles:
     max_single: int          # rows up to this many elements are held in registers and read once
     loop_block: int          # longer rows are walked in chunks of this many elements
     inner_block: int         # reductions over a middle dim: kept (inner) positions per program
+    split_target: int        # fewer programs than this: split each row over several programs
 
 
 @dataclass(frozen=True)
@@ -41,31 +42,33 @@ CUDA_VARIANTS = (
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4), MatmulTile(64, 128, 32, 4, 4),
              MatmulTile(64, 64, 32, 4, 4)),
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(64, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3)),
-            RowTiles(16384, 4096, 64), _CUDA_POOL),
+            RowTiles(16384, 4096, 64, 1024), _CUDA_POOL),
     Variant("wide", "ieee", True, ((2048, 4), (4096, 8), (8192, 16)),
             (MatmulTile(128, 256, 32, 8, 3), MatmulTile(256, 128, 32, 8, 3), MatmulTile(128, 128, 32, 8, 4)),
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
-            RowTiles(32768, 8192, 128), ((1024, 8), (2048, 8))),
+            RowTiles(32768, 8192, 128, 2048), ((1024, 8), (2048, 8))),
     Variant("narrow", "ieee", True, ((256, 2), (512, 4), (1024, 4)),
             (MatmulTile(64, 64, 32, 4, 3), MatmulTile(32, 64, 32, 4, 4), MatmulTile(64, 32, 32, 4, 4),
              MatmulTile(32, 32, 32, 4, 4)),
             (MatmulTile(64, 32, 32, 4, 3), MatmulTile(32, 32, 32, 4, 3)),
-            RowTiles(4096, 1024, 32), ((128, 4), (256, 4))),
+            RowTiles(4096, 1024, 32, 512), ((128, 4), (256, 4))),
     Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE,
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
              MatmulTile(64, 128, 32, 4, 4)),
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3)),
-            RowTiles(16384, 4096, 64), _CUDA_POOL),
+            RowTiles(16384, 4096, 64, 1024), _CUDA_POOL),
 )
 
 # The interpreter runs every program instance in Python: small grids, and blocks just big enough for tl.dot.
 CPU_VARIANTS = (
     Variant("cpu-single-block-rows", "ieee", False, ((256, 4),), (MatmulTile(16, 16, 16),),
-            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16), ((128, 4),)),
+            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),)),
     Variant("cpu-looped-rows", "ieee", False, ((64, 4),), (MatmulTile(32, 16, 32),),
-            (MatmulTile(32, 16, 16),), RowTiles(8, 8, 4), ((32, 4),)),
+            (MatmulTile(32, 16, 16),), RowTiles(8, 8, 4, 1), ((32, 4),)),
+    Variant("cpu-split-rows", "ieee", False, ((128, 4),), (MatmulTile(16, 32, 16),),
+            (MatmulTile(16, 32, 16),), RowTiles(8, 8, 4, 64), ((64, 4),)),
     Variant("cpu-tf32x3", "tf32x3", False, ((256, 4),), (MatmulTile(16, 32, 16),),
-            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16), ((128, 4),)),
+            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),)),
 )
 
 TARGETS = {"cuda": CUDA_VARIANTS, "cpu": CPU_VARIANTS}

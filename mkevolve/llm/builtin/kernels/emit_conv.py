@@ -9,8 +9,18 @@ channels to fill a tl.dot tile (depthwise convolutions, the first RGB layer).
 from __future__ import annotations
 
 from .configs import Variant
-from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, body_leaves, describe_body,
-                          helper_sources, indent, make_operands)
+from .emit_common import (
+    ExprEmitter,
+    KernelSource,
+    LauncherArg,
+    Region,
+    ScalarArgs,
+    body_leaves,
+    describe_body,
+    helper_sources,
+    indent,
+    make_operands,
+)
 from .emit_matmul import tile_autotune
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Conv, Program

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from .configs import MatmulTile, Variant
-from .emit_common import (helper_sources, ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, body_leaves, describe_body,
-                          indent, make_operands)
+from .emit_common import (
+    ExprEmitter,
+    KernelSource,
+    LauncherArg,
+    Region,
+    ScalarArgs,
+    body_leaves,
+    describe_body,
+    helper_sources,
+    indent,
+    make_operands,
+)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Matmul, Program
 from .plan import KernelPlan
@@ -108,7 +118,8 @@ def {name}({", ".join(params)}):
 '''
     kind = "batched GEMM" if anchor.batched else "GEMM"
     description = f"{kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tiles})"
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, helper_sources(emitter.helpers),
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
+                        helper_sources(emitter.helpers),
                         uses_dot=True, description=description)
 
 

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from .configs import Variant
-from .emit_common import (helper_sources, ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, describe_body, indent,
-                          make_operands)
+from .emit_common import (
+    ExprEmitter,
+    KernelSource,
+    LauncherArg,
+    Region,
+    ScalarArgs,
+    describe_body,
+    helper_sources,
+    indent,
+    make_operands,
+)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program
 from .plan import KernelPlan

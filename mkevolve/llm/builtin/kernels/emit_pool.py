@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from .configs import Variant
-from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, body_leaves, describe_body,
-                          helper_sources, indent, make_operands)
+from .emit_common import (
+    ExprEmitter,
+    KernelSource,
+    LauncherArg,
+    Region,
+    ScalarArgs,
+    body_leaves,
+    describe_body,
+    helper_sources,
+    indent,
+    make_operands,
+)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import AdaptivePool, Pool, Program
 from .plan import KernelPlan

@@ -3,8 +3,10 @@
 The reduced tensor is seen as (O, R, I): O outer positions, R reduced, I inner positions. A program owns
 one outer position and BLOCK_I inner ones, and runs the reductions in dependency order. Rows that fit in
 one block are loaded once ("single" kernel); longer rows are walked in BLOCK_R chunks, once per
-reduction and once more for a full-size output ("looped" kernel). Values that do not vary along the row
-(the reductions, per-row parameters) are computed once per program, outside the loops.
+reduction and once more for a full-size output ("looped" kernel). When there are too few rows to fill
+the GPU, each row is split over several programs: one launch per reduction writes partial results, the
+next launch combines them ("split" kernels). Values that do not vary along the row (the reductions,
+per-row parameters) are computed once per program, outside the loops.
 """
 
 from __future__ import annotations
@@ -12,8 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .configs import Variant
-from .emit_common import (helper_sources, ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, body_leaves, describe_body,
-                          indent, make_operands)
+from .emit_common import (
+    ExprEmitter,
+    KernelSource,
+    LauncherArg,
+    Region,
+    ScalarArgs,
+    body_leaves,
+    describe_body,
+    helper_sources,
+    indent,
+    make_operands,
+)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program, Reduce, Value
 from .plan import KernelPlan
@@ -50,13 +62,19 @@ class _Layout:
     def tile(self) -> str:
         return "[BLOCK_R, BLOCK_I]" if self.inner else "[BLOCK_R]"
 
+    def partial(self, stage: str, split: str) -> str:
+        """Offset of one partial result in the (reductions, O, SPLIT, I) buffer."""
+        if self.inner:
+            return f"(({stage} * O + o) * SPLIT + {split}) * I + i"
+        return f"({stage} * O + o) * SPLIT + {split}"
+
 
 class _RowEmitter(ExprEmitter):
     """Hoists row-invariant values out of the row loops into the per-program region."""
 
-    def __init__(self, *args, dims: tuple[int, ...], rank: int, configs: int, **kwargs):
+    def __init__(self, *args, dims: tuple[int, ...], rank: int, **kwargs):
         super().__init__(*args, **kwargs)
-        self.dims, self.rank, self.configs = dims, rank, configs
+        self.dims, self.rank = dims, rank
         self.per_row: Region | None = None
         self.layout: _Layout | None = None
 
@@ -80,106 +98,150 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     operands = make_operands(leaves)
     spaces = [Space("outer", tuple(range(first))), Space("reduced", row.dims), Space("inner", inner_dims)]
     indexer = Indexer(row.shapes, spaces, list(operands.values()))
-    ops = describe_body(kernel, program.values)
-    kinds = "+".join(dict.fromkeys(r.kind for r in kernel.reductions))
-    output = "full rows" if kernel.full_space else "reduced"
-
     scalars = ScalarArgs()
-    single = _emit_body(kernel, indexer, operands, layout, scalars, looped=False)
-    looped = _emit_body(kernel, indexer, operands, layout, scalars, looped=True)
-    params = (["out_ptr"] + [f"{o.name}_ptr" for o in operands.values()] + ["R", "I"] + indexer.kernel_params()
-              + [n for n, _ in scalars.params] + ["BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"])
-    sources = [_kernel_source(name, params, layout, single.lines, looped=False),
-               _kernel_source(f"{name}_looped", params, layout, looped.lines, looped=True)]
-    helpers = helper_sources(single.helpers | looped.helpers)
+    stages = len(kernel.reductions)
+    bodies = {"": _BodyWriter(kernel, indexer, operands, layout, scalars).single(),
+              "_looped": _BodyWriter(kernel, indexer, operands, layout, scalars).looped()}
+    for stage in range(stages + 1):
+        bodies[f"_split{stage}"] = _BodyWriter(kernel, indexer, operands, layout, scalars).split(stage)
+    common = ([f"{o.name}_ptr" for o in operands.values()] + ["R", "I"] + indexer.kernel_params()
+              + [n for n, _ in scalars.params])
+    blocks = ["BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"]
+    sources = []
+    for suffix, (lines, _) in bodies.items():
+        split = suffix.startswith("_split")
+        params = (["out_ptr"] + (["part_ptr", "O", "SPLIT", "CHUNK"] if split else []) + common + blocks
+                  + (["SPLIT_BLOCK: tl.constexpr"] if split else []))
+        sources.append(_kernel_source(name + suffix, params, layout, lines, _how(suffix, stages)))
+    helpers = helper_sources(set().union(*(h for _, h in bodies.values())))
     helpers["_row_warps"] = ROW_WARPS_HELPER
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
-    launcher = _launcher(name, kernel, indexer, tensor_args, scalar_args, layout, variant, row.dims)
+    launcher = _launcher(name, kernel, indexer, tensor_args, scalar_args, layout, variant)
+    ops = describe_body(kernel, program.values)
+    kinds = "+".join(dict.fromkeys(r.kind for r in kernel.reductions))
+    output = "full rows" if kernel.full_space else "reduced"
     description = f"row reduction {kinds} ({output}){' + ' + ops if ops else ''}"
     return KernelSource("\n\n".join(sources), launcher, f"{name}_launch", tensor_args + scalar_args, False,
                         helpers, description=description)
 
 
-@dataclass
-class _Body:
-    lines: list[str]
-    helpers: set[str]
+def _how(suffix: str, stages: int) -> str:
+    if suffix == "":
+        return "the row is held in registers and read once"
+    if suffix == "_looped":
+        return "the row is walked in BLOCK_R chunks, once per reduction"
+    stage = int(suffix.removeprefix("_split"))
+    done = "combines the earlier reductions' partial results and " if stage else ""
+    work = f"reduces its chunk for reduction {stage}" if stage < stages else "writes its chunk of the output"
+    return f"the row is split over SPLIT programs of CHUNK elements; this launch {done}{work}"
 
 
-def _kernel_source(name: str, params: list[str], layout: _Layout, body: list[str], looped: bool) -> str:
-    how = "walked in BLOCK_R chunks, once per reduction" if looped else "held in registers and read once"
+def _kernel_source(name: str, params: list[str], layout: _Layout, body: list[str], how: str) -> str:
     start = ["o = tl.program_id(0).to(tl.int64)"]
     if layout.inner:
         start += ["i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = i < I"]
     where = " and BLOCK_I inner positions" if layout.inner else ""
     return f"""@triton.jit
 def {name}({", ".join(params)}):
-    # One program per outer position{where}; the row is {how}.
+    # One program per outer position{where}; {how}.
 {indent(start + body, 4)}
 """
 
 
-def _emit_body(kernel: KernelPlan, indexer: Indexer, operands, layout: _Layout, scalars: ScalarArgs,
-               looped: bool) -> _Body:
-    row = kernel.row
-    emitter = _RowEmitter(indexer, operands, scalars, dims=row.dims, rank=len(row.shapes[0]),
-                          configs=len(row.shapes))
-    emitter.layout = layout
-    full_flat = {0: "o", 1: layout.r(), 2: layout.i()}
-    row_flat = {0: "o", 2: "i"}
-    per_row_lines: list[str] = []
-    per_row = Region(per_row_lines, mask="imask" if layout.inner else None,
-                     indices=GroupIndices(indexer, row_flat, per_row_lines, "p"))
-    emitter.per_row = per_row
-    body: list[str] = []
-    if not looped:
-        full = Region(per_row_lines, mask="mask", indices=GroupIndices(indexer, full_flat, per_row_lines, "f"))
-        per_row_lines.append("r = tl.arange(0, BLOCK_R)")
-        per_row_lines.append(f"mask = {layout.row_mask()}")
-        for k, reduction in enumerate(kernel.reductions):
-            value = emitter.value(reduction.base, full)
+class _BodyWriter:
+    """Writes one row kernel's body; each instance writes one kernel (its emitter caches are per kernel)."""
+
+    def __init__(self, kernel: KernelPlan, indexer: Indexer, operands, layout: _Layout, scalars: ScalarArgs):
+        self.kernel, self.indexer, self.layout = kernel, indexer, layout
+        row = kernel.row
+        self.emitter = _RowEmitter(indexer, operands, scalars, dims=row.dims, rank=len(row.shapes[0]))
+        self.emitter.layout = layout
+        self.per_row_lines: list[str] = []
+        self.per_row = Region(self.per_row_lines, mask="imask" if layout.inner else None,
+                              indices=GroupIndices(indexer, {0: "o", 2: "i"}, self.per_row_lines, "p"))
+        self.emitter.per_row = self.per_row
+        self.taken = 0
+
+    def _full(self, lines: list[str], tag: str) -> Region:
+        flat = {0: "o", 1: self.layout.r(), 2: self.layout.i()}
+        return Region(lines, mask="mask", indices=GroupIndices(self.indexer, flat, lines, tag))
+
+    def _new_per_row_lines(self) -> list[str]:
+        """Per-program lines emitted since the last call: they go before the loop that needed them."""
+        lines = self.per_row_lines[self.taken:]
+        self.taken = len(self.per_row_lines)
+        return lines
+
+    def _loop(self, bounds: str, body: list[str], update: list[str]) -> list[str]:
+        return ([f"for r0 in range({bounds}, BLOCK_R):", "    r = r0 + tl.arange(0, BLOCK_R)",
+                 f"    mask = {self.layout.row_mask()}"] + ["    " + line for line in body + update])
+
+    def _reduce_loop(self, k: int, reduction: Reduce, bounds: str) -> list[str]:
+        loop: list[str] = []
+        value = self.emitter.value(reduction.base, self._full(loop, f"f{k}"))
+        neutral = _INIT[reduction.kind]
+        update = [f"acc{k} = {_combine(reduction.kind, f'acc{k}', f'tl.where(mask, {value}, {neutral})')}"]
+        return (self._new_per_row_lines() + [f"acc{k} = tl.full({self.layout.tile()}, {neutral}, tl.float32)"]
+                + self._loop(bounds, loop, update))
+
+    def _output(self, bounds: str) -> list[str]:
+        if not self.kernel.full_space:
+            result = self.emitter.value(self.kernel.root, self.per_row)
+            return self._new_per_row_lines() + [_reduced_store(self.layout, result)]
+        loop: list[str] = []
+        result = self.emitter.value(self.kernel.root, self._full(loop, "fo"))
+        store = [f"tl.store(out_ptr + {_full_offset(self.layout)}, {result}, mask=mask)"]
+        return self._new_per_row_lines() + self._loop(bounds, loop, store)
+
+    def single(self) -> tuple[list[str], set[str]]:
+        lines = self.per_row_lines
+        full = self._full(lines, "f")
+        lines += ["r = tl.arange(0, BLOCK_R)", f"mask = {self.layout.row_mask()}"]
+        for k, reduction in enumerate(self.kernel.reductions):
+            value = self.emitter.value(reduction.base, full)
             neutral = _INIT[reduction.kind]
-            per_row_lines.append(f"red{k} = {_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), axis=0)"
-                                 + _mean_scale(reduction))
-            per_row.bound[reduction.id] = f"red{k}"
-        if kernel.full_space:
-            result = emitter.value(kernel.root, full)
-            per_row_lines.append(f"tl.store(out_ptr + {_full_offset(layout)}, {result}, mask=mask)")
+            lines.append(f"red{k} = {_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), axis=0)"
+                         + _mean_scale(reduction))
+            self.per_row.bound[reduction.id] = f"red{k}"
+        if self.kernel.full_space:
+            result = self.emitter.value(self.kernel.root, full)
+            lines.append(f"tl.store(out_ptr + {_full_offset(self.layout)}, {result}, mask=mask)")
         else:
-            result = emitter.value(kernel.root, per_row)
-            per_row_lines.append(_reduced_store(layout, result))
-        body = per_row_lines
-    else:
-        for k, reduction in enumerate(kernel.reductions):
-            mark = len(per_row_lines)
-            loop: list[str] = []
-            full = Region(loop, mask="mask", indices=GroupIndices(indexer, full_flat, loop, f"f{k}"))
-            value = emitter.value(reduction.base, full)
+            lines.append(_reduced_store(self.layout, self.emitter.value(self.kernel.root, self.per_row)))
+        return lines, self.emitter.helpers
+
+    def looped(self) -> tuple[list[str], set[str]]:
+        body: list[str] = []
+        for k, reduction in enumerate(self.kernel.reductions):
+            body += self._reduce_loop(k, reduction, "0, R")
+            body.append(f"red{k} = {_FINAL[reduction.kind]}(acc{k}, axis=0){_mean_scale(reduction)}")
+            self.per_row.bound[reduction.id] = f"red{k}"
+        return body + self._output("0, R"), self.emitter.helpers
+
+    def split(self, stage: int) -> tuple[list[str], set[str]]:
+        """Reductions before `stage` come from the partial buffer; `stage` itself is computed over this
+        program's chunk (or, past the last reduction, the output is)."""
+        body = ["s = tl.program_id(2)", "r_begin = s * CHUNK", "r_end = tl.minimum(r_begin + CHUNK, R)"]
+        for k, reduction in enumerate(self.kernel.reductions[:stage]):
             neutral = _INIT[reduction.kind]
-            body += per_row_lines[mark:]
-            body += [f"acc{k} = tl.full({layout.tile()}, {neutral}, tl.float32)",
-                     "for r0 in range(0, R, BLOCK_R):",
-                     "    r = r0 + tl.arange(0, BLOCK_R)",
-                     f"    mask = {layout.row_mask()}"]
-            body += ["    " + line for line in loop]
-            body += [f"    acc{k} = {_combine(reduction.kind, f'acc{k}', f'tl.where(mask, {value}, {neutral})')}",
-                     f"red{k} = {_FINAL[reduction.kind]}(acc{k}, axis=0){_mean_scale(reduction)}"]
-            per_row.bound[reduction.id] = f"red{k}"
-        mark = len(per_row_lines)
-        if kernel.full_space:
-            loop = []
-            full = Region(loop, mask="mask", indices=GroupIndices(indexer, full_flat, loop, "fo"))
-            result = emitter.value(kernel.root, full)
-            body += per_row_lines[mark:]
-            body += ["for r0 in range(0, R, BLOCK_R):", "    r = r0 + tl.arange(0, BLOCK_R)",
-                     f"    mask = {layout.row_mask()}"]
-            body += ["    " + line for line in loop]
-            body += [f"    tl.store(out_ptr + {_full_offset(layout)}, {result}, mask=mask)"]
-        else:
-            result = emitter.value(kernel.root, per_row)
-            body += per_row_lines[mark:] + [_reduced_store(layout, result)]
-    return _Body(body, emitter.helpers)
+            if self.layout.inner:
+                offsets = f"((({k} * O + o) * SPLIT + t[:, None]) * I + i[None, :])"
+                mask = "(t[:, None] < SPLIT) & imask[None, :]"
+            else:
+                offsets, mask = f"({k} * O + o) * SPLIT + t", "t < SPLIT"
+            body += ["t = tl.arange(0, SPLIT_BLOCK)",
+                     f"part{k} = tl.load(part_ptr + {offsets}, mask={mask}, other={neutral})",
+                     f"red{k} = {_FINAL[reduction.kind]}(part{k}, axis=0){_mean_scale(reduction)}"]
+            self.per_row.bound[reduction.id] = f"red{k}"
+        if stage == len(self.kernel.reductions):
+            return body + self._output("r_begin, r_end"), self.emitter.helpers
+        reduction = self.kernel.reductions[stage]
+        body += self._reduce_loop(stage, reduction, "r_begin, r_end")
+        mask = ", mask=imask" if self.layout.inner else ""
+        body += [f"partial = {_FINAL[reduction.kind]}(acc{stage}, axis=0)",
+                 f"tl.store(part_ptr + {self.layout.partial(str(stage), 's')}, partial{mask})"]
+        return body, self.emitter.helpers
 
 
 def _mean_scale(reduction: Reduce) -> str:
@@ -199,33 +261,48 @@ def _reduced_store(layout: _Layout, result: str) -> str:
 
 
 def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list[LauncherArg],
-              scalar_args: list[LauncherArg], layout: _Layout, variant: Variant, dims: tuple[int, ...]) -> str:
-    first, last = dims[0], dims[-1]
+              scalar_args: list[LauncherArg], layout: _Layout, variant: Variant) -> str:
+    dims = kernel.row.dims
+    rank = len(kernel.row.shapes[0])
     tiles = variant.rows
+    device = f"{tensor_args[0].name}.device"
     lines = [f"shape = _broadcast_shape({', '.join(a.name + '.shape' for a in tensor_args)})",
-             f"O, R, I = _group_sizes(shape, ({tuple(range(first))!r}, {dims!r}, "
-             f"{tuple(range(last + 1, len(kernel.row.shapes[0])))!r}))"]
+             f"O, R, I = _group_sizes(shape, ({tuple(range(dims[0]))!r}, {dims!r}, "
+             f"{tuple(range(dims[-1] + 1, rank))!r}))"]
     if kernel.full_space:
-        lines.append(f"out = torch.empty(shape, device={tensor_args[0].name}.device, dtype=torch.float32)")
+        lines.append(f"out = torch.empty(shape, device={device}, dtype=torch.float32)")
     else:
-        lines.append(f"out_shape = tuple(1 if d in {dims!r} else s for d, s in enumerate(shape))")
-        lines.append(f"out = torch.empty(out_shape, device={tensor_args[0].name}.device, dtype=torch.float32)")
+        lines += [f"out_shape = tuple(1 if d in {dims!r} else s for d, s in enumerate(shape))",
+                  f"out = torch.empty(out_shape, device={device}, dtype=torch.float32)"]
     lines += indexer.wrapper_lines("shape", {a.name: a.name for a in tensor_args})
-    args = ", ".join(["out"] + [a.name for a in tensor_args] + ["R", "I"] + indexer.kernel_params()
+    args = ", ".join([a.name for a in tensor_args] + ["R", "I"] + indexer.kernel_params()
                      + [a.name for a in scalar_args])
-    if layout.inner:
-        lines.append(f"block_i = min(triton.next_power_of_2(I), {tiles.inner_block})")
-    else:
-        lines.append("block_i = 1")
-    lines += [f"grid = (O, triton.cdiv(I, block_i))",
+    stages = len(kernel.reductions)
+    block_i = f"min(triton.next_power_of_2(I), {tiles.inner_block})" if layout.inner else "1"
+    blocks = "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=_row_warps(block_r * block_i)"
+    lines += [f"block_i = {block_i}",
+              "programs = O * triton.cdiv(I, block_i)",
+              "grid = (O, triton.cdiv(I, block_i))",
               f"if triton.next_power_of_2(R) * block_i <= {tiles.max_single}:",
               "    # the whole row fits in registers: one read",
               "    block_r = triton.next_power_of_2(R)",
-              f"    {name}[grid]({args}, BLOCK_R=block_r, BLOCK_I=block_i, num_warps=_row_warps(block_r * block_i))",
-              "else:",
+              f"    {name}[grid](out, {args}, {blocks})",
+              f"elif programs >= {tiles.split_target}:",
               f"    block_r = max(1, {tiles.loop_block} // block_i)",
-              f"    {name}_looped[grid]({args}, BLOCK_R=block_r, BLOCK_I=block_i, "
-              "num_warps=_row_warps(block_r * block_i))",
+              f"    {name}_looped[grid](out, {args}, {blocks})",
+              "else:",
+              "    # few long rows: split each over several programs, combine partial results per reduction",
+              f"    block_r = max(1, {tiles.loop_block} // block_i)",
+              f"    split = max(1, min(triton.cdiv(R, block_r), {tiles.split_target} // programs))",
+              "    chunk = triton.cdiv(triton.cdiv(R, split), block_r) * block_r",
+              "    split = triton.cdiv(R, chunk)",
+              f"    part = torch.empty(({stages}, O, split, I), device={device}, dtype=torch.float32)",
+              "    split_grid = (O, triton.cdiv(I, block_i), split)"]
+    split_blocks = blocks + ", SPLIT_BLOCK=triton.next_power_of_2(split)"
+    for stage in range(stages):
+        lines.append(f"    {name}_split{stage}[split_grid](out, part, O, split, chunk, {args}, {split_blocks})")
+    last_grid = "split_grid" if kernel.full_space else "(O, triton.cdiv(I, block_i), 1)"
+    lines += [f"    {name}_split{stages}[{last_grid}](out, part, O, split, chunk, {args}, {split_blocks})",
               "return out"]
     signature = ", ".join(a.name for a in tensor_args + scalar_args)
     return f"def {name}_launch({signature}):\n{indent(lines, 4)}\n"

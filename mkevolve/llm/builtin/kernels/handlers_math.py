@@ -430,7 +430,8 @@ def _batch_norm_module(b: Builder, call: Call):
     args = BatchNormArgs(running_mean=module_param(b, call, "running_mean"),
                          running_var=module_param(b, call, "running_var"),
                          weight=module_param(b, call, "weight"), bias=module_param(b, call, "bias"),
-                         training=module.training, momentum=None if momentum is None else call.module_scalar("momentum"),
+                         training=module.training,
+                         momentum=None if momentum is None else call.module_scalar("momentum"),
                          eps=call.module_scalar("eps"))
     return batch_norm(b, call.arg(0, "input"), args)
 
@@ -516,7 +517,8 @@ FUNCTIONS.update({
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
     "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0),
     "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
-    "leaky_relu": _with_attrs("leaky_relu", slope=0.01), "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
+    "leaky_relu": _with_attrs("leaky_relu", slope=0.01),
+    "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _identity, "dropout1d": _identity, "dropout2d": _identity, "dropout3d": _identity,
     "alpha_dropout": _identity, "feature_alpha_dropout": _identity, "native_dropout": _identity,

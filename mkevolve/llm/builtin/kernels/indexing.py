@@ -120,9 +120,6 @@ class Indexer:
             params += [self.stride_name(operand, g) for g in self.groups if self.reads(operand, g)]
         return params
 
-    def group_dims(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(g.dims for g in self.groups)
-
     # --- code ------------------------------------------------------------------------------------
 
     def wrapper_lines(self, frame_var: str, operand_vars: dict[str, str]) -> list[str]:

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ir import (ANCHORS, AdaptivePool, Conv, IntOp, Matmul, Param, Pointwise, Pool, Program, Reduce, Scalar,
-                 Shape, SizeOf, Value, View, is_leaf)
+from .ir import (
+    ANCHORS,
+    AdaptivePool,
+    Conv,
+    IntOp,
+    Matmul,
+    Param,
+    Pointwise,
+    Pool,
+    Program,
+    Reduce,
+    Scalar,
+    Shape,
+    SizeOf,
+    Value,
+    View,
+    is_leaf,
+)
 
 
 @dataclass(frozen=True)
@@ -43,12 +59,6 @@ class Plan:
     program: Program
     kernels: list[KernelPlan]                  # in launch order
     materialized: set[int]
-
-    def kernel_of(self, value: Value) -> KernelPlan | None:
-        for kernel in self.kernels:
-            if kernel.root is value:
-                return kernel
-        return None
 
 
 def plan(program: Program) -> Plan:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ OPS: dict[str, PointwiseOp] = {
     "sigmoid": _unary("tl.sigmoid({x})"),
     "tanh": _unary("_tanh({x})", ("_tanh",)),
     "silu": _unary("({x} * tl.sigmoid({x}))"),
-    "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * %s)))" % _SQRT1_2),
-    "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(%s * ({x} + 0.044715 * {x} * {x} * {x}))))" % _SQRT_2_OVER_PI,
+    "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * " + _SQRT1_2 + ")))"),
+    "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))",
                         ("_tanh",)),
     "mish": _unary("({x} * _tanh(_softplus({x}, 1.0, 20.0)))", ("_tanh", "_softplus")),
     "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_softplus",)),

@@ -90,7 +90,7 @@ def _build(problem: Problem, config: InputConfig) -> _Built:
                 model = problem.model_cls(*init)
                 inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
             break
-        except Exception as err:  # noqa: BLE001 - the meta device is an optimisation; retry for real
+        except Exception as err:  # the meta device is only an optimisation: retry for real
             failure = err
     else:
         raise UnsupportedSubproblem(f"could not build Model and inputs: {type(failure).__name__}: {failure}")
@@ -129,10 +129,10 @@ def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
         configs = [_fx_trace(b) for b in built]
         kind = "fx"
         trace = Trace(kind, mode, configs, placeholder_inputs=_placeholders(configs[0]))
-    except Exception as fx_err:  # noqa: BLE001 - symbolic tracing fails on shape-dependent Python; export next
+    except Exception as fx_err:  # fx fails on shape-dependent Python; export next
         try:
             trace = _export_trace(built, mode)
-        except Exception as export_err:  # noqa: BLE001 - both tracers failed: report both reasons
+        except Exception as export_err:  # both tracers failed: report both reasons
             raise UnsupportedSubproblem(
                 f"cannot trace Model: torch.fx said {type(fx_err).__name__}: {_first_line(fx_err)}; "
                 f"torch.export said {type(export_err).__name__}: {_first_line(export_err)}") from None

@@ -1,0 +1,194 @@
+"""The builtin Triton generator: every test subproblem generates a ModelNew that matches its Model."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.problem import call_inputs, import_file, load_problem
+
+SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
+ROOT = Path(__file__).resolve().parents[1]
+ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+TARGET = "cuda" if ON_GPU else "cpu"
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+SUPPORTED = sorted(p.stem for p in SUBPROBLEMS.glob("*.py") if p.stem != "lstm")
+VIEW_METHODS = {"contiguous", "reshape", "view", "t", "transpose", "permute", "squeeze", "unsqueeze", "flatten",
+                "unflatten", "expand", "narrow", "select", "chunk", "split"}
+
+
+def _import_generated(generated: GeneratedKernel, tmp_path: Path, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(generated.source)
+    return import_file(path, prefix="generated")
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _assert_matches(stem: str, generated: GeneratedKernel, tmp_path: Path, eval_mode: bool = False) -> None:
+    """Model and ModelNew built with the same seed, run on the same seeded inputs under every config."""
+    module = _import_generated(generated, tmp_path, f"{stem}_v{generated.variant}")
+    problem = load_problem(SUBPROBLEMS / f"{stem}.py")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for config in problem.configs:
+        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+        torch.manual_seed(0)
+        reference = problem.model_cls(*init).to(DEVICE)
+        torch.manual_seed(0)
+        candidate = module.ModelNew(*init).to(DEVICE)
+        if eval_mode:
+            reference.eval()
+            candidate.eval()
+        torch.manual_seed(1)
+        inputs = [t.to(DEVICE) for t in call_inputs(problem.path, config.get_inputs, "get_inputs")]
+        with torch.no_grad():
+            expected, actual = _outputs(reference(*inputs)), _outputs(candidate(*inputs))
+        assert len(actual) == len(expected)
+        for e, a in zip(expected, actual):
+            assert a.shape == e.shape and a.dtype == e.dtype
+            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("stem", SUPPORTED)
+def test_generated_kernel_matches_reference(stem, tmp_path):
+    _assert_matches(stem, generate_kernel(SUBPROBLEMS / f"{stem}.py", 0, TARGET), tmp_path)
+
+
+@pytest.mark.parametrize("stem", ["linear_gelu", "conv2d_bias_relu", "softmax", "groupnorm"])
+def test_every_variant_is_correct(stem, tmp_path):
+    path = SUBPROBLEMS / f"{stem}.py"
+    count = variant_count(path, TARGET)
+    assert count >= 2
+    for variant in range(count):
+        generated = generate_kernel(path, variant, TARGET)
+        assert generated.variant == variant
+        _assert_matches(stem, generated, tmp_path)
+
+
+def test_gemm_variants_state_their_precision():
+    path = SUBPROBLEMS / "linear_gelu.py"
+    precisions = [generate_kernel(path, v, TARGET).precision for v in range(variant_count(path, TARGET))]
+    assert precisions[0] == "ieee"
+    assert "tf32x3" in precisions
+    assert set(precisions) <= {"ieee", "tf32x3"}
+
+
+def test_kernels_without_tl_dot_report_no_precision():
+    path = SUBPROBLEMS / "softmax.py"
+    generated = generate_kernel(path, 0, TARGET)
+    assert generated.precision == "none"
+    assert "tl.dot" not in generated.source
+    assert all(generate_kernel(path, v, TARGET).precision == "none" for v in range(variant_count(path, TARGET)))
+
+
+def test_cuda_target_autotunes_and_sets_dot_precision():
+    source = generate_kernel(SUBPROBLEMS / "linear_gelu.py", 0, "cuda").source
+    assert "@triton.autotune" in source
+    assert 'input_precision="ieee"' in source
+    ast.parse(source)
+
+
+@pytest.mark.parametrize("eval_mode", [False, True])
+def test_batchnorm_uses_batch_or_running_statistics(eval_mode, tmp_path):
+    _assert_matches("batchnorm2d", generate_kernel(SUBPROBLEMS / "batchnorm2d.py", 0, TARGET), tmp_path, eval_mode)
+
+
+def test_batchnorm_training_updates_running_statistics(tmp_path):
+    generated = generate_kernel(SUBPROBLEMS / "batchnorm2d.py", 0, TARGET)
+    module = _import_generated(generated, tmp_path, "batchnorm_stats")
+    problem = load_problem(SUBPROBLEMS / "batchnorm2d.py")
+    torch.manual_seed(0)
+    reference = problem.model_cls(4).to(DEVICE)
+    torch.manual_seed(0)
+    candidate = module.ModelNew(4).to(DEVICE)
+    torch.manual_seed(1)
+    (x,) = [t.to(DEVICE) for t in problem.module.get_inputs()]
+    with torch.no_grad():
+        reference(x)
+        candidate(x)
+    torch.testing.assert_close(candidate.bn.running_mean, reference.bn.running_mean, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(candidate.bn.running_var, reference.bn.running_var, atol=1e-5, rtol=1e-5)
+
+
+def test_module_attributes_are_read_at_run_time():
+    """pointwise_chain's configs differ in `scale`: the kernel takes it as an argument, not a literal."""
+    source = generate_kernel(SUBPROBLEMS / "pointwise_chain.py", 0, TARGET).source
+    assert "self.scale" in _forward_source(source)
+    assert "0.75" not in source.split("class ModelNew")[0]
+
+
+def test_lstm_is_unsupported_with_a_clear_message():
+    with pytest.raises(UnsupportedSubproblem, match=r"nn\.LSTM is not supported"):
+        generate_kernel(SUBPROBLEMS / "lstm.py", 0, TARGET)
+    with pytest.raises(UnsupportedSubproblem, match="LSTM"):
+        variant_count(SUBPROBLEMS / "lstm.py", TARGET)
+
+
+def test_unknown_target_and_variant_are_rejected():
+    path = SUBPROBLEMS / "softmax.py"
+    with pytest.raises(ValueError, match="target"):
+        generate_kernel(path, 0, "rocm")
+    with pytest.raises(ValueError, match="variant"):
+        generate_kernel(path, variant_count(path, TARGET), TARGET)
+
+
+def _forward_functions(source: str) -> list[ast.FunctionDef]:
+    tree = ast.parse(source)
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew")
+    return [n for n in model.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"]
+
+
+def _forward_source(source: str) -> str:
+    return "\n".join(ast.unparse(f) for f in _forward_functions(source))
+
+
+@pytest.mark.parametrize("stem", SUPPORTED)
+def test_forward_only_launches_kernels_and_views(stem):
+    """forward calls launchers, view/contiguous methods and its own mode branches; no torch math."""
+    source = generate_kernel(SUBPROBLEMS / f"{stem}.py", 0, TARGET).source
+    assert "@triton.jit" in source
+    launches = 0
+    for function in _forward_functions(source):
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                assert node.value.id not in ("torch", "F", "nn"), f"{stem}: forward uses {ast.unparse(node)}"
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name):
+                assert node.func.id.endswith("_launch"), f"{stem}: forward calls {node.func.id}"
+                launches += 1
+            else:
+                assert isinstance(node.func, ast.Attribute)
+                method = node.func.attr
+                assert method in VIEW_METHODS or method.startswith("_forward_"), f"{stem}: forward calls .{method}"
+    assert launches >= 1
+
+
+def test_helper_module_forward_is_not_copied():
+    """RMSNorm (the problem's own module) is needed by __init__; its torch-math forward is dropped."""
+    source = generate_kernel(SUBPROBLEMS / "rmsnorm.py", 0, TARGET).source
+    tree = ast.parse(source)
+    helper = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RMSNorm")
+    assert [n.name for n in helper.body if isinstance(n, ast.FunctionDef)] == ["__init__"]
+    assert "torch.sqrt" not in source
+
+
+def test_main_block_checks_against_the_reference(tmp_path):
+    """The generated file run as a script compares itself with the subproblem given on the command line."""
+    generated = generate_kernel(SUBPROBLEMS / "softmax.py", 0, TARGET)
+    script = tmp_path / "softmax_kernel.py"
+    script.write_text(generated.source)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, str(script), str(SUBPROBLEMS / "softmax.py")], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "config 0: matches the reference" in run.stdout
