@@ -7,10 +7,22 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE, Decomposition
+from mkevolve.codebase import (
+    KERNELS_DIR,
+    PROBLEM_FILE,
+    PROBLEMS_DIR,
+    SOLUTION_FILE,
+    Decomposition,
+)
 from mkevolve.config import config_from_args
 from mkevolve.problem import ProblemError, read_source
-from mkevolve.solution import MANIFEST, Manifest, SolutionError, is_pytorch_alternative, sha256_of
+from mkevolve.solution import (
+    MANIFEST,
+    Manifest,
+    SolutionError,
+    is_pytorch_alternative,
+    sha256_of,
+)
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.verify.sandbox import Job

@@ -106,7 +106,7 @@ class Signature:
     kwargs: bool
 
     @classmethod
-    def of(cls, function: ast.FunctionDef | None) -> "Signature | None":
+    def of(cls, function: ast.FunctionDef | None) -> Signature | None:
         if function is None:
             return None
         args = function.args
@@ -144,7 +144,7 @@ class Fingerprint:
     forward: Signature | None
 
     @classmethod
-    def of(cls, name: str, source: str) -> "Fingerprint":
+    def of(cls, name: str, source: str) -> Fingerprint:
         try:
             tree = ast.parse(source)
             normal = normalised_source(source)
@@ -155,7 +155,7 @@ class Fingerprint:
         return cls(name=name, source_hash=hashlib.sha256(normal.encode()).hexdigest()[:16],
                    init=Signature.of(methods.get("__init__")), forward=Signature.of(methods.get("forward")))
 
-    def same_interface(self, other: "Fingerprint") -> bool:
+    def same_interface(self, other: Fingerprint) -> bool:
         return self.init == other.init and self.forward == other.forward
 
 
@@ -337,6 +337,37 @@ def position_similarity(a: _Neighbourhood, b: _Neighbourhood) -> float:
     return (_jaccard(a.predecessors, b.predecessors) + _jaccard(a.successors, b.successors)) / 2
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One decomposition as matching sees it: each subproblem's fingerprint and neighbourhood."""
+
+    names: list[str]
+    prints: dict[str, Fingerprint]
+    places: dict[str, _Neighbourhood]
+
+    @classmethod
+    def of(cls, decomposition: Decomposition) -> _Side:
+        prints = {s.name: Fingerprint.of(s.name, s.source) for s in decomposition.subproblems}
+        return cls(decomposition.names, prints, _neighbourhoods(decomposition, prints))
+
+
+def _match_one(name: str, variant: _Side, solution: _Side) -> Match:
+    mine, place = variant.prints[name], variant.places[name]
+
+    def rank(other: str) -> tuple:
+        return (position_similarity(place, solution.places[other]), other == name, -solution.names.index(other))
+
+    same = [s for s in solution.names
+            if solution.prints[s].source_hash == mine.source_hash and solution.prints[s].same_interface(mine)]
+    if same:
+        best = max(same, key=rank)
+        alike = position_similarity(place, solution.places[best])
+        return Match(name, best, alike, f"same normalised source and signatures as {best}, "
+                                        f"graph position {alike:.0%} alike")
+    nearest = max(solution.names, key=lambda s: (solution.prints[s].same_interface(mine),) + rank(s), default=None)
+    return Match(name, None, 0.0, _why_new(mine, solution.prints.get(nearest)))
+
+
 def match_subproblems(solution: Decomposition, variant: Decomposition) -> list[Match]:
     """One Match per variant subproblem, in the variant's order.
 
@@ -345,30 +376,8 @@ def match_subproblems(solution: Decomposition, variant: Decomposition) -> list[M
     is most alike wins (then the same name, then the earlier one). Several variant subproblems may match
     the same solution subproblem: its kernel is re-verified on each.
     """
-    solution_prints = {s.name: Fingerprint.of(s.name, s.source) for s in solution.subproblems}
-    variant_prints = {s.name: Fingerprint.of(s.name, s.source) for s in variant.subproblems}
-    solution_places = _neighbourhoods(solution, solution_prints)
-    variant_places = _neighbourhoods(variant, variant_prints)
-    matches = []
-    for name in variant.names:
-        mine = variant_prints[name]
-
-        def rank(other: str) -> tuple:
-            alike = position_similarity(variant_places[name], solution_places[other])
-            return (alike, other == name, -solution.names.index(other))
-
-        same = [s for s in solution.names if solution_prints[s].source_hash == mine.source_hash
-                and solution_prints[s].same_interface(mine)]
-        if same:
-            best = max(same, key=rank)
-            alike = position_similarity(variant_places[name], solution_places[best])
-            matches.append(Match(name, best, alike, f"same normalised source and signatures as {best}, "
-                                                    f"graph position {alike:.0%} alike"))
-            continue
-        nearest = max(solution.names, key=lambda s: (solution_prints[s].same_interface(mine),) + rank(s),
-                      default=None)
-        matches.append(Match(name, None, 0.0, _why_new(mine, solution_prints.get(nearest))))
-    return matches
+    solution_side, variant_side = _Side.of(solution), _Side.of(variant)
+    return [_match_one(name, variant_side, solution_side) for name in variant.names]
 
 
 def _why_new(mine: Fingerprint, nearest: Fingerprint | None) -> str:

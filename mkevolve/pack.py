@@ -175,7 +175,7 @@ class _Import:
     binds: dict[str, str]           # name -> the dotted module path (and attribute) it stands for
 
     @classmethod
-    def of(cls, source: str, stmt: ast.Import | ast.ImportFrom) -> "_Import":
+    def of(cls, source: str, stmt: ast.Import | ast.ImportFrom) -> _Import:
         if isinstance(stmt, ast.Import):
             binds = {(a.asname or a.name.split(".")[0]): (a.name if a.asname else a.name.split(".")[0])
                      for a in stmt.names}
@@ -338,9 +338,9 @@ def _header(folder: Path, problem: str | None, subkernels: list[str], pytorch: l
         lines.append(f"Problem: {problem}")
     lines.append(f"Subkernels, in the order the top-level loads them: {', '.join(subkernels)}.")
     if pytorch:
-        lines += ["", f"PyTorch subkernels (they run their subproblem's PyTorch code, not a Triton kernel): "
-                      f"{', '.join(pytorch)}.",
-                  "`mkevolve check` rejects this file as a PyTorch fallback because of them."]
+        named = ("PyTorch subkernels (they run their subproblem's PyTorch code, not a Triton kernel): "
+                 f"{', '.join(pytorch)}.")
+        lines += ["", named, "`mkevolve check` rejects this file as a PyTorch fallback because of them."]
     else:
         lines.append("Every subkernel is a Triton kernel.")
     return 'r"""' + "\n".join(lines) + '\n"""'

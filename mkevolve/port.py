@@ -18,7 +18,7 @@ from mkevolve.orchestrator import BEST, execute_run, iteration_dir, seed_run
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.run_state import RunState, Step
 from mkevolve.search.beam import Beam, Candidate, PromptKind, candidate_id
-from mkevolve.solution import Manifest, sha256_of
+from mkevolve.solution import MANIFEST, Manifest, sha256_of
 
 PORT_REFINEMENT = "port"
 
@@ -117,15 +117,25 @@ def reverify_matches(run_dir: Path, decomposition: Decomposition, matches: list[
 # ---- the run ------------------------------------------------------------------------------------------
 
 
-def _seed_first_iteration(run_dir: Path, state: RunState, decomposition: Decomposition,
-                          ported: list[PortedSubproblem], beams: dict[str, Beam], config: RunConfig,
-                          events: EventLog) -> None:
+@dataclass
+class _Prepared:
+    """A seeded run directory: the variant's decomposition, what was reused, and the beams to start from."""
+
+    run_dir: Path
+    state: RunState
+    decomposition: Decomposition
+    ported: list[PortedSubproblem]
+    beams: dict[str, Beam]
+
+
+def _seed_first_iteration(prepared: _Prepared, config: RunConfig, events: EventLog) -> None:
     """Iteration 1 starts with its decomposition fixed, the reused subkernels counted as evolved and the whole
     budget on the rest, so no call is spent on a kernel that was reused."""
+    run_dir, state, decomposition, ported = prepared.run_dir, prepared.state, prepared.decomposition, prepared.ported
     needs_work = {p.name for p in ported if p.status is not PortStatus.REUSED}
     budget = (allocate_budget(config.budget, decomposition.names, needs_work, {}) if needs_work
               else {name: 0 for name in decomposition.names})
-    for name, beam in beams.items():
+    for name, beam in prepared.beams.items():
         state.beams[name] = beam.to_dict()
     decomposition.write(iteration_dir(run_dir, 1))
     state.iteration, state.step, state.refinement = 1, Step.REFINED, PORT_REFINEMENT
@@ -147,7 +157,7 @@ def _append_events(events: EventLog, run_dir: Path) -> None:
 def _record_reuse(run_dir: Path, ported: list[PortedSubproblem], solution: SolutionFolder) -> None:
     """best/manifest.yaml names, for each reused subkernel, the solution it came from and who wrote it."""
     best = run_dir / BEST
-    if not (best / "manifest.yaml").is_file():
+    if not (best / MANIFEST).is_file():
         return
     manifest = Manifest.read(best)
     for item in ported:
@@ -160,13 +170,38 @@ def _record_reuse(run_dir: Path, ported: list[PortedSubproblem], solution: Solut
     manifest.write(best)
 
 
+def _prepare(solution: SolutionFolder, variant_path: Path, config: RunConfig, client, events: EventLog) -> _Prepared:
+    """Decompose the variant, match, seed a run directory and re-verify the matched kernels in it."""
+    from mkevolve.agents.decompose import decompose
+    from mkevolve.verify.verifier import Verifier
+
+    with Verifier(config, events) as verifier:
+        decomposition, report = decompose(variant_path, config, client, verifier.executor, events)
+        if not report.passed:
+            raise ProblemError(variant_path, "the variant fails the decomposition checks even as its own only "
+                                             "subproblem: " + "; ".join(report.reasons()))
+        matches = match_subproblems(Decomposition.read(solution.path), decomposition)
+        run_dir, state = seed_run(variant_path, config, decomposition, {})
+        ported, beams = reverify_matches(run_dir, decomposition, matches, solution, verifier, config.beam_width)
+    return _Prepared(run_dir, state, decomposition, ported, beams)
+
+
+def _emit_port(events: EventLog, solution: SolutionFolder, variant_path: Path, ported: list[PortedSubproblem],
+               decompose_calls: int) -> None:
+    events.emit("port", solution=str(solution.path.resolve()), variant=str(variant_path.resolve()),
+                subproblems=[{"variant": p.name, "status": p.status.value, "solution": p.source,
+                              "reason": p.reason} for p in ported],
+                reused=[{"variant": p.name, "solution": p.source} for p in ported
+                        if p.status is PortStatus.REUSED],
+                evolved=[p.name for p in ported if p.status is not PortStatus.REUSED],
+                decompose_calls=decompose_calls)
+
+
 def port_solution(solution_dir: str | Path, variant_path: str | Path, config: RunConfig) -> PortOutcome:
     """Decompose the variant, match its subproblems to the solution's, reuse every matched kernel that passes
     on the variant's shapes, and run one iteration that evolves only the rest; a normal run directory results."""
-    from mkevolve.agents.decompose import decompose
     from mkevolve.llm.client import make_client
     from mkevolve.report import write_report
-    from mkevolve.verify.verifier import Verifier
 
     solution = open_solution(solution_dir)
     if not (solution.path / PROBLEM_FILE).is_file():
@@ -175,29 +210,16 @@ def port_solution(solution_dir: str | Path, variant_path: str | Path, config: Ru
     config = replace(config, iterations=1)
     events = EventLog()
     client = make_client(config, events)
-    with Verifier(config, events) as verifier:
-        decomposition, report = decompose(variant.path, config, client, verifier.executor, events)
-        if not report.passed:
-            raise ProblemError(variant.path, "the variant fails the decomposition checks even as its own only "
-                                             "subproblem: " + "; ".join(report.reasons()))
-        client.emit_totals()
-        matches = match_subproblems(Decomposition.read(solution.path), decomposition)
-        run_dir, state = seed_run(variant.path, config, decomposition, {})
-        ported, beams = reverify_matches(run_dir, decomposition, matches, solution, verifier, config.beam_width)
-    events.emit("port", solution=str(solution.path.resolve()), variant=str(variant.path.resolve()),
-                subproblems=[{"variant": p.name, "status": p.status.value, "solution": p.source,
-                              "reason": p.reason} for p in ported],
-                reused=[{"variant": p.name, "solution": p.source} for p in ported
-                        if p.status is PortStatus.REUSED],
-                evolved=[p.name for p in ported if p.status is not PortStatus.REUSED],
-                decompose_calls=client.provider_calls)
-    _seed_first_iteration(run_dir, state, decomposition, ported, beams, config, events)
-    _append_events(events, run_dir)
-    print_matches(ported, solution.path)
-    outcome, evolve_calls = execute_run(variant.path, config, run_dir, state)
-    _record_reuse(run_dir, ported, solution)
-    write_report(run_dir)
-    return PortOutcome(run_dir=run_dir, subproblems=ported, decompose_calls=client.provider_calls,
+    prepared = _prepare(solution, variant.path, config, client, events)
+    client.emit_totals()
+    _emit_port(events, solution, variant.path, prepared.ported, client.provider_calls)
+    _seed_first_iteration(prepared, config, events)
+    _append_events(events, prepared.run_dir)
+    print_matches(prepared.ported, solution.path)
+    outcome, evolve_calls = execute_run(variant.path, config, prepared.run_dir, prepared.state)
+    _record_reuse(prepared.run_dir, prepared.ported, solution)
+    write_report(prepared.run_dir)
+    return PortOutcome(run_dir=prepared.run_dir, subproblems=prepared.ported, decompose_calls=client.provider_calls,
                        evolve_calls=evolve_calls, passed=outcome.passed, speedup=outcome.speedup)
 
 

@@ -202,12 +202,18 @@ def flatten_outputs(out: Any) -> list:
     return [out]
 
 
+# Two calls of a reference may differ by rounding (atomics in cuDNN's transposed convolutions on a GPU);
+# ten times below the verifier's tolerance that is noise, above it the reference draws random numbers.
+_REPEAT_TOL = 1e-5
+
+
 def _same(a: list, b: list) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or not torch.allclose(x, y, rtol=0, atol=0, equal_nan=True):
+            if x.shape != y.shape or not torch.allclose(x, y, rtol=_REPEAT_TOL, atol=_REPEAT_TOL,
+                                                         equal_nan=True):
                 return False
         elif x != y:
             return False

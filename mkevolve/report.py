@@ -6,7 +6,7 @@ import html
 import io
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
@@ -375,7 +375,8 @@ def build_page(run_dir: Path) -> ReportPage:
         iterations=_iteration_rows(state.history, unknown), tokens=token_rows(events),
         speedup_svg=speedup_plot(state.history),
         graph_svg=graph_plot(decomposition) if decomposition else "", graph_caption=caption,
-        notes=[n for n in [manifest_problem] if n] + _notes(events, device, measured), generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+        notes=[n for n in [manifest_problem] if n] + _notes(events, device, measured),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
 
 def render_page(page: ReportPage) -> str:

@@ -7,19 +7,30 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
 from mkevolve.codebase import KERNELS_DIR
 from mkevolve.config import ConfigError, build_config, config_from_args
-from mkevolve.evaluate import (SolutionFolder, describe_speedup, measure_runtimes, open_solution,
-                               resolve_problem)
+from mkevolve.evaluate import (
+    SolutionFolder,
+    describe_speedup,
+    measure_runtimes,
+    open_solution,
+    resolve_problem,
+)
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError
 from mkevolve.search.beam import ID_PREFIX
-from mkevolve.solution import (ORIGIN_PYTORCH, Manifest, SubkernelEntry, copy_solution, pytorch_alternative,
-                               sha256_of)
+from mkevolve.solution import (
+    ORIGIN_PYTORCH,
+    Manifest,
+    SubkernelEntry,
+    copy_solution,
+    pytorch_alternative,
+    sha256_of,
+)
 from mkevolve.verify.result import EvalResult
 
 BACKUPS_DIR = "backups"
@@ -142,7 +153,7 @@ def _backup(solution: SolutionFolder, name: str) -> Path | None:
     current = solution.kernel_file(name)
     if not current.is_file():
         return None
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     target, n = solution.path / BACKUPS_DIR / f"{name}-{stamp}.py", 1
     while target.exists():
         n += 1

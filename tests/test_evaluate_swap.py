@@ -12,7 +12,12 @@ import yaml
 
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
-from mkevolve.evaluate import evaluate_solution, open_solution, print_evaluation, resolve_problem
+from mkevolve.evaluate import (
+    evaluate_solution,
+    open_solution,
+    print_evaluation,
+    resolve_problem,
+)
 from mkevolve.solution import is_pytorch_alternative
 from mkevolve.swap import print_outcome, resolve_replacement, swap_subkernel
 from mkevolve.verify.verifier import Verifier

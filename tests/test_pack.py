@@ -11,7 +11,9 @@ import yaml
 
 from mkevolve.cli import main
 from mkevolve.pack import pack_solution
+from mkevolve.problem import import_file
 from mkevolve.solution import pytorch_alternative
+from mkevolve.verify.verifier import declared_pytorch_fallback, packed_section_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "problems" / "gemm_chain.py"
@@ -107,8 +109,7 @@ def test_pack_prefixes_module_names_and_leaves_shadowing_names_alone(best, tmp_p
     assert "if __name__" not in packed.source and "torch.randn(2)" not in packed.source
     path = tmp_path / "packed.py"
     path.write_text(packed.source)
-    namespace: dict = {}
-    exec(compile(packed.source, str(path), "exec"), namespace)
+    namespace = vars(import_file(path, prefix="packed"))
     for prefix in ("linear_gelu__", "linear_relu_add__"):
         assert namespace[prefix + "BLOCK"] == 16
         assert namespace[prefix + "helper"](1) == 2
@@ -130,3 +131,12 @@ def test_manifest_is_not_needed_to_pack(best, tmp_path):
     (folder / "manifest.yaml").unlink()
     packed = pack_solution(folder)
     assert problem not in packed.source and "class ModelNew(" in packed.source
+
+
+def test_a_declared_pytorch_section_is_a_fallback_even_when_no_op_is_flagged():
+    body = "import torch\n\n\ndef add(x, y):\n    return x + y\n"
+    packed = f"{packed_section_marker('add', 'pytorch')}\n\n{body}"
+    verdict = declared_pytorch_fallback(packed)
+    assert verdict.status.value == "cheating" and "add runs PyTorch code" in verdict.reason
+    assert declared_pytorch_fallback(body) is None
+    assert declared_pytorch_fallback(packed.replace("(pytorch)", "(triton)")) is None

@@ -13,7 +13,13 @@ from mkevolve.cli import main
 from mkevolve.codebase import Decomposition, SubproblemSpec
 from mkevolve.config import RunConfig
 from mkevolve.llm.parse import extract_files
-from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, match_subproblems, normalised_source, subproblem_graph
+from mkevolve.matching import (
+    GRAPH_INPUT,
+    GRAPH_OUTPUT,
+    match_subproblems,
+    normalised_source,
+    subproblem_graph,
+)
 from mkevolve.port import PortStatus, port_solution
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +70,7 @@ def get_init_inputs():
 
 
 def relu_source(**names) -> str:
-    defaults = dict(doc="relu", param="scale", attr="scale", x="x", y="y", scale=2.0, batch=4)
+    defaults = {"doc": "relu", "param": "scale", "attr": "scale", "x": "x", "y": "y", "scale": 2.0, "batch": 4}
     return RELU.format(**{**defaults, **names})
 
 

@@ -58,7 +58,7 @@ class Verifier:
             return EvalResult(status=Status.COMPILE_ERROR, line=err.lineno,
                               reason=f"syntax error at line {err.lineno}: {err.msg}")
         if not violations:
-            return None
+            return declared_pytorch_fallback(source)
         first = violations[0]
         more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
         note = packed_sections_note(source, [v.line for v in violations])
@@ -157,7 +157,8 @@ def composite_top_level_violations(solution_source: str) -> list[str]:
 # ---- files written by `mkevolve pack`: which packed subkernel a static violation falls in ------------------
 
 _PACK_MARKER = "# ==== mkevolve pack: "
-_PACK_SECTION = re.compile(r"^# ==== mkevolve pack: (?:subkernel (?P<name>\w+) \((?P<kind>\w+)\)|top-level ModelNew) ====$")
+_PACK_SECTION = re.compile(
+    r"^# ==== mkevolve pack: (?:subkernel (?P<name>\w+) \((?P<kind>\w+)\)|top-level ModelNew) ====$")
 
 
 def packed_section_marker(subkernel: str | None, kind: str | None) -> str:
@@ -167,14 +168,20 @@ def packed_section_marker(subkernel: str | None, kind: str | None) -> str:
     return f"{_PACK_MARKER}subkernel {subkernel} ({kind}) ===="
 
 
-def packed_sections_note(source: str, lines: list[int | None]) -> str:
-    """For a packed file, the sections the violations at `lines` fall in, PyTorch ones named as such;
-    "" for any other file."""
-    starts = []
+def _packed_sections(source: str) -> list[tuple[int, str, str | None]]:
+    """(first line, subkernel or "the top-level ModelNew", kind) of each section of a packed file."""
+    sections = []
     for number, text in enumerate(source.splitlines(), start=1):
         found = _PACK_SECTION.match(text)
         if found:
-            starts.append((number, found.group("name") or "the top-level ModelNew", found.group("kind")))
+            sections.append((number, found.group("name") or "the top-level ModelNew", found.group("kind")))
+    return sections
+
+
+def packed_sections_note(source: str, lines: list[int | None]) -> str:
+    """For a packed file, the sections the violations at `lines` fall in, PyTorch ones named as such;
+    "" for any other file."""
+    starts = _packed_sections(source)
     sections = []
     for line in lines:
         section = next((s for s in reversed(starts) if line is not None and s[0] <= line), None)
@@ -189,6 +196,18 @@ def packed_sections_note(source: str, lines: list[int | None]) -> str:
         return (f" (packed file, a PyTorch fallback: {', '.join(pytorch)} {verb} PyTorch code, not a Triton "
                 f"kernel; violations in {where})")
     return f" (packed file: violations in {where})"
+
+
+def declared_pytorch_fallback(source: str) -> EvalResult | None:
+    """A packed file whose sections declare PyTorch subkernels is a PyTorch fallback even where the AST rules
+    see no PyTorch compute (an elementwise `x + y` in a reference forward); None for any other file."""
+    pytorch = [name for _, name, kind in _packed_sections(source) if kind == "pytorch"]
+    if not pytorch:
+        return None
+    verb = "runs" if len(pytorch) == 1 else "run"
+    return EvalResult(status=Status.CHEATING, rule=Rule.TORCH_COMPUTE.value,
+                      reason=f"packed file, a PyTorch fallback: {', '.join(pytorch)} {verb} PyTorch code, not a "
+                             "Triton kernel (see the file's header)")
 
 
 def _to_result(outcome: JobOutcome) -> EvalResult:
