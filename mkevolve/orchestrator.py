@@ -155,7 +155,8 @@ class Orchestrator:
         self.state.needs_total_fuse = False
         decomposition.write(iteration_dir(self.run_dir, t))
         self._reconcile_beams(decomposition)
-        self.display.log(f"iteration {t}: {refinement} -> {', '.join(decomposition.names)}")
+        how = "decomposition unchanged" if refinement == "none" else refinement.replace("_", " ")
+        self.display.log(f"iteration {t}: {how}: {', '.join(decomposition.names)}")
         self.events.emit("decomposition", iteration=t, refinement=refinement, subproblems=decomposition.names,
                          fallback=decomposition.fallback)
         self.state.refinement = refinement
