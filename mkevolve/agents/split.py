@@ -65,9 +65,12 @@ def split_problems(before: Decomposition, after: Decomposition, failing: list[st
     problems = [f"{name} is still there; it must be replaced by two new subproblems" for name in failing
                 if name in after.names]
     new = [name for name in after.names if name not in before.names]
+    expected = before.total_instances + sum(before.subproblem(n).instances for n in failing if n in before.names)
     if not new:
         problems.append("the reply adds no new subproblem")
-    elif len(new) > 2 * len(failing):
-        problems.append(f"{len(new)} new subproblems ({', '.join(new)}) for {len(failing)} split(s); "
+    elif after.total_instances != expected:
+        # Each instance of a failing subproblem becomes two module calls; a half may reuse an existing
+        # subproblem file (one more instance of it), so instances are counted, not file names.
+        problems.append(f"the top-level makes {after.total_instances} subproblem instance(s), expected {expected}: "
                         "split each failing subproblem into exactly two")
     return problems
