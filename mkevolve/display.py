@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -61,12 +62,14 @@ class RunDisplay:
         v = self.view
         line = f"iteration {v.iteration}/{v.iterations}: {v.phase} | best {v.best} | tokens {v.tokens}"
         if line != self._last_line:
-            self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {line}", highlight=False, soft_wrap=True)
+            self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {escape(line)}", highlight=False,
+                               soft_wrap=True)
             self._last_line = line
 
     def log(self, message: str) -> None:
         """A line that stays (decisions: split, fuse, swap, kept best)."""
-        self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {message}", highlight=False, soft_wrap=True)
+        self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {escape(message)}", highlight=False,
+                           soft_wrap=True)
 
     def _table(self) -> Table:
         v = self.view

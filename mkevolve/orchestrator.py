@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 from mkevolve.agents import decompose as decompose_agent
+from mkevolve.agents import fuse as fuse_agent
+from mkevolve.agents import split as split_agent
 from mkevolve.agents.evolve import RefineContext, evolve_kernel
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
@@ -132,9 +134,6 @@ class Orchestrator:
     def _refine(self) -> None:
         """This iteration's decomposition: Split failing subproblems or Fuse every L iterations; TotalFuse
         when the last end-to-end check failed while every subkernel passed locally."""
-        from mkevolve.agents import fuse as fuse_agent
-        from mkevolve.agents import split as split_agent
-
         t = self.state.iteration
         decomposition = Decomposition.read(iteration_dir(self.run_dir, t - 1))
         refinement = "none"

@@ -99,6 +99,7 @@ def _summary(decomposition: Decomposition, report: CheckReport, folder: Path) ->
 
 def _print_table(problem_name: str, decomposition: Decomposition, report: CheckReport, folder: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -108,12 +109,12 @@ def _print_table(problem_name: str, decomposition: Decomposition, report: CheckR
         table.add_column(column)
     for spec in decomposition.subproblems:
         inputs = sorted({call for config in spec.configs for call in config.inputs})
-        table.add_row(spec.name, str(spec.instances), "\n".join(inputs))
+        table.add_row(spec.name, str(spec.instances), escape("\n".join(inputs)))
     console.print(table)
     checks = Table(title="checks")
     for column in ("check", "verdict", "reason"):
         checks.add_column(column)
     for check in report.checks:
-        checks.add_row(check.name, "pass" if check.passed else "FAIL", check.reason)
+        checks.add_row(check.name, "pass" if check.passed else "FAIL", escape(check.reason))
     console.print(checks)
     console.print(f"written to {folder}")

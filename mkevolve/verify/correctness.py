@@ -12,9 +12,9 @@ import torch
 
 from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference,
                               flatten_outputs, import_file, load_problem, make_inputs)
-from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
+from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, dot_precision, output_violations
 from mkevolve.verify.result import EvalResult, Status, Timing
-from mkevolve.verify.timing import baseline_key, cached_baseline, combine, time_forward
+from mkevolve.verify.timing import baseline_key, cached_baseline, combine, default_cache_dir, time_forward
 
 ATOL = RTOL = 1e-4
 
@@ -133,8 +133,6 @@ def _run_checks(problem: Problem, solution_cls: type, request: KernelEvalRequest
 
 
 def _accepted(request, launches, timings: list[Timing], baselines: list[Timing]) -> EvalResult:
-    from mkevolve.verify.cheating import dot_precision
-
     result = EvalResult(status=Status.OK, trials=request.trials, launches=launches,
                         precision=dot_precision(Path(request.solution_path).read_text()))
     if timings:
@@ -271,8 +269,6 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
 
 
 def _baseline(problem: Problem, reference, inputs: list, request: KernelEvalRequest) -> Timing:
-    from mkevolve.verify.timing import default_cache_dir
-
     shapes = [list(v.shape) if isinstance(v, torch.Tensor) else repr(v) for v in inputs]
     key = baseline_key(problem.source, shapes, request.eval_mode)
     cache = Path(request.baseline_cache_dir) if request.baseline_cache_dir else default_cache_dir()

@@ -39,7 +39,7 @@ class Verifier:
 
     @property
     def device_name(self) -> str:
-        """"cpu" or the GPU's name, asked of a worker so this process opens no CUDA context."""
+        """The device evaluations run on: "cpu" or the GPU's name, asked of a worker (no CUDA context here)."""
         if self._device_name is None:
             outcome = self.run_jobs([Job("mkevolve.verify.correctness:device_name",
                                          timeout=self.config.timeout)])[0]
@@ -249,13 +249,14 @@ def check_command(args) -> int:
 
 def _print_result(result: EvalResult, seconds: float) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_header=False, box=None)
     colour = "green" if result.passed else "red"
     table.add_row("verdict", f"[{colour}]{result.status.value}[/{colour}]")
     if result.reason:
-        table.add_row("reason", result.reason)
+        table.add_row("reason", escape(result.reason))
     if result.max_abs_err is not None:
         table.add_row("max error", f"abs {result.max_abs_err:.3g}, rel {result.max_rel_err:.3g}")
     if result.launches is not None:
