@@ -151,3 +151,8 @@ def indent(lines: list[str], spaces: int) -> str:
     pad = " " * spaces
     return "\n".join(pad + line if line else "" for line in lines)
 
+
+def block_autotune(blocks: tuple[tuple[int, int], ...], key: list[str]) -> str:
+    """An autotune decorator over (BLOCK, num_warps) pairs, for kernels that walk flat output blocks."""
+    configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in blocks)
+    return f"@triton.autotune(configs=[{configs}], key={key!r})\n"

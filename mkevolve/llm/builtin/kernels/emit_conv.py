@@ -15,6 +15,7 @@ from .emit_common import (
     LauncherArg,
     Region,
     ScalarArgs,
+    block_autotune,
     body_leaves,
     describe_body,
     helper_sources,
@@ -253,10 +254,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
             + window + loop + epi_lines + [f"tl.store(out_ptr + offs, {result}, mask=mask)"])
     kind = "transposed convolution" if conv.transposed else "convolution"
     autotune = variant.autotune
-    decorator = ""
-    if autotune:
-        configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={wp})' for b, wp in variant.pool)
-        decorator = f'@triton.autotune(configs=[{configs}], key=["numel", "C_in_g"])\n'
+    decorator = block_autotune(variant.pool, ["numel", "C_in_g"]) if autotune else ""
     source = f'''{decorator}@triton.jit
 def {name}({", ".join(params)}):
     # Direct {spatial}-d {kind} (few channels per group, so no tl.dot): each program computes BLOCK

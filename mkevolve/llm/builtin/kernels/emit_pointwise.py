@@ -9,6 +9,7 @@ from .emit_common import (
     LauncherArg,
     Region,
     ScalarArgs,
+    block_autotune,
     describe_body,
     helper_sources,
     indent,
@@ -69,5 +70,4 @@ def {name}({", ".join(params)}):
 
 
 def _autotune(variant: Variant) -> str:
-    configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in variant.pointwise)
-    return f'@triton.autotune(configs=[{configs}], key=["numel"])\n'
+    return block_autotune(variant.pointwise, ["numel"])

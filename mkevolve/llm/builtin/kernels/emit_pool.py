@@ -9,6 +9,7 @@ from .emit_common import (
     LauncherArg,
     Region,
     ScalarArgs,
+    block_autotune,
     body_leaves,
     describe_body,
     helper_sources,
@@ -52,14 +53,7 @@ def _fixed_window(pool: Pool) -> list[str]:
                   f"{pad}    in{d} = p{d} * STRIDE{d} - PAD{d} + k{d} * DIL{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
         mask = f"ok{d}"
-    inner = "    " * spatial
-    offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
-    if pool.kind == "max":
-        lines += [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
-                  f"{inner}acc = tl.maximum(acc, v)"]
-    else:
-        lines += [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)"]
-    return lines
+    return lines + _accumulate(pool.kind, spatial, mask)
 
 
 def _avg_divisor(pool: Pool) -> list[str]:
@@ -90,16 +84,21 @@ def _adaptive_window(pool: AdaptivePool, spatial: int) -> list[str]:
                   f"{pad}    in{d} = start{d} + k{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} < end{d})"]
         mask = f"ok{d}"
+    lines += _accumulate(pool.kind, spatial, mask)
+    if pool.kind != "max":
+        count = " * ".join(f"(end{d} - start{d})" for d in range(spatial))
+        lines.append(f"acc = acc / ({count}).to(tl.float32)")
+    return lines
+
+
+def _accumulate(kind: str, spatial: int, mask: str) -> list[str]:
+    """The innermost loop body: fold one masked input element into `acc` (max, or a sum for avg)."""
     inner = "    " * spatial
     offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
-    if pool.kind == "max":
-        lines += [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
-                  f"{inner}acc = tl.maximum(acc, v)"]
-    else:
-        count = " * ".join(f"(end{d} - start{d})" for d in range(spatial))
-        lines += [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)",
-                  f"acc = acc / ({count}).to(tl.float32)"]
-    return lines
+    if kind == "max":
+        return [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
+                f"{inner}acc = tl.maximum(acc, v)"]
+    return [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)"]
 
 
 def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, adaptive: bool) -> KernelSource:
@@ -122,10 +121,7 @@ def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, ada
             + _positions(spatial) + [f"acc = tl.full([BLOCK], {init}, tl.float32)"] + window + epi_lines
             + [f"tl.store(out_ptr + offs, {result}, mask=mask)"])
     what = f"adaptive {pool.kind}" if adaptive else pool.kind
-    decorator = ""
-    if variant.autotune:
-        configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in variant.pool)
-        decorator = f'@triton.autotune(configs=[{configs}], key=["numel"])\n'
+    decorator = block_autotune(variant.pool, ["numel"]) if variant.autotune else ""
     source = f'''{decorator}@triton.jit
 def {name}({", ".join(params)}):
     # {what} pooling over {spatial} trailing dims: each program computes BLOCK consecutive outputs.
