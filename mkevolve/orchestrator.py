@@ -132,25 +132,13 @@ class Orchestrator:
         self._checkpoint(Step.DECOMPOSED)
 
     def _refine(self) -> None:
-        """This iteration's decomposition: Split failing subproblems or Fuse every L iterations; TotalFuse
-        when the last end-to-end check failed while every subkernel passed locally."""
+        """This iteration's decomposition: TotalFuse when the last end-to-end check failed while every
+        subkernel passed locally; otherwise Split failing subproblems, or Fuse, every L iterations."""
         t = self.state.iteration
-        decomposition = Decomposition.read(iteration_dir(self.run_dir, t - 1))
-        refinement = "none"
-        if t % self.config.refine_every == 0:
-            failing = [n for n in decomposition.names if self._failing(n)]
-            if failing:
-                self._phase(t, f"splitting {', '.join(failing)}")
-                decomposition = split_agent.split(self.problem_path, decomposition, failing, **self._agent_args())
-                refinement = "split"
-            elif self.config.fuse:
-                self._phase(t, "fusing")
-                decomposition = fuse_agent.fuse(self.problem_path, decomposition, **self._agent_args())
-                refinement = "fuse"
-        if self.state.needs_total_fuse and len(decomposition.names) > 1:
-            self._phase(t, "total fuse: subkernels pass locally but not end to end")
-            decomposition = fuse_agent.total_fuse(self.problem_path, decomposition, **self._agent_args())
-            refinement = "total_fuse"
+        before = Decomposition.read(iteration_dir(self.run_dir, t - 1))
+        decomposition, refinement = self._refined(t, before)
+        if decomposition is before:
+            refinement = "none"  # no agent was asked, or the agent's output failed the checks
         self.state.needs_total_fuse = False
         decomposition.write(iteration_dir(self.run_dir, t))
         self._reconcile_beams(decomposition)
@@ -160,6 +148,22 @@ class Orchestrator:
                          fallback=decomposition.fallback)
         self.state.refinement = refinement
         self._checkpoint(Step.REFINED)
+
+    def _refined(self, t: int, decomposition: Decomposition) -> tuple[Decomposition, str]:
+        """TotalFuse supersedes the periodic step: a Split or Fuse it would replace is not paid for."""
+        if self.state.needs_total_fuse and len(decomposition.names) > 1:
+            self._phase(t, "total fuse: subkernels pass locally but not end to end")
+            return fuse_agent.total_fuse(self.problem_path, decomposition, **self._agent_args()), "total_fuse"
+        if t % self.config.refine_every != 0:
+            return decomposition, "none"
+        failing = [n for n in decomposition.names if self._failing(n)]
+        if failing:
+            self._phase(t, f"splitting {', '.join(failing)}")
+            return split_agent.split(self.problem_path, decomposition, failing, **self._agent_args()), "split"
+        if self.config.fuse:
+            self._phase(t, "fusing")
+            return fuse_agent.fuse(self.problem_path, decomposition, **self._agent_args()), "fuse"
+        return decomposition, "none"
 
     def _reconcile_beams(self, decomposition: Decomposition) -> None:
         """A subproblem whose source is unchanged keeps its beam; new or changed ones start empty."""
