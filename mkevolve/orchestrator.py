@@ -76,6 +76,8 @@ class Orchestrator:
 
     def run(self) -> RunOutcome:
         recover_solution(self.run_dir / BEST)
+        if self.state.step is Step.FINISHED and self.state.iteration < self.config.iterations:
+            self.state.step = Step.EVALUATED  # resumed with more --iterations: carry on from the last one
         if self.state.step is Step.STARTED:
             self._initial_decomposition()
         while not self._loop_done():
@@ -388,7 +390,10 @@ def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
     if args.resume:
         run_dir = Path(args.resume)
         state = RunState.load(run_dir)
-        config = build_config(run_dir / "config.yaml")
+        # Flags given with --resume change the saved config (e.g. more --iterations); the rest stays.
+        overrides = {k: v for k, v in vars(args).items() if k in RunConfig.field_names() and v is not None}
+        config = build_config(run_dir / "config.yaml", overrides)
+        write_atomic(run_dir / "config.yaml", config.to_yaml())
         return Path(state.problem), config, run_dir, state
     if not args.problem:
         raise ProblemError("<problem>", "give a problem file, or --resume RUN_DIR")

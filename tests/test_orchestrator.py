@@ -138,6 +138,15 @@ def test_resume_after_hard_kill(tmp_path, finished_run):
     assert fingerprint(run_dir) == fingerprint(finished_run)
 
 
+def test_resume_with_more_iterations_extends_a_finished_run(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    assert main(["run", "--resume", str(run_dir), "--iterations", "3"]) == 0
+    state = RunState.load(run_dir)
+    assert state.step is Step.FINISHED and [r.index for r in state.history] == [1, 2, 3]
+    assert "iterations: 3" in (run_dir / "config.yaml").read_text()
+
+
 @pytest.mark.parametrize("content, fragment", [
     ("{not json", "corrupted state"),
     (json.dumps({"version": 99}), "state version 99"),
