@@ -1,0 +1,57 @@
+"""GPU-only checks of what a CPU cannot measure: timing, the side-stream rule, per-subkernel profiles.
+They skip themselves without CUDA (tests/conftest.py) and run as they are on a GPU machine."""
+
+from pathlib import Path
+
+import pytest
+
+from mkevolve.cli import main
+from mkevolve.config import RunConfig
+from mkevolve.orchestrator import BEST
+from mkevolve.solution import Manifest
+from mkevolve.verify.profile import SubkernelProfile
+from mkevolve.verify.sandbox import Job
+from mkevolve.verify.verifier import Verifier
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "scripts" / "kernels"
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier(RunConfig(workers=1, trials=2, timeout=600.0)) as v:
+        yield v
+
+
+def test_timed_result_has_speedup_and_spread(verifier):
+    result = verifier.check_kernel(KERNELS / "silu_large.py", KERNELS / "silu_large_honest.py")
+    assert result.passed, result.reason
+    t = result.runtime
+    assert t.runs == 100 and 0 < t.p10_ms <= t.median_ms <= t.p90_ms
+    assert result.speedup == pytest.approx(result.baseline.median_ms / t.median_ms)
+
+
+def test_side_stream_work_is_inside_the_timed_interval(verifier):
+    honest, side = verifier.check_kernels([(KERNELS / "silu_large.py", KERNELS / "silu_large_honest.py"),
+                                           (KERNELS / "silu_large.py", KERNELS / "silu_large_side_stream.py")])
+    assert honest.passed and side.passed
+    # The same kernel on a side stream must not look faster than on the current one.
+    assert side.runtime.median_ms > 0.8 * honest.runtime.median_ms
+
+
+def test_run_profiles_every_subkernel(tmp_path):
+    problem = ROOT / "problems" / "gemm_chain.py"
+    assert main(["run", str(problem), "--out", str(tmp_path), "--iterations", "1", "--budget", "3"]) == 0
+    best = next((tmp_path / problem.stem).iterdir()) / BEST
+    manifest = Manifest.read(best)
+    assert manifest.speedup is not None and manifest.device != "cpu"
+    shares = [e.runtime_share for e in manifest.subkernels.values()]
+    assert all(s is not None and s > 0 for s in shares) and sum(shares) == pytest.approx(1.0)
+    with Verifier(RunConfig(workers=1)) as v:
+        outcome = v.run_jobs([Job("mkevolve.verify.profile:profile_subkernels",
+                                  {"problem_path": str(problem), "solution_path": str(best / "decomposed_solution.py")},
+                                  timeout=600.0)])[0]
+    assert outcome.ok and isinstance(outcome.value, SubkernelProfile)
+    assert set(outcome.value.runtime_ms) == set(manifest.subkernels)
