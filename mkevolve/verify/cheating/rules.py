@@ -1,0 +1,42 @@
+"""The cheating rules a solution can break, the violation record, and what both checkers share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class Rule(str, Enum):
+    NO_TRITON_KERNEL = "no-triton-kernel"
+    NO_LAUNCH = "no-triton-launch"
+    TORCH_COMPUTE = "torch-compute"
+    TRY_EXCEPT = "try-except-fallback"
+    MONKEYPATCH = "monkeypatch"
+    REFERENCE_ACCESS = "reference-access"
+    TENSOR_SUBCLASS = "tensor-subclass"
+    THREADS = "threads"
+    OUTPUT_ALIAS = "output-aliases-input"
+    PRECISION = "precision-downgrade"
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: Rule
+    message: str
+    line: int | None = None
+
+    def describe(self) -> str:
+        where = f" (line {self.line})" if self.line else ""
+        return f"[{self.rule.value}]{where} {self.message}"
+
+
+KERNEL_ADVICE = "do this math inside a @triton.jit kernel instead"
+
+
+def is_less_precise(dtype: torch.dtype, reference: torch.dtype) -> bool:
+    """True for a floating dtype with a coarser resolution than the reference's."""
+    if not (dtype.is_floating_point and reference.is_floating_point):
+        return False
+    return torch.finfo(dtype).eps > torch.finfo(reference).eps
