@@ -165,8 +165,8 @@ def _record_reuse(run_dir: Path, ported: list[PortedSubproblem], solution: Solut
         if item.status is not PortStatus.REUSED or entry is None or entry.candidate != candidate_id(0):
             continue
         author = solution.manifest.subkernels.get(item.source) if solution.manifest else None
-        entry.origin = (f"reused from {solution.path.resolve()} ({item.source}), written by "
-                        f"{author.origin if author else 'unknown'}")
+        entry.origin = author.origin if author else "unknown"
+        entry.reused_from = f"{solution.path.resolve()} ({item.source})"
     manifest.write(best)
 
 

@@ -31,6 +31,7 @@ class SubkernelEntry:
     runtime_share: float | None = None
     precision: str | None = None
     sha256: str = ""
+    reused_from: str | None = None    # "<solution folder> (<subkernel>)" when `port` carried it over
 
 
 @dataclass

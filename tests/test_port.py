@@ -147,7 +147,7 @@ def test_port_writes_a_normal_run_directory_that_records_the_reuse(ported):
     manifest = yaml.safe_load((run / "best" / "manifest.yaml").read_text())
     assert manifest["status"] == "ok" and manifest["problem"] == str(VARIANT)
     for name in UNCHANGED:
-        assert manifest["subkernels"][name]["origin"].startswith(f"reused from {solution.resolve()} ({name})")
+        assert manifest["subkernels"][name]["reused_from"] == f"{solution.resolve()} ({name})"
         kernel = (run / "best" / "subkernel_implementations" / f"{name}.py").read_text()
         assert kernel == (solution / "subkernel_implementations" / f"{name}.py").read_text()
         record = json.loads((run / "iterations" / "iter_00" / "candidates" / name / "c0000.json").read_text())
