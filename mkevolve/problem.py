@@ -178,8 +178,8 @@ def check_reference(problem: Problem, device: torch.device, eval_mode: bool, see
         inputs = make_inputs(problem.path, config, seed + 1, device)
         try:
             with torch.no_grad():
-                first = flatten_outputs(model(*[_clone(v) for v in inputs]))
-                second = flatten_outputs(model(*[_clone(v) for v in inputs]))
+                first = flatten_outputs(model(*clone_values(inputs)))
+                second = flatten_outputs(model(*clone_values(inputs)))
         except Exception as err:
             raise ProblemError(problem.path, f"Model.forward raised {type(err).__name__}: {err}") from None
         if not _same(first, second):
@@ -191,8 +191,9 @@ def check_reference(problem: Problem, device: torch.device, eval_mode: bool, see
                                              f"inputs and weights differ), so it cannot be verified{hint}")
 
 
-def _clone(value):
-    return value.clone() if isinstance(value, torch.Tensor) else value
+def clone_values(values: list) -> list:
+    """Fresh copies of the tensors among forward's arguments, so a call that writes into them harms no other."""
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def flatten_outputs(out: Any) -> list:

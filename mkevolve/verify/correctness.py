@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference,
-                              flatten_outputs, import_file, load_problem, make_inputs)
+                              clone_values, flatten_outputs, import_file, load_problem, make_inputs)
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, dot_precision, output_violations
 from mkevolve.verify.result import EvalResult, Status, Timing
 from mkevolve.verify.timing import baseline_key, cached_baseline, combine, default_cache_dir, time_forward
@@ -149,10 +149,6 @@ def _build_candidate(request: KernelEvalRequest, solution_cls: type, init: list)
         raise Rejected(Status.RUNTIME_ERROR, err.reason, _solution_line(request.solution_path)) from None
 
 
-def _clone(values: list) -> list:
-    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
-
-
 def _trials(problem: Problem, config_index: int, reference, candidate, request: KernelEvalRequest,
             errors: _Errors) -> int:
     """Run every trial on the same two models; returns the Triton launches of one forward."""
@@ -161,8 +157,8 @@ def _trials(problem: Problem, config_index: int, reference, candidate, request: 
         seed = request.seed + 1 + 1000 * config_index + trial
         inputs = make_inputs(problem.path, problem.configs[config_index], seed, device())
         with torch.no_grad():
-            expected = flatten_outputs(reference(*_clone(inputs)))
-            candidate_inputs = _clone(inputs)
+            expected = flatten_outputs(reference(*clone_values(inputs)))
+            candidate_inputs = clone_values(inputs)
             guard = RuntimeGuard(solution_file=request.solution_path, trusted_files=request.trusted_files)
             actual = _guarded_forward(candidate, candidate_inputs, guard, request.solution_path)
         launches = max(launches, guard.launches)
