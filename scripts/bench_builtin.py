@@ -6,8 +6,8 @@
 
 Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
 script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4), then times the
-best correct variant and torch.compile(Model) with CUDA events (10 warm-ups, 100 timed runs, L2 flushed
-before each, median). The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with
+best correct variant and torch.compile(Model) the way the verifier does (`verify.timing.time_forward`:
+CUDA events, 10 warm-ups, 100 timed runs, L2 flushed before each, every stream joined, median). The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with
 FLOPs and the minimum bytes (every input and parameter read once, every output written once) counted by
 hand per case. `--check` instead verifies every variant of the given problem files, without timing.
 """
@@ -30,11 +30,11 @@ import triton
 
 from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import import_file, load_problem
+from mkevolve.verify.result import Timing
+from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 
 PEAK_FP32_FLOPS = 67e12
 PEAK_BYTES_PER_S = 4.3e12
-WARMUP, RUNS = 10, 100
-L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -148,13 +148,6 @@ def _cases() -> list[Case]:
 
 
 @dataclass
-class Timing:
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-
-
-@dataclass
 class VariantResult:
     variant: int
     precision: str
@@ -179,25 +172,6 @@ class CaseResult:
     roofline_fraction: float | None = None
     compile_roofline_fraction: float | None = None
     error: str | None = None
-
-
-def time_cuda(fn) -> Timing:
-    """Median of RUNS timed calls after WARMUP, each preceded by an L2 flush outside the timed region."""
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
-    with torch.no_grad():
-        for _ in range(WARMUP):
-            fn()
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(RUNS)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(RUNS)]
-        for start, end in zip(starts, ends):
-            flush.zero_()
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return Timing(times[len(times) // 2], times[len(times) // 5], times[(4 * len(times)) // 5])
 
 
 def _instantiate(problem_path: Path, config_index: int = 0, eval_mode: bool = False):
@@ -252,7 +226,7 @@ def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: 
         if not ok:
             return result
         if with_timing and config_index == 0:
-            result.time = time_cuda(lambda: candidate(*inputs))
+            result.time = time_forward(lambda: candidate(*inputs))
     result.correct = True
     return result
 
@@ -285,7 +259,7 @@ def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
     result.best_variant, result.candidate_ms = best.variant, best.time.median_ms
     _, _, reference, inputs = _instantiate(path)
     compiled = torch.compile(reference)
-    result.compile_ms = time_cuda(lambda: compiled(*inputs)).median_ms
+    result.compile_ms = time_forward(lambda: compiled(*inputs)).median_ms
     result.speedup_vs_compile = result.compile_ms / result.candidate_ms
     result.roofline_fraction = floor_ms / result.candidate_ms
     result.compile_roofline_fraction = floor_ms / result.compile_ms
@@ -343,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,
               "peaks": {"fp32_flops": PEAK_FP32_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
-              "timing": {"warmup": WARMUP, "runs": RUNS, "l2_flush_bytes": L2_FLUSH_BYTES}}
+              "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward"}}
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
         workdir = Path(tmp)
         if args.check:
@@ -354,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 print(f"{case.name}:", flush=True)
                 results.append(run_case(case, workdir, args.variants))
-            report["cases"] = [asdict(r) for r in results]
+                report["cases"] = [asdict(r) for r in results]
+                # written after every case, so a run stopped part-way keeps what it measured
+                Path(args.out).write_text(json.dumps(report, indent=2))
             _print_table(results)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -20,6 +20,7 @@ class RowTiles:
     loop_block: int          # longer rows are walked in chunks of this many elements
     inner_block: int         # reductions over a middle dim: kept (inner) positions per program
     split_target: int        # fewer programs than this: split each row over several programs
+    per_thread: int = 16     # fp32 values each thread holds: sets the warps of a row kernel
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,12 @@ CUDA_VARIANTS = (
     Variant("wide", "ieee", True, ((2048, 4), (4096, 8), (8192, 16)),
             (MatmulTile(128, 256, 32, 8, 3), MatmulTile(256, 128, 32, 8, 3), MatmulTile(128, 128, 32, 8, 4)),
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
-            RowTiles(32768, 8192, 128, 2048), ((1024, 8), (2048, 8))),
+            RowTiles(32768, 8192, 128, 2048, per_thread=8), ((1024, 8), (2048, 8))),
     Variant("narrow", "ieee", True, ((256, 2), (512, 4), (1024, 4)),
             (MatmulTile(64, 64, 32, 4, 3), MatmulTile(32, 64, 32, 4, 4), MatmulTile(64, 32, 32, 4, 4),
              MatmulTile(32, 32, 32, 4, 4)),
             (MatmulTile(64, 32, 32, 4, 3), MatmulTile(32, 32, 32, 4, 3)),
-            RowTiles(4096, 1024, 32, 512), ((128, 4), (256, 4))),
+            RowTiles(4096, 1024, 32, 512, per_thread=32), ((128, 4), (256, 4))),
     Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE,
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
              MatmulTile(64, 128, 32, 4, 4)),

@@ -279,7 +279,7 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
                      + [a.name for a in scalar_args])
     stages = len(kernel.reductions)
     block_i = f"min(triton.next_power_of_2(I), {tiles.inner_block})" if layout.inner else "1"
-    blocks = "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=_row_warps(block_r * block_i)"
+    blocks = f"BLOCK_R=block_r, BLOCK_I=block_i, num_warps=_row_warps(block_r * block_i, {tiles.per_thread})"
     lines += [f"block_i = {block_i}",
               "programs = O * triton.cdiv(I, block_i)",
               "grid = (O, triton.cdiv(I, block_i))",
@@ -308,7 +308,7 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
     return f"def {name}_launch({signature}):\n{indent(lines, 4)}\n"
 
 
-ROW_WARPS_HELPER = '''def _row_warps(block):
-    """Warps for a row kernel: about 16 fp32 values per thread, between 1 and 32 warps."""
-    return max(1, min(32, block // 512))
+ROW_WARPS_HELPER = '''def _row_warps(block, per_thread):
+    """Warps for a row kernel: about `per_thread` fp32 values per thread, between 1 and 32 warps."""
+    return max(1, min(32, block // (32 * per_thread)))
 '''
