@@ -3,9 +3,12 @@ best/ holds a correct end-to-end solution, its speedup vs torch.compile, and the
 overhead (iteration time not spent in LLM calls or evaluation jobs).
 
     PYTHONPATH=. python3 scripts/run_suite.py --out scripts/results/run_suite_<gpu>_<date>.json \
-        [--batch-size 128] [--iterations 1] [--budget 2] [problems ...]
+        [--set batch_size=128 --set ...] [--iterations 1] [--budget 2] [--jobs 1] [--workers 0] [problems ...]
 
---batch-size rewrites each problem's `batch_size = N` line into a copy, for KernelBench-like sizes.
+--set NAME=N rewrites a problem's top-level `NAME = ...` line, where it has one, into a copy: the suite's
+files are small enough for a CPU, and this brings them to KernelBench-like sizes.
+--jobs runs that many problems at once and --workers sets each run's evaluation workers; on a GPU
+they share it, and every timed run still has the GPU alone (mkevolve/verify/gpu_share.py).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import date
 from pathlib import Path
 
@@ -25,10 +30,12 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def scaled_copy(problem: Path, batch_size: int | None, folder: Path) -> Path:
-    if batch_size is None:
+def scaled_copy(problem: Path, sizes: dict[str, int], folder: Path) -> Path:
+    if not sizes:
         return problem
-    text = re.sub(r"^batch_size\s*=\s*\d+", f"batch_size = {batch_size}", problem.read_text(), flags=re.M)
+    text = problem.read_text()
+    for name, value in sizes.items():
+        text = re.sub(rf"^{name}\s*=\s*\d+\s*$", f"{name} = {value}", text, flags=re.M)
     target = folder / problem.name
     target.write_text(text)
     return target
@@ -36,9 +43,14 @@ def scaled_copy(problem: Path, batch_size: int | None, folder: Path) -> Path:
 
 def run_one(problem: Path, args, out: Path) -> dict:
     command = [sys.executable, "-m", "mkevolve", "run", str(problem), "--out", str(out),
-               "--iterations", str(args.iterations), "--budget", str(args.budget), "--timeout", "600"]
+               "--iterations", str(args.iterations), "--budget", str(args.budget), "--timeout", "600",
+               "--workers", str(args.workers)]
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.problem_timeout)
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.problem_timeout)
+    except subprocess.TimeoutExpired:
+        return {"problem": problem.name, "exit": None, "wall_s": round(time.perf_counter() - started, 1),
+                "correct": False, "error": f"stopped after --problem-timeout {args.problem_timeout} s"}
     wall = time.perf_counter() - started
     runs = sorted((out / problem.stem).glob("*/state.json"))
     record = {"problem": problem.name, "exit": proc.returncode, "wall_s": round(wall, 1)}
@@ -66,34 +78,54 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("problems", nargs="*", type=Path)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=N",
+                        help="a size to rewrite; repeat for several")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--budget", type=int, default=2)
     parser.add_argument("--problem-timeout", type=float, default=900)
+    parser.add_argument("--jobs", type=int, default=1, help="problems run at once")
+    parser.add_argument("--workers", type=int, default=0, help="evaluation workers per run (0: default)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "run_suite")
     args = parser.parse_args()
     problems = args.problems or sorted((ROOT / "problems" / "level2").glob("*.py"))
     (args.work / "problems").mkdir(parents=True, exist_ok=True)
-    results = []
-    for problem in problems:
-        copy = scaled_copy(problem, args.batch_size, args.work / "problems")
-        results.append(run_one(copy, args, args.work / "runs"))
-        r = results[-1]
-        speed = "unknown" if r.get("speedup") is None else f"{r['speedup']:.3f}x"
-        print(f"{r['problem']:58} correct={r.get('correct')} speedup={speed} wall={r['wall_s']}s "
-              f"overhead={r.get('overhead_s')} {r.get('failure') or ''}", flush=True)
-        write(args, results)
-    correct = sum(1 for r in results if r.get("correct"))
-    print(f"correct end to end: {correct}/{len(results)}")
+    sizes = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
+    copies = [scaled_copy(p, sizes, args.work / "problems") for p in problems]
+    results: list[dict] = []
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run_one, copy, args, args.work / "runs") for copy in copies]
+        for future in as_completed(futures):
+            r = future.result()
+            results.append(r)
+            results.sort(key=lambda record: record["problem"])
+            speed = "unknown" if r.get("speedup") is None else f"{r['speedup']:.3f}x"
+            print(f"{r['problem']:58} correct={r.get('correct')} speedup={speed} wall={r['wall_s']}s "
+                  f"overhead={r.get('overhead_s')} {r.get('failure') or ''}", flush=True)
+            write(args, results, time.perf_counter() - started)
+    summary = summarize(results)
+    print(f"correct end to end: {summary['correct']}/{summary['total']}; {json.dumps(summary)}")
 
 
-def write(args, results: list[dict]) -> None:
+def summarize(results: list[dict]) -> dict:
+    """Fraction correct, speedups of the correct ones, and the orchestrator's share of iteration time."""
+    speedups = [r["speedup"] for r in results if r.get("correct") and r.get("speedup")]
+    iteration_s = sum(sum(r.get("iteration_s", [])) for r in results)
+    overhead_s = sum(sum(r.get("overhead_s", [])) for r in results)
+    return {"correct": sum(1 for r in results if r.get("correct")), "total": len(results),
+            "speedup_geomean": statistics.geometric_mean(speedups) if speedups else None,
+            "speedup_median": statistics.median(speedups) if speedups else None,
+            "at_least_1x": sum(1 for s in speedups if s >= 1.0),
+            "overhead_fraction": overhead_s / iteration_s if iteration_s else None}
+
+
+def write(args, results: list[dict], wall_s: float) -> None:
     record = {"date": date.today().isoformat(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": str(torch.__version__), "triton": triton.__version__,
-              "settings": {"batch_size": args.batch_size, "iterations": args.iterations, "budget": args.budget,
-                           "model": "builtin"},
-              "correct": sum(1 for r in results if r.get("correct")), "total": len(results), "results": results}
+              "settings": {"sizes": args.set, "iterations": args.iterations, "budget": args.budget,
+                           "jobs": args.jobs, "workers": args.workers, "model": "builtin"},
+              "suite_wall_s": round(wall_s, 1), **summarize(results), "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1))
 

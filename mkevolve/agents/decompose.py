@@ -19,7 +19,6 @@ from mkevolve.verify.decomposition import CheckReport, check_decomposition
 from mkevolve.verify.executor import Executor, make_executor
 
 EXIT_OK, EXIT_FALLBACK = 0, 1
-CPU_WORKERS_DEFAULT = 2
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def decompose_command(args) -> int:
     problem = load_problem(args.problem)
     events = EventLog()
     client = make_client(config, events)
-    executor = make_executor(config.executor, config.workers or CPU_WORKERS_DEFAULT)
+    executor = make_executor(config.executor, config.workers)
     try:
         decomposition, report = decompose(problem.path, config, client, executor, events)
     finally:

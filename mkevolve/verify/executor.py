@@ -34,11 +34,18 @@ def visible_gpus() -> list[int]:
     return [int(x) for x in probe.stdout.split() if x.isdigit()]
 
 
-class LocalExecutor:
-    """One worker per visible GPU; on a machine without one, `cpu_workers` interpreter workers."""
+CPU_WORKERS_DEFAULT = 2
 
-    def __init__(self, cpu_workers: int = 2):
-        self.pool = WorkerPool(size=max(1, cpu_workers), gpus=visible_gpus())
+
+class LocalExecutor:
+    """`workers` worker subprocesses over the visible GPUs, or interpreter workers on a machine without one.
+
+    0 workers means the default: one per GPU, or CPU_WORKERS_DEFAULT on CPU.
+    """
+
+    def __init__(self, workers: int = 0):
+        gpus = visible_gpus()
+        self.pool = WorkerPool(size=workers or len(gpus) or CPU_WORKERS_DEFAULT, gpus=gpus)
         self.size = self.pool.size
 
     def run(self, job: Job) -> JobOutcome:
@@ -80,7 +87,7 @@ class RayExecutor:
         """The cluster outlives a run; nothing to release here."""
 
 
-def make_executor(kind: str, cpu_workers: int) -> Executor:
+def make_executor(kind: str, workers: int) -> Executor:
     if kind == "ray":
         return RayExecutor()
-    return LocalExecutor(cpu_workers)
+    return LocalExecutor(workers)

@@ -12,6 +12,7 @@ import torch
 
 from mkevolve.problem import build_model, call_inputs, import_file, load_problem, make_inputs
 from mkevolve.verify.correctness import fp32_strict
+from mkevolve.verify.gpu_share import gpu_alone
 
 IMPLEMENTATIONS = "subkernel_implementations"
 
@@ -60,15 +61,16 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0,
             model(*inputs)
         torch.cuda.synchronize()
         pending.clear()
-        for _ in range(runs):
-            model(*inputs)
-            torch.cuda.synchronize()
-            per_run: dict[str, float] = defaultdict(float)
-            for name, start, end in pending:
-                per_run[name] += start.elapsed_time(end)
-            pending.clear()
-            for name, ms in per_run.items():
-                totals[name].append(ms)
+        with gpu_alone():
+            for _ in range(runs):
+                model(*inputs)
+                torch.cuda.synchronize()
+                per_run: dict[str, float] = defaultdict(float)
+                for name, start, end in pending:
+                    per_run[name] += start.elapsed_time(end)
+                pending.clear()
+                for name, ms in per_run.items():
+                    totals[name].append(ms)
     return SubkernelProfile({n: statistics.median(v) for n, v in totals.items()})
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
 
+from mkevolve.verify.gpu_share import LOCK_ENV, lock_path
 from mkevolve.verify.result import Status
 
 _HEADER = struct.Struct("!Q")
@@ -157,16 +158,20 @@ def worker_env(device_index: int | None) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(device_index)
+        env[LOCK_ENV] = lock_path(device_index)
         env.pop("TRITON_INTERPRET", None)
     return env
 
 
 class WorkerPool:
-    """A fixed number of worker slots; a job takes a free slot, its worker starts on first use."""
+    """A fixed number of worker slots; a job takes a free slot, its worker starts on first use.
+
+    With GPUs, slots are dealt out over them in turn; several slots on one GPU share it (gpu_share.py).
+    """
 
     def __init__(self, size: int, gpus: list[int] | None = None):
         self.gpus = gpus or []
-        self.size = len(self.gpus) or size
+        self.size = max(1, size)
         self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
         self._slots: Queue[int] = Queue()
         self._workers: dict[int, Worker | None] = {}
@@ -198,11 +203,13 @@ class WorkerPool:
         if worker is not None:
             worker.kill()
         start = time.monotonic()
-        device = self.gpus[slot] if self.gpus else None
-        worker = Worker(worker_env(device), self._log_dir)
+        worker = Worker(worker_env(self.device_of(slot)), self._log_dir)
         with self._lock:
             self._workers[slot] = worker
         return worker, time.monotonic() - start
+
+    def device_of(self, slot: int) -> int | None:
+        return self.gpus[slot % len(self.gpus)] if self.gpus else None
 
     def close(self) -> None:
         for slot, worker in self._workers.items():

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from mkevolve.fsutil import write_atomic
+from mkevolve.verify.gpu_share import gpu_alone
 from mkevolve.verify.result import Timing
 
 WARMUP_RUNS = 10
@@ -36,7 +37,8 @@ def time_forward(forward: Callable[[], object], warmup: int = WARMUP_RUNS,
     """Time `forward()` on the current GPU: L2 flushed before each run, every stream joined.
 
     The end event is recorded after a device-wide synchronize, so work a forward leaves on a
-    side stream is inside the measured interval rather than silently outside it.
+    side stream is inside the measured interval rather than silently outside it. Warm-up runs (where
+    Triton and torch.compile compile) share the GPU with other workers; the timed runs have it alone.
     """
     flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     with torch.no_grad():
@@ -44,16 +46,17 @@ def time_forward(forward: Callable[[], object], warmup: int = WARMUP_RUNS,
             forward()
         torch.cuda.synchronize()
         times = []
-        for _ in range(runs):
-            flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            forward()
-            torch.cuda.synchronize()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+        with gpu_alone():
+            for _ in range(runs):
+                flush.zero_()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                forward()
+                torch.cuda.synchronize()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
     return summarize(times)
 
 

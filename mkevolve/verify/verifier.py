@@ -22,8 +22,6 @@ from mkevolve.verify.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.verify.sandbox import Job, JobOutcome
 
-CPU_WORKERS_DEFAULT = 2
-
 
 class Verifier:
     """Checks kernels against problems; owns the executor (worker pool) for a run's lifetime."""
@@ -33,7 +31,7 @@ class Verifier:
         self.config = config
         self.events = events or EventLog()
         self.baseline_cache_dir = baseline_cache_dir
-        self.executor = make_executor(config.executor, config.workers or CPU_WORKERS_DEFAULT)
+        self.executor = make_executor(config.executor, config.workers)
         self._device_name: str | None = None
         self.clock = BusyClock()  # shared with the LLM client by a run, to measure its own overhead
 

@@ -34,6 +34,7 @@ def _resolve(spec: str):
 
 
 def main() -> None:
+    from mkevolve.verify.gpu_share import job_on_gpu
     from mkevolve.verify.sandbox import receive_message, send_message
 
     stdin, out = _protocol_streams()
@@ -44,7 +45,8 @@ def main() -> None:
             return
         reply = {"value": None, "error": None}
         try:
-            reply["value"] = _resolve(job.fn)(**job.kwargs)
+            with job_on_gpu():
+                reply["value"] = _resolve(job.fn)(**job.kwargs)
         except Exception:
             # Job functions turn expected failures into verdicts; what escapes is reported to the
             # caller with its traceback rather than lost.

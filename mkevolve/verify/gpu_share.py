@@ -1,0 +1,98 @@
+"""Sharing one GPU among worker processes: untimed work runs side by side, timed runs have the GPU alone.
+
+Compiling and checking a kernel keeps the CPU busy and leaves the GPU mostly idle, so several workers
+per GPU finish a search sooner; but a kernel timed while another worker's kernel runs would be timed
+wrong. Every job therefore holds its GPU's lock shared, and a timed section trades that for the lock
+held alone. The locks are flock(2) files named after the physical GPU, so workers of different runs on
+one machine take turns too. A gate file gives timing priority: once a timer waits at the gate, no job
+starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import ContextManager, Iterator
+
+LOCK_ENV = "MKEVOLVE_GPU_LOCK"
+
+
+def lock_path(device_index: int) -> str:
+    """Where the lock files of physical GPU `device_index` live (one folder per machine)."""
+    return str(Path(tempfile.gettempdir()) / "mkevolve-gpu-locks" / f"gpu{device_index}")
+
+
+class GpuShare:
+    """A reader/writer lock across processes: `shared()` for a job, `alone()` for timed runs."""
+
+    def __init__(self, path: str):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._gate = os.open(f"{path}.gate", os.O_RDWR | os.O_CREAT, 0o666)
+        self._gpu = os.open(f"{path}.gpu", os.O_RDWR | os.O_CREAT, 0o666)
+        self._holding_shared = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        self._take_shared()
+        try:
+            yield
+        finally:
+            self._drop()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Nothing else runs on this GPU inside; a shared hold of this process is given up meanwhile."""
+        resume_shared = self._holding_shared
+        if resume_shared:
+            self._drop()
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._gpu, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._gpu, fcntl.LOCK_UN)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+            if resume_shared:
+                self._take_shared()
+
+    def _take_shared(self) -> None:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._gpu, fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        self._holding_shared = True
+
+    def _drop(self) -> None:
+        fcntl.flock(self._gpu, fcntl.LOCK_UN)
+        self._holding_shared = False
+
+
+_shares: dict[str, GpuShare] = {}
+
+
+def _process_share() -> GpuShare | None:
+    """This worker's GPU lock; None where it was started without one (CPU, or outside a worker)."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        return None
+    if path not in _shares:
+        _shares[path] = GpuShare(path)
+    return _shares[path]
+
+
+def job_on_gpu() -> ContextManager:
+    """Held by a worker around each job."""
+    share = _process_share()
+    return share.shared() if share else nullcontext()
+
+
+def gpu_alone() -> ContextManager:
+    """Held around timed runs."""
+    share = _process_share()
+    return share.alone() if share else nullcontext()

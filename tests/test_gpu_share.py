@@ -1,0 +1,106 @@
+"""The GPU lock that lets several workers share one GPU: shared holds coexist, timed runs wait for them
+and go first. flock locks belong to an open file, so two GpuShare objects conflict like two processes."""
+
+import threading
+import time
+
+from mkevolve.verify.executor import LocalExecutor
+from mkevolve.verify.gpu_share import LOCK_ENV, GpuShare
+from mkevolve.verify.sandbox import WorkerPool, worker_env
+
+
+def _in_thread(work) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+
+    def body():
+        work()
+        done.set()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def _enter(lock) -> None:
+    """Takes a lock and keeps it until the test's locks are closed."""
+    lock.__enter__()
+
+
+def test_shared_holds_coexist(tmp_path):
+    a, b = GpuShare(str(tmp_path / "gpu0")), GpuShare(str(tmp_path / "gpu0"))
+
+    def both_shared():
+        with b.shared():
+            pass
+
+    with a.shared():
+        _, done = _in_thread(both_shared)
+        assert done.wait(5), "a second shared hold blocked behind the first"
+
+
+def test_timed_runs_wait_for_shared_work(tmp_path):
+    a, b = GpuShare(str(tmp_path / "gpu0")), GpuShare(str(tmp_path / "gpu0"))
+
+    def timed():
+        with b.alone():
+            pass
+
+    with a.shared():
+        _, done = _in_thread(timed)
+        assert not done.wait(0.3), "alone() entered while another job held the GPU"
+    assert done.wait(5)
+
+
+def test_a_waiting_timer_goes_before_new_jobs(tmp_path):
+    path = str(tmp_path / "gpu0")
+    holder, timer, newcomer = GpuShare(path), GpuShare(path), GpuShare(path)
+    order: list[str] = []
+
+    def timed():
+        with timer.alone():
+            order.append("timer")
+
+    def job():
+        with newcomer.shared():
+            order.append("job")
+
+    with holder.shared():
+        _, timer_done = _in_thread(timed)
+        time.sleep(0.2)  # the timer now waits at the gate
+        _, job_done = _in_thread(job)
+        time.sleep(0.2)
+        assert order == []
+    assert timer_done.wait(5) and job_done.wait(5)
+    assert order == ["timer", "job"]
+
+
+def test_alone_inside_a_job_gives_up_the_shared_hold_and_takes_it_back(tmp_path):
+    path = str(tmp_path / "gpu0")
+    worker, other = GpuShare(path), GpuShare(path)
+    with worker.shared():
+        with worker.alone():
+            _, done = _in_thread(lambda: _enter(other.shared()))
+            assert not done.wait(0.3), "a job started while the GPU was held alone"
+        assert done.wait(5)
+        _, timer_done = _in_thread(lambda: _enter(other.alone()))
+        assert not timer_done.wait(0.3), "the shared hold was not taken back after alone()"
+
+
+def test_gpu_workers_get_a_lock_per_gpu_and_cpu_workers_none():
+    assert worker_env(None).get(LOCK_ENV) is None
+    assert worker_env(0)[LOCK_ENV] != worker_env(1)[LOCK_ENV]
+
+
+def test_slots_are_dealt_over_the_gpus_in_turn():
+    pool = WorkerPool(size=5, gpus=[0, 1])
+    assert [pool.device_of(s) for s in range(5)] == [0, 1, 0, 1, 0]
+    assert WorkerPool(size=2).device_of(1) is None
+
+
+def test_worker_count_defaults(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert LocalExecutor(0).size == 2
+    assert LocalExecutor(3).size == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert LocalExecutor(0).size == 2
+    assert LocalExecutor(6).size == 6
