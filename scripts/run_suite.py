@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -41,13 +42,21 @@ def scaled_copy(problem: Path, sizes: dict[str, int], folder: Path) -> Path:
     return target
 
 
+def run_env(args) -> dict[str, str]:
+    """Concurrent runs split the cores: torch.compile would otherwise start a compile pool of all of them
+    in every worker of every run."""
+    workers = args.jobs * (args.workers or max(1, torch.cuda.device_count()))
+    return {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
 def run_one(problem: Path, args, out: Path) -> dict:
     command = [sys.executable, "-m", "mkevolve", "run", str(problem), "--out", str(out),
                "--iterations", str(args.iterations), "--budget", str(args.budget), "--timeout", "600",
                "--workers", str(args.workers)]
     started = time.perf_counter()
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.problem_timeout)
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.problem_timeout,
+                              env=run_env(args))
     except subprocess.TimeoutExpired:
         return {"problem": problem.name, "exit": None, "wall_s": round(time.perf_counter() - started, 1),
                 "correct": False, "error": f"stopped after --problem-timeout {args.problem_timeout} s"}
