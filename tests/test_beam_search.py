@@ -240,8 +240,9 @@ def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
             raise UnsupportedSubproblem(unsupported)
         return count
 
-    def generate_kernel(problem_path, variant=0, target="cuda"):
-        return _Generated(f"# fixture: v{variant}\n# target {target}\n", "ieee", variant, "Template kernel")
+    def generate_kernel(problem_path, variant=0, target="cuda", mode=None):
+        return _Generated(f"# fixture: v{variant}\n# target {target}\n# mode {mode}\n", "ieee", variant,
+                          "Template kernel")
 
     module.UnsupportedSubproblem, module.variant_count, module.generate_kernel = (
         UnsupportedSubproblem, variant_count, generate_kernel)
@@ -251,7 +252,9 @@ def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
 def test_builtin_task_replies_with_a_variant_then_says_when_none_is_left(monkeypatch):
     _fake_generator(monkeypatch, count=2)
     task = KernelTask(kind=PromptKind.REFINE, problem_path=PROBLEM, variant=1, target="cpu")
-    assert extract_code(task.builtin_reply()) == "# fixture: v1\n# target cpu\n"
+    assert extract_code(task.builtin_reply()) == "# fixture: v1\n# target cpu\n# mode train\n"
+    in_eval = KernelTask(PromptKind.REFINE, PROBLEM, variant=1, target="cpu", eval_mode=True).builtin_reply()
+    assert "# mode eval" in extract_code(in_eval)
     exhausted = KernelTask(PromptKind.REFINE, PROBLEM, variant=2, target="cpu").builtin_reply()
     assert "all 2 have been tried" in exhausted
     with pytest.raises(ReplyFormatError):

@@ -34,10 +34,10 @@ def _outputs(result) -> list[torch.Tensor]:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-def _assert_matches(stem: str, generated: GeneratedKernel, tmp_path: Path, eval_mode: bool = False) -> None:
+def _assert_matches(path: Path, generated: GeneratedKernel, tmp_path: Path, eval_mode: bool = False) -> None:
     """Model and ModelNew built with the same seed, run on the same seeded inputs under every config."""
-    module = _import_generated(generated, tmp_path, f"{stem}_v{generated.variant}")
-    problem = load_problem(SUBPROBLEMS / f"{stem}.py")
+    module = _import_generated(generated, tmp_path, f"{path.stem}_v{generated.variant}")
+    problem = load_problem(path)
     torch.backends.cuda.matmul.allow_tf32 = False
     for config in problem.configs:
         init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
@@ -60,7 +60,8 @@ def _assert_matches(stem: str, generated: GeneratedKernel, tmp_path: Path, eval_
 
 @pytest.mark.parametrize("stem", SUPPORTED)
 def test_generated_kernel_matches_reference(stem, tmp_path):
-    _assert_matches(stem, generate_kernel(SUBPROBLEMS / f"{stem}.py", 0, TARGET), tmp_path)
+    path = SUBPROBLEMS / f"{stem}.py"
+    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
 
 
 @pytest.mark.parametrize("stem", ["linear_gelu", "conv2d_bias_relu", "softmax", "groupnorm"])
@@ -71,7 +72,7 @@ def test_every_variant_is_correct(stem, tmp_path):
     for variant in range(count):
         generated = generate_kernel(path, variant, TARGET)
         assert generated.variant == variant
-        _assert_matches(stem, generated, tmp_path)
+        _assert_matches(path, generated, tmp_path)
 
 
 def test_gemm_variants_state_their_precision():
@@ -99,7 +100,8 @@ def test_cuda_target_autotunes_and_sets_dot_precision():
 
 @pytest.mark.parametrize("eval_mode", [False, True])
 def test_batchnorm_uses_batch_or_running_statistics(eval_mode, tmp_path):
-    _assert_matches("batchnorm2d", generate_kernel(SUBPROBLEMS / "batchnorm2d.py", 0, TARGET), tmp_path, eval_mode)
+    path = SUBPROBLEMS / "batchnorm2d.py"
+    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path, eval_mode)
 
 
 def test_batchnorm_training_updates_running_statistics(tmp_path):
@@ -131,6 +133,48 @@ def test_lstm_is_unsupported_with_a_clear_message():
         generate_kernel(SUBPROBLEMS / "lstm.py", 0, TARGET)
     with pytest.raises(UnsupportedSubproblem, match="LSTM"):
         variant_count(SUBPROBLEMS / "lstm.py", TARGET)
+
+
+DROPOUT = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, features, p):
+        super().__init__()
+        self.fc = nn.Linear(features, features)
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x):
+        x = F.dropout(self.fc(x), p=0.5, training=False)
+        return torch.relu(self.dropout(x))
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return [16, 0.2]
+"""
+
+
+def test_dropout_in_training_mode_gets_no_kernel_and_says_why(tmp_path):
+    path = tmp_path / "linear_dropout.py"
+    path.write_text(DROPOUT)
+    with pytest.raises(UnsupportedSubproblem, match=r"Dropout with p=0\.2 in training mode .*--eval"):
+        generate_kernel(path, 0, TARGET, mode="train")
+    module = _import_generated(generate_kernel(path, 0, TARGET), tmp_path, "both_modes")
+    with pytest.raises(NotImplementedError, match="training mode"):
+        module.ModelNew(16, 0.2).to(DEVICE)(torch.randn(4, 16, device=DEVICE))
+
+
+def test_dropout_in_eval_mode_and_functional_dropout_turned_off_are_the_identity(tmp_path):
+    path = tmp_path / "linear_dropout.py"
+    path.write_text(DROPOUT)
+    _assert_matches(path, generate_kernel(path, 0, TARGET, mode="eval"), tmp_path, eval_mode=True)
 
 
 def test_unknown_target_and_variant_are_rejected():

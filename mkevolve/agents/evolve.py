@@ -51,6 +51,7 @@ class KernelTask:
     problem_path: Path
     variant: int          # the builtin agent's template variant: each request of a subproblem tries the next
     target: str           # "cuda", or "cpu" when kernels run under the Triton interpreter
+    eval_mode: bool = False   # the module mode the verifier compares in
 
     def builtin_reply(self) -> str:
         from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
@@ -59,7 +60,8 @@ class KernelTask:
             count = variant_count(self.problem_path, self.target)
             if self.variant >= count:
                 return render("builtin_kernel_reply.j2", kernel=None, unsupported=None, count=count)
-            kernel = generate_kernel(self.problem_path, variant=self.variant, target=self.target)
+            kernel = generate_kernel(self.problem_path, variant=self.variant, target=self.target,
+                                     mode="eval" if self.eval_mode else "train")
         except UnsupportedSubproblem as err:
             return render("builtin_kernel_reply.j2", kernel=None, unsupported=str(err), count=0)
         return render("builtin_kernel_reply.j2", kernel=kernel, unsupported=None, count=count)
@@ -156,7 +158,7 @@ class KernelAgent:
     def request(self, parent: Candidate | None, seq: int) -> LLMRequest:
         kind = self.kind_for(parent)
         task = KernelTask(kind=kind, problem_path=self.problem_path, variant=seq,
-                          target="cpu" if self.device == "cpu" else "cuda")
+                          target="cpu" if self.device == "cpu" else "cuda", eval_mode=self.config.eval_mode)
         # The sample is the candidate's sequence number: no two requests of a subproblem share a cache key.
         return LLMRequest(agent=kind.value, prompt=self.prompt(kind, parent), subproblem=self.subproblem,
                           task=task, sample=seq)

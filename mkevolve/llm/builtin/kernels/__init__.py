@@ -13,9 +13,11 @@ from .errors import UnsupportedSubproblem
 from .generate import GeneratedKernel, generate, variant_total
 
 
-def generate_kernel(problem_path: str | Path, variant: int = 0, target: str = "cuda") -> GeneratedKernel:
-    """The ModelNew source for one variant; raises UnsupportedSubproblem for ops without a template."""
-    return generate(problem_path, variant, target)
+def generate_kernel(problem_path: str | Path, variant: int = 0, target: str = "cuda",
+                    mode: str | None = None) -> GeneratedKernel:
+    """The ModelNew source for one variant; raises UnsupportedSubproblem for ops without a template, or
+    where `mode` ("train", "eval") is given and that module mode cannot get kernels."""
+    return generate(problem_path, variant, target, mode)
 
 
 def variant_count(problem_path: str | Path, target: str = "cuda") -> int:

@@ -15,11 +15,11 @@ from .emit_matmul import emit_matmul
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool
 from .emit_rows import emit_rows
-from .errors import UnsupportedSubproblem
+from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .lower import lower
 from .module_source import ForwardWriter, ModeForward, ProblemSource, assemble
 from .plan import KernelPlan, Plan, plan
-from .trace import trace_problem
+from .trace import MODES, trace_problem
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class Analysis:
     """Everything about a subproblem that does not depend on the variant."""
 
     problem: ProblemSource
-    plans: dict[str, Plan]               # per module mode (train, eval)
+    plans: dict[str, Plan]               # per module mode (train, eval) that gets kernels
+    unsupported: dict[str, str]          # per module mode that cannot: the reason
 
     @property
     def uses_dot(self) -> bool:
@@ -55,9 +56,15 @@ def analyse(problem_path: str | Path) -> Analysis:
     if key not in _CACHE:
         problem = load_problem(path)
         source = ProblemSource.parse(path, problem.source)
-        programs = {mode: lower(trace) for mode, trace in trace_problem(problem).items()}
-        plans = {mode: plan(program) for mode, program in programs.items()}
-        _CACHE[key] = Analysis(source, plans)
+        plans, unsupported = {}, {}
+        for mode, trace in trace_problem(problem).items():
+            try:
+                plans[mode] = plan(lower(trace))
+            except UnsupportedInMode as err:
+                unsupported[mode] = str(err)
+        if not plans:
+            raise UnsupportedSubproblem("; ".join(dict.fromkeys(unsupported.values())))
+        _CACHE[key] = Analysis(source, plans, unsupported)
     return _CACHE[key]
 
 
@@ -73,8 +80,11 @@ def emit_kernel(kernel: KernelPlan, name: str, variant: Variant, plan_: Plan) ->
     return emitters[kernel.kind](kernel, name, variant, plan_.program)
 
 
-def generate(problem_path: str | Path, variant: int, target: str) -> GeneratedKernel:
+def generate(problem_path: str | Path, variant: int, target: str, mode: str | None = None) -> GeneratedKernel:
+    """One variant's ModelNew; `mode` ("train" or "eval"), where given, must be one that gets kernels."""
     analysis = analyse(problem_path)
+    if mode in analysis.unsupported:
+        raise UnsupportedSubproblem(analysis.unsupported[mode])
     variants = variants_for(target, analysis.uses_dot)
     if not 0 <= variant < len(variants):
         raise ValueError(f"variant {variant} out of range: this subproblem has {len(variants)} variants "
@@ -83,7 +93,11 @@ def generate(problem_path: str | Path, variant: int, target: str) -> GeneratedKe
     sources: dict[str, KernelSource] = {}
     forwards = []
     arg_names = analysis.problem.forward_arg_names()
-    for mode, mode_plan in analysis.plans.items():
+    for mode in MODES:
+        if mode in analysis.unsupported:
+            forwards.append(ModeForward(mode, [f"raise NotImplementedError({analysis.unsupported[mode]!r})"]))
+            continue
+        mode_plan = analysis.plans[mode]
         launches = {k.root.id: _named(k, chosen, mode_plan, sources) for k in mode_plan.kernels}
         forwards.append(ModeForward(mode, ForwardWriter(mode_plan, launches, arg_names).write()))
     if all(f.lines == forwards[0].lines for f in forwards):

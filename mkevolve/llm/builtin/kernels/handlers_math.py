@@ -10,7 +10,7 @@ from torch import nn
 
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
-from .errors import UnsupportedSubproblem
+from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .ir import Assign, IntOp, Param, Scalar, Value
 
 # --- elementwise ------------------------------------------------------------------------------------
@@ -144,7 +144,20 @@ def _with_attrs(op: str, **defaults) -> Handler:
 
 
 def _identity(b: Builder, call: Call):
-    """Dropout (identity at inference), copies, and `.to`/`.float`: the caller checks the dtype stays float32."""
+    """Copies, and `.to`/`.float`: the caller checks the dtype stays float32."""
+    return call.arg(0, "input")
+
+
+def _dropout(b: Builder, call: Call):
+    """The identity where dropout is off (eval mode, or p = 0). Where it is on, the reference draws its mask
+    from torch's random stream, which a generated kernel cannot reproduce, so that mode gets no kernel."""
+    if call.modules:
+        p, active = call.module_attr("p"), call.module.training
+    else:
+        p, active = call.arg(1, "p", 0.5), call.arg(2, "training", call.kwargs.get("train", True))
+    if active and not (isinstance(p, (int, float)) and p == 0):
+        raise UnsupportedInMode(f"{call.name} with p={p} in training mode draws its mask from torch's random "
+                                "stream, which a generated kernel cannot reproduce; compare in eval mode (--eval)")
     return call.arg(0, "input")
 
 
@@ -520,8 +533,8 @@ FUNCTIONS.update({
     "leaky_relu": _with_attrs("leaky_relu", slope=0.01),
     "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
-    "dropout": _identity, "dropout1d": _identity, "dropout2d": _identity, "dropout3d": _identity,
-    "alpha_dropout": _identity, "feature_alpha_dropout": _identity, "native_dropout": _identity,
+    "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
+    "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,
     "contiguous": _identity, "clone": _identity, "detach": _identity, "positive": _identity,
     "to": _identity, "float": _identity, "type": _identity, "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
@@ -543,8 +556,8 @@ MODULES.update({
     nn.Hardtanh: _module_op("hardtanh", low="min_val", high="max_val"),
     nn.Threshold: _module_op("threshold", threshold="threshold", value="value"),
     nn.Softshrink: _module_op("softshrink", lambd="lambd"), nn.Hardshrink: _module_op("hardshrink", lambd="lambd"),
-    nn.Dropout: _identity, nn.Dropout1d: _identity, nn.Dropout2d: _identity, nn.Dropout3d: _identity,
-    nn.AlphaDropout: _identity, nn.FeatureAlphaDropout: _identity, nn.Identity: _identity,
+    nn.Dropout: _dropout, nn.Dropout1d: _dropout, nn.Dropout2d: _dropout, nn.Dropout3d: _dropout,
+    nn.AlphaDropout: _dropout, nn.FeatureAlphaDropout: _dropout, nn.Identity: _identity,
     nn.Softmax: _softmax_module(False), nn.LogSoftmax: _softmax_module(True),
     nn.LayerNorm: _layer_norm_module, nn.GroupNorm: _group_norm_module,
     nn.BatchNorm1d: _batch_norm_module, nn.BatchNorm2d: _batch_norm_module, nn.BatchNorm3d: _batch_norm_module,

@@ -268,7 +268,7 @@ def _model_new(problem: ProblemSource, forwards: list[ModeForward]) -> str:
     else:
         train, evaluation = forwards
         methods.append(f"def forward({args}):\n"
-                       "    # batch statistics in training mode, running statistics in eval mode\n"
+                       "    # the module modes differ (batch or running statistics, dropout on or off)\n"
                        f"    if self.training:\n        return self._forward_train({call})\n"
                        f"    return self._forward_eval({call})")
         methods.append(f"def _forward_train({args}):\n" + _body(train.lines))
