@@ -52,7 +52,7 @@ def run_env(args) -> dict[str, str]:
 def run_one(problem: Path, args, out: Path) -> dict:
     command = [sys.executable, "-m", "mkevolve", "run", str(problem), "--out", str(out),
                "--iterations", str(args.iterations), "--budget", str(args.budget), "--timeout", "600",
-               "--workers", str(args.workers)]
+               "--workers", str(args.workers)] + (["--eval"] if args.eval else [])
     started = time.perf_counter()
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.problem_timeout,
@@ -94,8 +94,14 @@ def main() -> None:
     parser.add_argument("--problem-timeout", type=float, default=900)
     parser.add_argument("--jobs", type=int, default=1, help="problems run at once")
     parser.add_argument("--workers", type=int, default=0, help="evaluation workers per run (0: default)")
+    parser.add_argument("--eval", action="store_true", help="compare modules in eval mode (mkevolve run --eval)")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="combine earlier result files (parts of one suite) into --out, and run nothing")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "run_suite")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, Path(args.out))
+        return
     problems = args.problems or sorted((ROOT / "problems" / "level2").glob("*.py"))
     (args.work / "problems").mkdir(parents=True, exist_ok=True)
     sizes = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
@@ -133,10 +139,24 @@ def write(args, results: list[dict], wall_s: float) -> None:
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": str(torch.__version__), "triton": triton.__version__,
               "settings": {"sizes": args.set, "iterations": args.iterations, "budget": args.budget,
-                           "jobs": args.jobs, "workers": args.workers, "model": "builtin"},
+                           "jobs": args.jobs, "workers": args.workers, "eval": args.eval,
+                           "model": "builtin"},
               "suite_wall_s": round(wall_s, 1), **summarize(results), "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+def merge(parts: list[Path], out: Path) -> None:
+    """One record for a suite run in parts (say, on two machines): each part keeps its settings and wall time."""
+    records = [json.loads(p.read_text()) for p in parts]
+    results = sorted((r for record in records for r in record["results"]), key=lambda r: r["problem"])
+    kept = ("date", "device", "torch", "triton", "settings", "suite_wall_s")
+    merged = {"parts": [{k: record.get(k) for k in kept} | {"problems": [r["problem"] for r in record["results"]]}
+                        for record in records],
+              **summarize(results), "results": results}
+    out.write_text(json.dumps(merged, indent=1))
+    print(f"merged {len(results)} problems from {len(parts)} parts into {out}: "
+          f"{merged['correct']}/{merged['total']} correct")
 
 
 if __name__ == "__main__":
