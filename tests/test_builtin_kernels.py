@@ -13,6 +13,7 @@ import torch
 
 from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import call_inputs, import_file, load_problem
+from mkevolve.verify.correctness import fp32_strict
 
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def _assert_matches(path: Path, generated: GeneratedKernel, tmp_path: Path, eval
     """Model and ModelNew built with the same seed, run on the same seeded inputs under every config."""
     module = _import_generated(generated, tmp_path, f"{path.stem}_v{generated.variant}")
     problem = load_problem(path)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    fp32_strict()  # on a GPU, cuDNN's convolutions would otherwise use TF32
     for config in problem.configs:
         init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
         torch.manual_seed(0)
