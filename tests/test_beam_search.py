@@ -269,16 +269,19 @@ def test_builtin_task_explains_an_unsupported_subproblem_in_prose(monkeypatch):
         extract_code(reply)
 
 
-def test_builtin_model_gives_each_request_the_next_variant(tmp_path, monkeypatch):
-    _fake_generator(monkeypatch, count=2)
-    verdicts = {"v0": EvalResult(status=Status.INCORRECT, max_abs_err=1.0, max_rel_err=1.0),
-                "v1": EvalResult(status=Status.OK)}
+def test_builtin_model_gives_each_request_the_next_variant(tmp_path):
+    """The real generator, answered in a worker: relu_shift has three CPU variants, so a fourth request
+    gets no code."""
+    verdicts = {"cpu-single-block-rows": EvalResult(status=Status.INCORRECT, max_abs_err=1.0, max_rel_err=1.0),
+                "cpu-looped-rows": EvalResult(status=Status.OK), "cpu-split-rows": EvalResult(status=Status.OK)}
     config = RunConfig(model="builtin", beam_width=2)
     client = make_client(config, cache_dir=tmp_path / "cache")
-    beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 4, FakeVerifier(verdicts, device_name="cpu"),
-                         client, config, tmp_path / "candidates")
-    assert [m.id for m in beam.members] == ["c0001", "c0000"]  # c0002, c0003: no variant left, no code
-    assert "all 2 have been tried" in saved(tmp_path, "c0002")["reply_excerpt"]
+    verifier = FakeVerifier(verdicts, device_name="cpu")
+    beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 4, verifier, client, config,
+                         tmp_path / "candidates")
+    assert verifier.checked == ["cpu-single-block-rows", "cpu-looped-rows", "cpu-split-rows"]
+    assert [m.id for m in beam.members] == ["c0001", "c0002"]  # passing, older first on CPU
+    assert "all 3 have been tried" in saved(tmp_path, "c0003")["reply_excerpt"]
     assert saved(tmp_path, "c0002")["kind"] == "refine" and saved(tmp_path, "c0003")["kind"] == "debug"
     assert client.cache is None and not (tmp_path / "cache").exists()
 

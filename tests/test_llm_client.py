@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -206,12 +207,32 @@ class _Task:
         return "```python\nx = 1\n```"
 
 
-def test_builtin_answers_from_the_task_and_needs_one(tmp_path):
+def test_builtin_answers_from_the_task_and_needs_one(tmp_path, monkeypatch):
+    # the task is answered in a worker subprocess, which must be able to import this module
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent))
     client = make_client(RunConfig(model="builtin"), cache_dir=tmp_path / "cache")
     assert client.complete(LLMRequest("generate", "p", task=_Task())).text == "```python\nx = 1\n```"
     with pytest.raises(ValueError, match="carries no task"):
         client.complete(LLMRequest("split", "p"))
     assert client.cache is None
+
+
+class _PidTask:
+    def builtin_reply(self) -> str:
+        return str(os.getpid())
+
+
+class _FailingTask:
+    def builtin_reply(self) -> str:
+        raise RuntimeError("no template for scatter")
+
+
+def test_builtin_answers_in_a_worker_and_reports_its_failures(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent))
+    client = make_client(RunConfig(model="builtin"), retry=RetryPolicy(attempts=1, base_delay_s=0.0))
+    assert client.complete(LLMRequest("generate", "p", task=_PidTask())).text != str(os.getpid())
+    failed = client.complete(LLMRequest("generate", "p", task=_FailingTask()))
+    assert failed.error.startswith("builtin agent:") and "no template for scatter" in failed.error
 
 
 def _answer_when_asked(root: Path, reply: str, stop: threading.Event) -> None:

@@ -6,6 +6,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -14,8 +15,9 @@ import yaml
 
 from mkevolve.config import ConfigError
 from mkevolve.fsutil import write_atomic
-from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
+from mkevolve.llm.types import BuiltinTask, LLMRequest, LLMResponse, TokenUsage
 from mkevolve.prompts import render
+from mkevolve.verify.sandbox import Job, WorkerPool
 
 # A key that overrides the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...), and an API
 # base used when the config names none.
@@ -47,10 +49,18 @@ class Provider(Protocol):
 
 
 class BuiltinProvider:
-    """The deterministic offline agent: the task object carried by the request answers it."""
+    """The deterministic offline agent: the task object carried by the request answers it.
+
+    Answering imports and traces problem and subproblem files, which a model may have written (a run
+    resumed with another model, say), so it happens in a worker subprocess like every evaluation.
+    """
 
     name = "builtin"
     cacheable = False  # free, and its reply depends on the task object, which the cache key leaves out
+
+    def __init__(self):
+        self._workers = WorkerPool(size=1)  # no GPU: tracing runs on the meta device
+        weakref.finalize(self, self._workers.close)
 
     def check(self) -> None:
         return None
@@ -58,7 +68,18 @@ class BuiltinProvider:
     def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
         if request.task is None:
             raise ValueError(f"builtin provider: the '{request.agent}' request carries no task to answer")
-        return LLMResponse(text=request.task.builtin_reply())
+        outcome = self._workers.run(Job("mkevolve.llm.providers:answer_task", {"task": request.task}, timeout))
+        if not outcome.ok:
+            raise LLMCallError(f"builtin agent: {outcome.reason}")
+        return LLMResponse(text=outcome.value)
+
+    def close(self) -> None:
+        self._workers.close()
+
+
+def answer_task(task: BuiltinTask) -> str:
+    """Worker job: the builtin agent's reply to one task."""
+    return task.builtin_reply()
 
 
 _FAILURES = {
