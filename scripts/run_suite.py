@@ -137,6 +137,7 @@ def summarize(results: list[dict]) -> dict:
 def write(args, results: list[dict], wall_s: float) -> None:
     record = {"date": date.today().isoformat(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(),
               "torch": str(torch.__version__), "triton": triton.__version__,
               "settings": {"sizes": args.set, "iterations": args.iterations, "budget": args.budget,
                            "jobs": args.jobs, "workers": args.workers, "eval": args.eval,
@@ -150,7 +151,7 @@ def merge(parts: list[Path], out: Path) -> None:
     """One record for a suite run in parts (say, on two machines): each part keeps its settings and wall time."""
     records = [json.loads(p.read_text()) for p in parts]
     results = sorted((r for record in records for r in record["results"]), key=lambda r: r["problem"])
-    kept = ("date", "device", "torch", "triton", "settings", "suite_wall_s")
+    kept = ("date", "device", "gpus", "cpus", "torch", "triton", "settings", "suite_wall_s")
     merged = {"parts": [{k: record.get(k) for k in kept} | {"problems": [r["problem"] for r in record["results"]]}
                         for record in records],
               **summarize(results), "results": results}
