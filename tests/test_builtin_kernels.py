@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.llm.builtin.kernels.cleanup import drop_unused_assignments
 from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 
@@ -216,6 +217,30 @@ def test_forward_only_launches_kernels_and_views(stem):
                 method = node.func.attr
                 assert method in VIEW_METHODS or method.startswith("_forward_"), f"{stem}: forward calls .{method}"
     assert launches >= 1
+
+
+def _unread_locals(source: str) -> list[str]:
+    unread = []
+    for function in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)):
+        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        unread += [f"{function.name}: {t.id}" for n in ast.walk(function) if isinstance(n, ast.Assign)
+                   for t in n.targets if isinstance(t, ast.Name) and t.id not in read]
+    return unread
+
+
+@pytest.mark.parametrize("stem", SUPPORTED)
+def test_generated_code_computes_nothing_it_does_not_read(stem):
+    path = SUBPROBLEMS / f"{stem}.py"
+    for target in ("cuda", "cpu"):
+        for variant in range(variant_count(path, target)):
+            assert _unread_locals(generate_kernel(path, variant, target).source) == []
+
+
+def test_cleanup_keeps_side_effects_and_never_empties_a_block():
+    source = ("def f(n):\n    unused = tl.minimum(n, 4)\n    kept = launch[grid](n)\n"
+              "    for i in range(n):\n        only = i * 2\n    return n\n")
+    cleaned = drop_unused_assignments(source)
+    assert "unused" not in cleaned and "kept = launch[grid](n)" in cleaned and "only = i * 2" in cleaned
 
 
 def test_helper_module_forward_is_not_copied():

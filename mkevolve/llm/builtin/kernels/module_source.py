@@ -6,6 +6,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cleanup import drop_unused_assignments
 from .emit_common import KernelSource
 from .errors import UnsupportedSubproblem
 from .ir import Input, IntOp, Param, Scalar, SizeOf, Value, View
@@ -249,7 +250,7 @@ def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list
              SHAPE_HELPERS.rstrip()]
     parts += [text.rstrip() for text in helpers.values()]
     for kernel in kernels:
-        parts += [kernel.kernel.rstrip(), kernel.launcher.rstrip()]
+        parts += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
     if support:
         parts.append(support)
     parts.append(_model_new(problem, forwards))
