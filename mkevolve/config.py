@@ -39,7 +39,7 @@ class RunConfig:
     trials: int = _opt(5, "random input sets per correctness check")
     timeout: float = _opt(300.0, "seconds one evaluation may take before its worker is killed")
     eval_mode: bool = _opt(False, "compare modules in eval mode (running stats, no dropout)", flag="--eval")
-    workers: int = _opt(0, "evaluation workers (0: one per GPU, or 2 on CPU); several per GPU take turns for timed runs")
+    workers: int = _opt(0, "evaluation workers (0: one per GPU, or 2 on CPU); several per GPU share it")
     executor: str = _opt("local", "where evaluations run: local or ray", choices=("local", "ray"))
     llm_parallel: int = _opt(8, "LLM calls in flight at once")
     llm_timeout: float = _opt(600.0, "seconds one LLM call may take")

@@ -7,8 +7,8 @@
 Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
 script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4), then times the
 best correct variant and torch.compile(Model) the way the verifier does (`verify.timing.time_forward`:
-CUDA events, 10 warm-ups, 100 timed runs, L2 flushed before each, every stream joined, median). The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with
-FLOPs and the minimum bytes (every input and parameter read once, every output written once) counted by
+CUDA events, 10 warm-ups, 100 timed runs, L2 flushed before each, every stream joined, median). The
+roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with FLOPs and the minimum bytes (every input and parameter read once, every output written once) counted by
 hand per case. `--check` instead verifies every variant of the given problem files, without timing.
 """
 

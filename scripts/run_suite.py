@@ -78,7 +78,8 @@ def run_one(problem: Path, args, out: Path) -> dict:
         "e2e_per_iteration": [(h["e2e_status"], h["e2e_speedup"]) for h in state["history"]],
         "iteration_s": [e["seconds"] for e in iterations],
         "overhead_s": [e["overhead_s"] for e in iterations],
-        "failure": None if best is not None else (state["history"][-1]["e2e_reason"] if state["history"] else "no iteration"),
+        "failure": None if best is not None else
+        (state["history"][-1]["e2e_reason"] if state["history"] else "no iteration"),
     })
     return record
 

@@ -73,9 +73,6 @@ class BuiltinProvider:
             raise LLMCallError(f"builtin agent: {outcome.reason}")
         return LLMResponse(text=outcome.value)
 
-    def close(self) -> None:
-        self._workers.close()
-
 
 def answer_task(task: BuiltinTask) -> str:
     """Worker job: the builtin agent's reply to one task."""
