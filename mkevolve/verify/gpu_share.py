@@ -30,8 +30,8 @@ class GpuShare:
 
     def __init__(self, path: str):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._gate = os.open(f"{path}.gate", os.O_RDWR | os.O_CREAT, 0o666)
-        self._gpu = os.open(f"{path}.gpu", os.O_RDWR | os.O_CREAT, 0o666)
+        self._gate = os.open(f"{path}.gate", os.O_RDONLY | os.O_CREAT, 0o666)
+        self._gpu = os.open(f"{path}.gpu", os.O_RDONLY | os.O_CREAT, 0o666)
         self._holding_shared = False
 
     @contextmanager
