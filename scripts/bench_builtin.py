@@ -30,6 +30,7 @@ import triton
 
 from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import import_file, load_problem
+from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.result import Timing
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 
@@ -311,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         sys.exit("bench_builtin.py needs a CUDA GPU (torch.cuda.is_available() is False); "
                  "on a CPU, run tests/test_builtin_kernels.py instead")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    fp32_strict()
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,

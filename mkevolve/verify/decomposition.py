@@ -41,6 +41,7 @@ from mkevolve.problem import (
     make_inputs,
     seed_everything,
 )
+from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.executor import Executor
 from mkevolve.verify.sandbox import Job, JobOutcome
 
@@ -520,8 +521,7 @@ class _Run:
         self.instances: list[_Instance] = []
         self.top_level_ops: list[str] = []
         self.runtime_impurities: list[str] = []
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        fp32_strict()
 
     def all_checks(self, static_impurities: list[str]) -> list[CheckResult]:
         try:
