@@ -177,7 +177,7 @@ class CaseResult:
 
 def _instantiate(problem_path: Path, config_index: int = 0, eval_mode: bool = False):
     """Reference model and inputs with the verifier's seeds (0, 1), but drawn directly on the GPU rather than
-    on the CPU and moved (problem.build_model, make_inputs): at these sizes a CPU draw takes minutes."""
+    on the CPU and moved (problem.build_model, make_inputs), since some inputs here are gigabytes."""
     problem = load_problem(problem_path)
     config = problem.configs[config_index]
     init = config.get_init_inputs()
