@@ -5,30 +5,36 @@
     PYTHONPATH=. python3 scripts/bench_builtin.py --out checks.json --check tests/subproblems/*.py
 
 Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
-script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4), then times the
-best correct variant and torch.compile(Model) the way the verifier does (`verify.timing.time_forward`:
-CUDA events, 10 warm-ups, 100 timed runs, L2 flushed before each, every stream joined, median). The
-roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with FLOPs and the minimum bytes (every input and parameter read once, every output written once) counted by
-hand per case. `--check` instead verifies every variant of the given problem files, without timing.
+script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4) and times it the
+way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 100 timed runs, L2 flushed
+before each, every stream joined, median). The fastest correct variant and torch.compile(Model) are then
+timed again in alternating rounds (PAIRED_ROUNDS), and each side's time is the median of its round
+medians: GPU clocks drift by several percent over a run, and alternating puts that drift on both sides
+alike. The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with FLOPs and the
+minimum bytes (every input and parameter read once, every output written once) counted by hand per case.
+`--check` instead verifies every variant of the given problem files, without timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
+import statistics
 import sys
 import tempfile
 import textwrap
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import triton
 
-from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.result import Timing
@@ -36,6 +42,7 @@ from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 
 PEAK_FP32_FLOPS = 67e12
 PEAK_BYTES_PER_S = 4.3e12
+PAIRED_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,7 @@ class CaseResult:
     speedup_vs_compile: float | None = None
     roofline_fraction: float | None = None
     compile_roofline_fraction: float | None = None
+    rounds_ms: list[tuple[float, float]] = field(default_factory=list)   # (ours, compile) median per round
     error: str | None = None
 
 
@@ -206,19 +214,34 @@ def _compare(expected, actual) -> tuple[bool, float]:
     return ok, worst
 
 
-def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: bool,
-                  eval_mode: bool = False) -> VariantResult:
+def _build(module, init: list, eval_mode: bool = False) -> torch.nn.Module:
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        return module.ModelNew(*init).train(not eval_mode)
+
+
+def _paired_medians(ours, theirs) -> list[tuple[float, float]]:
+    """Median times of `ours` and `theirs` over alternating rounds, so drift in GPU clocks falls on both."""
+    return [(time_forward(ours).median_ms, time_forward(theirs).median_ms) for _ in range(PAIRED_ROUNDS)]
+
+
+@functools.cache
+def _import_variant(problem_path: Path, variant: int, workdir: Path) -> tuple[GeneratedKernel, ModuleType]:
+    """Each variant is imported once, so the config its autotuner picked while checked is the one timed later."""
     generated = generate_kernel(problem_path, variant, target="cuda")
-    result = VariantResult(variant, generated.precision, generated.description, correct=False)
     source_path = workdir / f"{problem_path.stem}_v{variant}.py"
     source_path.write_text(generated.source)
-    module = import_file(source_path, prefix="bench_candidate")
+    return generated, import_file(source_path, prefix="bench_candidate")
+
+
+def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: bool,
+                  eval_mode: bool = False) -> VariantResult:
+    generated, module = _import_variant(problem_path, variant, workdir)
+    result = VariantResult(variant, generated.precision, generated.description, correct=False)
     problem = load_problem(problem_path)
     for config_index, config in enumerate(problem.configs):
         _, init, reference, inputs = _instantiate(problem_path, config_index, eval_mode)
-        with torch.device("cuda"):
-            torch.manual_seed(0)
-            candidate = module.ModelNew(*init).train(not eval_mode)
+        candidate = _build(module, init, eval_mode)
         with torch.no_grad():
             expected = reference(*inputs)
             actual = candidate(*inputs)
@@ -258,10 +281,13 @@ def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
         result.error = result.error or "no correct variant"
         return result
     best = min(timed, key=lambda v: v.time.median_ms)
-    result.best_variant, result.candidate_ms = best.variant, best.time.median_ms
-    _, _, reference, inputs = _instantiate(path)
+    result.best_variant = best.variant
+    _, init, reference, inputs = _instantiate(path)
+    candidate = _build(_import_variant(path, best.variant, workdir)[1], init)
     compiled = torch.compile(reference)
-    result.compile_ms = time_forward(lambda: compiled(*inputs)).median_ms
+    result.rounds_ms = _paired_medians(lambda: candidate(*inputs), lambda: compiled(*inputs))
+    result.candidate_ms = statistics.median(ours for ours, _ in result.rounds_ms)
+    result.compile_ms = statistics.median(theirs for _, theirs in result.rounds_ms)
     result.speedup_vs_compile = result.compile_ms / result.candidate_ms
     result.roofline_fraction = floor_ms / result.candidate_ms
     result.compile_roofline_fraction = floor_ms / result.compile_ms
@@ -318,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,
               "peaks": {"fp32_flops": PEAK_FP32_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
-              "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward"}}
+              "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward",
+                         "paired_rounds": PAIRED_ROUNDS}}
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
         workdir = Path(tmp)
         if args.check:

@@ -236,6 +236,35 @@ def test_generated_code_computes_nothing_it_does_not_read(stem):
             assert _unread_locals(generate_kernel(path, variant, target).source) == []
 
 
+@pytest.mark.parametrize("stem", SUPPORTED)
+def test_launchers_do_host_arithmetic_in_plain_python(stem):
+    """triton.cdiv and triton.next_power_of_2 cost microseconds per host call; launchers use the file's own."""
+    for variant in range(variant_count(SUBPROBLEMS / f"{stem}.py", "cuda")):
+        source = generate_kernel(SUBPROBLEMS / f"{stem}.py", variant, "cuda").source
+        assert "triton.cdiv" not in source and "triton.next_power_of_2" not in source
+
+
+def test_host_helpers_agree_with_triton():
+    import triton
+
+    from mkevolve.llm.builtin.kernels.module_source import HOST_HELPERS
+    helpers: dict = {}
+    exec(HOST_HELPERS, helpers)
+    assert [helpers["_next_power_of_2"](n) for n in range(2000)] == [triton.next_power_of_2(n) for n in range(2000)]
+    assert all(helpers["_cdiv"](a, b) == triton.cdiv(a, b) for a in range(300) for b in range(1, 40))
+
+
+def test_sizes_used_in_div_and_mod_are_constexpr():
+    """A broadcast parameter is indexed by `offs % n1`: with n1 constexpr that compiles to a multiply and shift."""
+    source = generate_kernel(SUBPROBLEMS / "pointwise_chain.py", 0, "cuda").source
+    kernel = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name.endswith("_0"))
+    constexpr = {a.arg for a in kernel.args.args if a.annotation is not None
+                 and ast.unparse(a.annotation) == "tl.constexpr"}
+    divisors = {n.right.id for n in ast.walk(kernel) if isinstance(n, ast.BinOp)
+                and isinstance(n.op, (ast.Mod, ast.FloorDiv)) and isinstance(n.right, ast.Name)}
+    assert divisors and divisors <= constexpr
+
+
 def test_cleanup_keeps_side_effects_and_never_empties_a_block():
     source = ("def f(n):\n    unused = tl.minimum(n, 4)\n    kept = launch[grid](n)\n"
               "    for i in range(n):\n        only = i * 2\n    return n\n")

@@ -52,7 +52,7 @@ CUDA_VARIANTS = (
             (MatmulTile(64, 64, 32, 4, 3), MatmulTile(32, 64, 32, 4, 4), MatmulTile(64, 32, 32, 4, 4),
              MatmulTile(32, 32, 32, 4, 4)),
             (MatmulTile(64, 32, 32, 4, 3), MatmulTile(32, 32, 32, 4, 3)),
-            RowTiles(4096, 1024, 32, 512, per_thread=32), ((128, 4), (256, 4))),
+            RowTiles(4096, 1024, 64, 512, per_thread=32), ((128, 4), (256, 4))),
     Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE,
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
              MatmulTile(64, 128, 32, 4, 4)),

@@ -172,7 +172,7 @@ def _emit_implicit_gemm(kernel: KernelPlan, name: str, variant: Variant, program
             f"{inner}    acc = tl.dot(a, b, acc, input_precision=\"{variant.precision}\")"]
     size_params = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
     params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["M", "C_in_g", "C_out_g",
-              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_params()
+              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_declarations()
               + [n for n, _ in scalars.params] + _geometry_params(conv)
               + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr"])
     out_positions = " * ".join(f"P{d}" for d in range(spatial))
@@ -207,12 +207,12 @@ def {name}({", ".join(params)}):
     lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + [
         f"M = x.shape[0] * {out_positions}"] + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
     if variant.autotune:
-        lines += [f'grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C_out_g, meta["BLOCK_N"]), '
+        lines += [f'grid = lambda meta: (_cdiv(M, meta["BLOCK_M"]), _cdiv(C_out_g, meta["BLOCK_N"]), '
                   f"{conv.groups})", f"{name}[grid]({call})"]
         tiles = f"autotuned over {len(variant.conv)} tile configs"
     else:
         t = variant.conv[0]
-        lines += [f"grid = (triton.cdiv(M, {t.block_m}), triton.cdiv(C_out_g, {t.block_n}), {conv.groups})",
+        lines += [f"grid = (_cdiv(M, {t.block_m}), _cdiv(C_out_g, {t.block_n}), {conv.groups})",
                   f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}, BLOCK_K={t.block_k}, "
                   f"num_warps={t.warps})"]
         tiles = f"tile {t.block_m}x{t.block_n}x{t.block_k}"
@@ -243,7 +243,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
             f"{inner}    acc += xv * wv"]
     size_params = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
     params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["numel", "C_in_g", "C_out_g",
-              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_params()
+              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_declarations()
               + [n for n, _ in scalars.params] + _geometry_params(conv) + ["BLOCK: tl.constexpr"])
     body = (["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
             + _position_lines(spatial, "offs")
@@ -270,10 +270,10 @@ def {name}({", ".join(params)}):
     lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + ["numel = out.numel()"] + \
         indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
     if autotune:
-        lines += ['grid = lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
+        lines += ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
     else:
         block, warps = variant.pool[0]
-        lines += [f"{name}[(triton.cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
+        lines += [f"{name}[(_cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
     description = f"direct {kind}{' + ' + ops if ops else ''} (FMA, no tl.dot)"

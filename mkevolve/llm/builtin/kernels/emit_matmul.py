@@ -52,7 +52,7 @@ def emit_matmul(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 
     params = (["a_ptr", "b_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["M", "N", "K"]
               + ["stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn"]
-              + indexer.kernel_params() + [n for n, _ in scalars.params]
+              + indexer.kernel_declarations() + [n for n, _ in scalars.params]
               + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
                  "GROUP_M: tl.constexpr", "EVEN_K: tl.constexpr"])
     decorator = tile_autotune(variant.matmul, ["M", "N", "K"]) if variant.autotune else ""
@@ -104,12 +104,12 @@ def {name}({", ".join(params)}):
                      + ["a_sb", "a.stride(-2)", "a.stride(-1)", "b_sb", "b.stride(-2)", "b.stride(-1)"]
                      + indexer.kernel_params() + [a.name for a in scalar_args])
     if variant.autotune:
-        launch = ['grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), batch)',
+        launch = ['grid = lambda meta: (_cdiv(M, meta["BLOCK_M"]) * _cdiv(N, meta["BLOCK_N"]), batch)',
                   f"{name}[grid]({call})"]
         tiles = f"autotuned over {len(variant.matmul)} tile configs"
     else:
         t = variant.matmul[0]
-        launch = [f"grid = (triton.cdiv(M, {t.block_m}) * triton.cdiv(N, {t.block_n}), batch)",
+        launch = [f"grid = (_cdiv(M, {t.block_m}) * _cdiv(N, {t.block_n}), batch)",
                   f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}, BLOCK_K={t.block_k}, "
                   f"GROUP_M=8, num_warps={t.warps})"]
         tiles = f"tile {t.block_m}x{t.block_n}x{t.block_k}"

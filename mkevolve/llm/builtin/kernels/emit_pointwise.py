@@ -33,7 +33,7 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
 
     writes_into = kernel.target is not None
     autotune = variant.autotune and not writes_into
-    params = (["out_ptr"] + [f"{o.name}_ptr" for o in operands.values()] + ["numel"] + indexer.kernel_params()
+    params = (["out_ptr"] + [f"{o.name}_ptr" for o in operands.values()] + ["numel"] + indexer.kernel_declarations()
               + [n for n, _ in scalars.params] + ["BLOCK: tl.constexpr"])
     decorator = _autotune(variant) if autotune else ""
     source = f'''{decorator}@triton.jit
@@ -58,10 +58,10 @@ def {name}({", ".join(params)}):
     call_args = ", ".join(["out"] + [a.name for a in tensor_args] + ["numel"] + indexer.kernel_params()
                           + [a.name for a in scalar_args])
     if autotune:
-        launch = ['grid = lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call_args})"]
+        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call_args})"]
     else:
         block, warps = variant.pointwise[0]
-        launch = [f"{name}[(triton.cdiv(numel, {block}),)]({call_args}, BLOCK={block}, num_warps={warps})"]
+        launch = [f"{name}[(_cdiv(numel, {block}),)]({call_args}, BLOCK={block}, num_warps={warps})"]
     launcher = f'''def {launcher_name}({signature}):
 {indent(alloc + ["numel = out.numel()"] + strides + launch + ["return out"], 4)}
 '''

@@ -115,7 +115,7 @@ def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, ada
     geometry = ([f"KMAX{d}" for d in range(spatial)] if adaptive else
                 [f"{k}{d}: tl.constexpr" for k in ("K", "STRIDE", "PAD", "DIL") for d in range(spatial)])
     params = (["x_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["numel"] + sizes + ["sxp"]
-              + [f"sx{d}" for d in range(spatial)] + indexer.kernel_params() + [n for n, _ in scalars.params]
+              + [f"sx{d}" for d in range(spatial)] + indexer.kernel_declarations() + [n for n, _ in scalars.params]
               + geometry + ["BLOCK: tl.constexpr"])
     body = (["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
             + _positions(spatial) + [f"acc = tl.full([BLOCK], {init}, tl.float32)"] + window + epi_lines
@@ -144,10 +144,10 @@ def {name}({", ".join(params)}):
                      + [f"x.stride({1 + d})" for d in range(spatial)] + indexer.kernel_params()
                      + [a.name for a in scalar_args] + call_geometry)
     if variant.autotune:
-        lines += ['grid = lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
+        lines += ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
     else:
         block, warps = variant.pool[0]
-        lines += [f"{name}[(triton.cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
+        lines += [f"{name}[(_cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,

@@ -104,7 +104,7 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
               "_looped": _BodyWriter(kernel, indexer, operands, layout, scalars).looped()}
     for stage in range(stages + 1):
         bodies[f"_split{stage}"] = _BodyWriter(kernel, indexer, operands, layout, scalars).split(stage)
-    common = ([f"{o.name}_ptr" for o in operands.values()] + ["R", "I"] + indexer.kernel_params()
+    common = ([f"{o.name}_ptr" for o in operands.values()] + ["R", "I"] + indexer.kernel_declarations()
               + [n for n, _ in scalars.params])
     blocks = ["BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"]
     sources = []
@@ -278,14 +278,14 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
     args = ", ".join([a.name for a in tensor_args] + ["R", "I"] + indexer.kernel_params()
                      + [a.name for a in scalar_args])
     stages = len(kernel.reductions)
-    block_i = f"min(triton.next_power_of_2(I), {tiles.inner_block})" if layout.inner else "1"
+    block_i = f"min(_next_power_of_2(I), {tiles.inner_block})" if layout.inner else "1"
     blocks = f"BLOCK_R=block_r, BLOCK_I=block_i, num_warps=_row_warps(block_r * block_i, {tiles.per_thread})"
     lines += [f"block_i = {block_i}",
-              "programs = O * triton.cdiv(I, block_i)",
-              "grid = (O, triton.cdiv(I, block_i))",
-              f"if triton.next_power_of_2(R) * block_i <= {tiles.max_single}:",
+              "programs = O * _cdiv(I, block_i)",
+              "grid = (O, _cdiv(I, block_i))",
+              f"if _next_power_of_2(R) * block_i <= {tiles.max_single}:",
               "    # the whole row fits in registers: one read",
-              "    block_r = triton.next_power_of_2(R)",
+              "    block_r = _next_power_of_2(R)",
               f"    {name}[grid](out, {args}, {blocks})",
               f"elif programs >= {tiles.split_target}:",
               f"    block_r = max(1, {tiles.loop_block} // block_i)",
@@ -293,15 +293,15 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
               "else:",
               "    # few long rows: split each over several programs, combine partial results per reduction",
               f"    block_r = max(1, {tiles.loop_block} // block_i)",
-              f"    split = max(1, min(triton.cdiv(R, block_r), {tiles.split_target} // programs))",
-              "    chunk = triton.cdiv(triton.cdiv(R, split), block_r) * block_r",
-              "    split = triton.cdiv(R, chunk)",
+              f"    split = max(1, min(_cdiv(R, block_r), {tiles.split_target} // programs))",
+              "    chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
+              "    split = _cdiv(R, chunk)",
               f"    part = torch.empty(({stages}, O, split, I), device={device}, dtype=torch.float32)",
-              "    split_grid = (O, triton.cdiv(I, block_i), split)"]
-    split_blocks = blocks + ", SPLIT_BLOCK=triton.next_power_of_2(split)"
+              "    split_grid = (O, _cdiv(I, block_i), split)"]
+    split_blocks = blocks + ", SPLIT_BLOCK=_next_power_of_2(split)"
     for stage in range(stages):
         lines.append(f"    {name}_split{stage}[split_grid](out, part, O, split, chunk, {args}, {split_blocks})")
-    last_grid = "split_grid" if kernel.full_space else "(O, triton.cdiv(I, block_i), 1)"
+    last_grid = "split_grid" if kernel.full_space else "(O, _cdiv(I, block_i), 1)"
     lines += [f"    {name}_split{stages}[{last_grid}](out, part, O, split, chunk, {args}, {split_blocks})",
               "return out"]
     signature = ", ".join(a.name for a in tensor_args + scalar_args)

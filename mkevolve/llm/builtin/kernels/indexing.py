@@ -120,6 +120,13 @@ class Indexer:
             params += [self.stride_name(operand, g) for g in self.groups if self.reads(operand, g)]
         return params
 
+    def kernel_declarations(self) -> list[str]:
+        """`kernel_params()` as the kernel declares them. Group sizes are constexpr: a div/mod by a known
+        constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens of instructions
+        per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
+        sizes = {self.size_name(g) for g in self.groups if self.needs_size(g)}
+        return [f"{p}: tl.constexpr" if p in sizes else p for p in self.kernel_params()]
+
     # --- code ------------------------------------------------------------------------------------
 
     def wrapper_lines(self, frame_var: str, operand_vars: dict[str, str]) -> list[str]:

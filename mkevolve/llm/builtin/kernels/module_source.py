@@ -15,7 +15,17 @@ from .plan import Plan
 _PROVIDED_NAMES = {"torch", "nn", "triton", "tl"}
 _EXCLUDED_DEFS = {"Model", "get_inputs", "get_init_inputs", "get_input_configs", "ModelNew"}
 
-SHAPE_HELPERS = '''def _broadcast_shape(*shapes):
+# Host-side arithmetic in plain Python: triton.cdiv and triton.next_power_of_2 are constexpr functions whose
+# host calls cost microseconds each, which a forward of a few microseconds of GPU work cannot hide.
+HOST_HELPERS = '''def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_power_of_2(n):
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def _broadcast_shape(*shapes):
     """The shape that all `shapes` broadcast to (torch's rules, in plain Python)."""
     rank = max(len(s) for s in shapes)
     out = [1] * rank
@@ -247,7 +257,7 @@ def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
     parts = [f'"""Triton kernels for {problem.stem}: {description}."""\n\n'
              "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl",
-             SHAPE_HELPERS.rstrip()]
+             HOST_HELPERS.rstrip()]
     parts += [text.rstrip() for text in helpers.values()]
     for kernel in kernels:
         parts += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
