@@ -9,7 +9,7 @@ script checks the output against the eager reference (fp32, TF32 off, atol=rtol=
 way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 100 timed runs, L2 flushed
 before each, every stream joined, median). The fastest correct variant and torch.compile(Model) are then
 timed again in alternating rounds (PAIRED_ROUNDS), and each side's time is the median of its round
-medians: GPU clocks drift by several percent over a run, and alternating puts that drift on both sides
+medians: timings drift by several percent over a run, and alternating puts that drift on both sides
 alike. The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with FLOPs and the
 minimum bytes (every input and parameter read once, every output written once) counted by hand per case.
 `--check` instead verifies every variant of the given problem files, without timing.
@@ -221,7 +221,7 @@ def _build(module, init: list, eval_mode: bool = False) -> torch.nn.Module:
 
 
 def _paired_medians(ours, theirs) -> list[tuple[float, float]]:
-    """Median times of `ours` and `theirs` over alternating rounds, so drift in GPU clocks falls on both."""
+    """Median times of `ours` and `theirs` over alternating rounds, so drift over the run falls on both."""
     return [(time_forward(ours).median_ms, time_forward(theirs).median_ms) for _ in range(PAIRED_ROUNDS)]
 
 

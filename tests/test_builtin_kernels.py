@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.llm.builtin.kernels.cleanup import drop_unused_assignments
@@ -245,8 +246,6 @@ def test_launchers_do_host_arithmetic_in_plain_python(stem):
 
 
 def test_host_helpers_agree_with_triton():
-    import triton
-
     from mkevolve.llm.builtin.kernels.module_source import HOST_HELPERS
     helpers: dict = {}
     exec(HOST_HELPERS, helpers)
