@@ -24,34 +24,23 @@ FALLBACK_MARKER = "Fallback top-level"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _INPUT_FUNCTIONS = ("get_inputs", "get_init_inputs", "get_input_configs")
 
-# The top-level loads each subproblem from the folder it lives in, so a copied folder still loads.
-_PROBLEM_LOADER = '''def load_subproblem(name):
-    """The Model class of subkernel_problems/<name>.py, found next to this file."""
+# The top-levels load each subproblem and each subkernel from the folder next to them, so a copied folder
+# still loads.
+_LOADER_TEMPLATE = '''def {function}(name):
+    """The {cls} class of {folder}/<name>.py, found next to this file."""
     import importlib.util
     import sys
-    from pathlib import Path, PurePosixPath
+    from pathlib import Path
 
-    path = Path(__file__).resolve().parent / "subkernel_problems" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{__name__}__{name}", path)
+    path = Path(__file__).resolve().parent / "{folder}" / f"{{name}}.py"
+    spec = importlib.util.spec_from_file_location(f"{{__name__}}__{{name}}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.Model
+    return module.{cls}
 '''
-
-_SOLUTION_LOADER = '''def load_subkernel(name):
-    """The ModelNew class of subkernel_implementations/<name>.py, found next to this file."""
-    import importlib.util
-    import sys
-    from pathlib import Path, PurePosixPath
-
-    path = Path(__file__).resolve().parent / "subkernel_implementations" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{__name__}__{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.ModelNew
-'''
+_PROBLEM_LOADER = _LOADER_TEMPLATE.format(function=LOADER, cls="Model", folder=PROBLEMS_DIR)
+_SOLUTION_LOADER = _LOADER_TEMPLATE.format(function=SOLUTION_LOADER, cls="ModelNew", folder=KERNELS_DIR)
 
 
 class CodebaseError(ValueError):
