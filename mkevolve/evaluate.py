@@ -25,7 +25,7 @@ from mkevolve.solution import (
 )
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import EvalResult, Status
-from mkevolve.verify.sandbox import Job
+from mkevolve.workers.pool import Job
 
 UNKNOWN_NO_GPU = "unknown (no GPU)"
 

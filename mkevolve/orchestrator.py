@@ -25,7 +25,7 @@ from mkevolve.solution import (ORIGIN_PYTORCH, Manifest, SubkernelEntry, copy_so
                                recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import Status
-from mkevolve.verify.sandbox import Job
+from mkevolve.workers.pool import Job
 
 BEST = "best"
 

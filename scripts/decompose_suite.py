@@ -20,7 +20,7 @@ from mkevolve.agents.decompose import decompose
 from mkevolve.config import build_config
 from mkevolve.events import EventLog
 from mkevolve.llm.client import make_client
-from mkevolve.verify.executor import make_executor
+from mkevolve.workers.executor import make_executor
 
 
 @dataclass

@@ -16,7 +16,7 @@ from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.builtin.decomposer import trace_problem
 from mkevolve.llm.client import make_client
-from mkevolve.verify.sandbox import WorkerPool
+from mkevolve.workers.pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "problems"

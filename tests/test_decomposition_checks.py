@@ -19,8 +19,7 @@ from mkevolve.verify.decomposition import (
     run_checks,
     top_level_violations,
 )
-from mkevolve.verify.result import Status
-from mkevolve.verify.sandbox import JobOutcome, WorkerPool
+from mkevolve.workers.pool import JobFailure, JobOutcome, WorkerPool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "decompositions"
 PROBLEM = FIXTURES / "problem.py"
@@ -144,6 +143,6 @@ def test_checks_run_in_a_worker_and_a_dead_worker_is_a_failed_check():
         report = check_decomposition(PROBLEM, Decomposition.read(FIXTURES / "good"), pool, config)
     assert report.passed, report.reasons()
     assert report.wall_s > 0
-    timed_out = report_from_outcome(JobOutcome(failure=Status.TIMEOUT, reason="no result within 1 s"))
+    timed_out = report_from_outcome(JobOutcome(failure=JobFailure.TIMEOUT, reason="no result within 1 s"))
     assert not timed_out.passed
     assert timed_out.reasons() == ["equivalence: the checks did not finish: no result within 1 s"]

@@ -10,7 +10,7 @@ from mkevolve.config import RunConfig
 from mkevolve.orchestrator import BEST
 from mkevolve.solution import Manifest
 from mkevolve.verify.profile import SubkernelProfile
-from mkevolve.verify.sandbox import Job
+from mkevolve.workers.pool import Job
 from mkevolve.verify.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]

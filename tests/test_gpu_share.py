@@ -4,9 +4,9 @@ and go first. flock locks belong to an open file, so two GpuShare objects confli
 import threading
 import time
 
-from mkevolve.verify.executor import LocalExecutor
-from mkevolve.verify.gpu_share import LOCK_ENV, GpuShare
-from mkevolve.verify.sandbox import WorkerPool, worker_env
+from mkevolve.workers.executor import LocalExecutor
+from mkevolve.workers.gpu_share import LOCK_ENV, GpuShare
+from mkevolve.workers.pool import WorkerPool, worker_env
 
 
 def _in_thread(work) -> tuple[threading.Thread, threading.Event]:

@@ -39,7 +39,7 @@ from mkevolve.llm.parse import extract_code
 from mkevolve.orchestrator import BEST
 from mkevolve.run_state import RunState, Step
 from mkevolve.solution import Manifest
-from mkevolve.verify.sandbox import WorkerPool
+from mkevolve.workers.pool import WorkerPool
 from mkevolve.verify.verifier import Verifier
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "replay_run"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from mkevolve.verify.result import Status
-from mkevolve.verify.sandbox import Job, WorkerPool
+from mkevolve.workers.pool import JobFailure
+from mkevolve.workers.pool import Job, WorkerPool
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_cpu_workers_use_the_triton_interpreter(pool):
 def test_hang_times_out_and_pool_recovers(pool):
     before = pool.run(job("pid")).value
     outcome = pool.run(job("hang", timeout=2.0))
-    assert outcome.failure is Status.TIMEOUT and "2 s time limit" in outcome.reason
+    assert outcome.failure is JobFailure.TIMEOUT and "2 s time limit" in outcome.reason
     after = pool.run(job("pid"))
     assert after.ok and after.value != before and after.worker_start_s > 0
 
@@ -43,13 +43,13 @@ def test_hang_times_out_and_pool_recovers(pool):
 @pytest.mark.parametrize("name, fragment", [("exit_now", "exit code 3"), ("segfault", "SIGSEGV")])
 def test_crash_costs_one_job(pool, name, fragment):
     outcome = pool.run(job(name))
-    assert outcome.failure is Status.CRASHED and fragment in outcome.reason
+    assert outcome.failure is JobFailure.CRASHED and fragment in outcome.reason
     assert pool.run(job("pid")).ok
 
 
 def test_exception_is_reported_with_its_message(pool):
     outcome = pool.run(job("raise_error"))
-    assert outcome.failure is Status.CRASHED and "ValueError: broken on purpose" in outcome.reason
+    assert outcome.failure is JobFailure.CRASHED and "ValueError: broken on purpose" in outcome.reason
     assert pool.run(job("pid")).ok
 
 

@@ -14,7 +14,7 @@ from mkevolve.llm.client import LLMClient
 from mkevolve.llm.parse import ReplyFormatError, extract_files
 from mkevolve.llm.types import LLMRequest, LLMResponse
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
-from mkevolve.verify.executor import Executor
+from mkevolve.workers.executor import Executor
 
 REASON_CHARS = 600        # one reason, as the next prompt shows it
 FEEDBACK_ATTEMPTS = 4     # failed attempts the next prompt shows, newest first

@@ -16,7 +16,7 @@ from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import ProblemError, load_problem, read_source
 from mkevolve.prompts import render
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
-from mkevolve.verify.executor import Executor, make_executor
+from mkevolve.workers.executor import Executor, make_executor
 
 EXIT_OK, EXIT_FALLBACK = 0, 1
 

@@ -18,7 +18,7 @@ from mkevolve.prompts import render
 from mkevolve.search.beam import Beam, Candidate, PromptKind, beam_search, candidate_id
 from mkevolve.search.parallel import parallel_sampling
 from mkevolve.verify.result import EvalResult, Status
-from mkevolve.verify.sandbox import Job, JobOutcome
+from mkevolve.workers.pool import Job, JobOutcome
 
 REPLY_EXCERPT_CHARS = 2000
 

@@ -15,7 +15,7 @@ from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import read_source
 from mkevolve.prompts import render
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
-from mkevolve.verify.executor import Executor
+from mkevolve.workers.executor import Executor
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from mkevolve.llm.client import LLMClient
 from mkevolve.llm.types import LLMRequest
 from mkevolve.prompts import render
 from mkevolve.verify.decomposition import CheckReport
-from mkevolve.verify.executor import Executor
+from mkevolve.workers.executor import Executor
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from mkevolve.config import ConfigError
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.types import BuiltinTask, LLMRequest, LLMResponse, TokenUsage
 from mkevolve.prompts import render
-from mkevolve.verify.sandbox import Job, WorkerPool
+from mkevolve.workers.pool import Job, WorkerPool
 
 # A key that overrides the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...), and an API
 # base used when the config names none.

@@ -42,8 +42,8 @@ from mkevolve.problem import (
     seed_everything,
 )
 from mkevolve.verify.correctness import fp32_strict
-from mkevolve.verify.executor import Executor
-from mkevolve.verify.sandbox import Job, JobOutcome
+from mkevolve.workers.executor import Executor
+from mkevolve.workers.pool import Job, JobOutcome
 
 STRUCTURE, PURITY, STANDALONE = "structure", "purity", "standalone"
 EQUIVALENCE, FORWARD_COVERAGE, INIT_COVERAGE = "equivalence", "forward_coverage", "init_coverage"

@@ -12,7 +12,7 @@ import torch
 
 from mkevolve.problem import build_model, call_inputs, import_file, load_problem, make_inputs
 from mkevolve.verify.correctness import fp32_strict
-from mkevolve.verify.gpu_share import gpu_alone
+from mkevolve.workers.gpu_share import gpu_alone
 
 IMPLEMENTATIONS = "subkernel_implementations"
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from mkevolve.fsutil import write_atomic
-from mkevolve.verify.gpu_share import gpu_alone
+from mkevolve.workers.gpu_share import gpu_alone
 from mkevolve.verify.result import Timing
 
 WARMUP_RUNS = 10

@@ -18,9 +18,9 @@ from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADE
 from mkevolve.verify.cheating import Rule, static_violations
 from mkevolve.verify.decomposition import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest
-from mkevolve.verify.executor import make_executor
+from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
-from mkevolve.verify.sandbox import Job, JobOutcome
+from mkevolve.workers.pool import Job, JobOutcome
 
 
 class Verifier:
@@ -210,7 +210,7 @@ def declared_pytorch_fallback(source: str) -> EvalResult | None:
 
 def _to_result(outcome: JobOutcome) -> EvalResult:
     if not outcome.ok:
-        return EvalResult(status=outcome.failure, reason=outcome.reason, wall_s=outcome.wall_s,
+        return EvalResult(status=Status(outcome.failure.value), reason=outcome.reason, wall_s=outcome.wall_s,
                           phases={"worker_start": outcome.worker_start_s})
     result: EvalResult = outcome.value
     result.wall_s = outcome.wall_s + outcome.worker_start_s

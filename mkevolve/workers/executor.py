@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Protocol
 
-from mkevolve.verify.sandbox import Job, JobOutcome, WorkerPool
+from mkevolve.workers.pool import Job, JobOutcome, WorkerPool
 
 
 class Executor(Protocol):

@@ -14,13 +14,20 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from queue import Queue
 
-from mkevolve.verify.gpu_share import LOCK_ENV, lock_path
-from mkevolve.verify.result import Status
+from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
 _HEADER = struct.Struct("!Q")
+
+
+class JobFailure(str, Enum):
+    """Why a worker gave no value; the values are the verifier's status names for the same events."""
+
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class JobOutcome:
     """What came back: the function's value, or why the worker gave none (timeout, crashed)."""
 
     value: object = None
-    failure: Status | None = None
+    failure: JobFailure | None = None
     reason: str = ""
     wall_s: float = 0.0
     worker_start_s: float = 0.0  # seconds spent starting a fresh worker for this job
@@ -85,7 +92,7 @@ class Worker:
     def __init__(self, env: dict[str, str], log_dir: Path):
         self.log = tempfile.NamedTemporaryFile(prefix="worker-", suffix=".log", dir=log_dir, delete=False)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mkevolve.verify.worker"],
+            [sys.executable, "-m", "mkevolve.workers.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             env=env, start_new_session=True,
         )
@@ -97,18 +104,18 @@ class Worker:
             reply = receive_message(self.proc.stdout.fileno(), start + job.timeout)
         except TimeoutError:
             self.kill()
-            return JobOutcome(failure=Status.TIMEOUT, wall_s=time.monotonic() - start,
+            return JobOutcome(failure=JobFailure.TIMEOUT, wall_s=time.monotonic() - start,
                               reason=f"no result within the {job.timeout:g} s time limit; worker killed")
         except (EOFError, BrokenPipeError):
             code = self.proc.wait()
-            return JobOutcome(failure=Status.CRASHED, wall_s=time.monotonic() - start,
+            return JobOutcome(failure=JobFailure.CRASHED, wall_s=time.monotonic() - start,
                               reason=f"worker died ({_describe_exit(code)}){self._log_tail()}")
         if not reply["healthy"]:
             self.kill()
         wall_s = time.monotonic() - start
         if reply["error"]:
             last = reply["error"].strip().splitlines()[-1]
-            return JobOutcome(failure=Status.CRASHED, reason=f"evaluation raised {last}", wall_s=wall_s)
+            return JobOutcome(failure=JobFailure.CRASHED, reason=f"evaluation raised {last}", wall_s=wall_s)
         return JobOutcome(value=reply["value"], wall_s=wall_s)
 
     @property

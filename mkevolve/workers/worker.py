@@ -34,8 +34,8 @@ def _resolve(spec: str):
 
 
 def main() -> None:
-    from mkevolve.verify.gpu_share import job_on_gpu
-    from mkevolve.verify.sandbox import receive_message, send_message
+    from mkevolve.workers.gpu_share import job_on_gpu
+    from mkevolve.workers.pool import receive_message, send_message
 
     stdin, out = _protocol_streams()
     while True:
