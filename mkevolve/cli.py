@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 from mkevolve.config import ConfigError, add_config_flags
@@ -77,8 +78,18 @@ def _subcommands(sub) -> None:
     p.set_defaults(handler="mkevolve.report:report_command")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("mkevolve")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from mkevolve import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mkevolve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"mkevolve {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _subcommands(sub)
     return parser

@@ -1,13 +1,31 @@
-"""The prompt templates: a jinja2 environment over the repository's `prompts/` folder."""
+"""The prompt templates: a jinja2 environment over the repository's `prompts/` folder.
+
+The folder stays at the top of the repository; a built wheel carries it inside the package as
+`mkevolve/prompt_templates/` (see pyproject.toml), found here through importlib.resources. An editable
+install (`pip install -e .`) runs the repository's mkevolve/ folder, which has no such copy: it reads
+the repository's `prompts/` directly.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 import jinja2
 
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
+PACKAGED_DIR = "prompt_templates"
+
+
+def _prompts_dir() -> Path:
+    packaged = files("mkevolve") / PACKAGED_DIR
+    if packaged.is_dir():
+        # Installed from a wheel: a plain folder under site-packages (pip always unpacks wheels).
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[1] / "prompts"  # editable install or source checkout
+
+
+PROMPTS_DIR = _prompts_dir()
 
 
 @lru_cache(maxsize=1)
