@@ -38,6 +38,7 @@ class RunConfig:
     # The verifier.
     trials: int = _opt(5, "random input sets per correctness check")
     timeout: float = _opt(300.0, "seconds one evaluation may take before its worker is killed")
+    memory_limit_gb: float = _opt(16.0, "host memory (GiB) one candidate process may use before it is killed")
     eval_mode: bool = _opt(False, "compare modules in eval mode (running stats, no dropout)", flag="--eval")
     workers: int = _opt(0, "evaluation workers (0: one per GPU, or 2 on CPU); several per GPU share it")
     executor: str = _opt("local", "where evaluations run: local or ray", choices=("local", "ray"))
@@ -111,6 +112,8 @@ def validate(config: RunConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise ConfigError(f"config: '{name}' must be at least 1, got {getattr(config, name)}")
+    if config.memory_limit_gb <= 0:
+        raise ConfigError("config: 'memory_limit_gb' must be positive")
     if config.timeout <= 0 or config.llm_timeout <= 0:
         raise ConfigError("config: timeouts must be positive")
     if config.workers < 0 or config.retries < 0:

@@ -182,7 +182,8 @@ def measure_runtimes(verifier, problem_path: Path, folder: Path) -> dict[str, fl
     job = Job("mkevolve.verify.profile:profile_subkernels",
               {"problem_path": str(Path(problem_path).resolve()),
                "solution_path": str((Path(folder) / SOLUTION_FILE).resolve()),
-               "seed": config.seed, "eval_mode": config.eval_mode}, timeout=config.timeout)
+               "seed": config.seed, "eval_mode": config.eval_mode,
+               "timeout_s": config.timeout}, timeout=2 * config.timeout + 60)
     outcome = verifier.run_jobs([job])[0]
     if not outcome.ok or not isinstance(outcome.value, SubkernelProfile):
         return None

@@ -261,7 +261,8 @@ class Orchestrator:
     def _profile(self, folder: Path) -> dict[str, float]:
         job = Job("mkevolve.verify.profile:profile_subkernels",
                   {"problem_path": str(self.problem_path), "solution_path": str(folder / "decomposed_solution.py"),
-                   "seed": self.config.seed, "eval_mode": self.config.eval_mode}, timeout=self.config.timeout)
+                   "seed": self.config.seed, "eval_mode": self.config.eval_mode,
+                   "timeout_s": self.config.timeout}, timeout=2 * self.config.timeout + 60)
         outcome = self.verifier.run_jobs([job])[0]
         profile = outcome.value if outcome.ok else None
         return profile.runtime_ms if isinstance(profile, SubkernelProfile) else {}

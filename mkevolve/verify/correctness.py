@@ -1,20 +1,33 @@
-"""The kernel evaluation job, run inside a worker: correctness trials, runtime cheating checks, timing."""
+"""The kernel evaluation job, run in a trusted worker: references, one candidate process, the verdict.
+
+The worker never imports the candidate's file. It computes (or reads from the cache) the reference
+inputs and outputs, runs the candidate in a fresh confined process (candidate_run.py), compares the
+outputs that process saved as raw bytes, and writes the verdict. On a GPU it also reads what actually
+ran there (kernel_audit.py); on a CPU the static and dispatcher rules are all there is, and the
+result says so (`authority`).
+"""
 
 from __future__ import annotations
 
+import random
+import secrets
+import tempfile
 import time
-import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference,
-                              clone_values, flatten_outputs, import_file, load_problem, make_inputs)
-from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, dot_precision, output_violations
-from mkevolve.verify.result import EvalResult, Status, Timing
-from mkevolve.verify.timing import baseline_key, cached_baseline, combine, default_cache_dir, time_forward
+from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, load_problem)
+from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
+                                           plan_calls, run_candidate_process)
+from mkevolve.verify.cheating import Rule, Violation, dot_precision
+from mkevolve.verify.reference import ReferenceSet, reference_set
+from mkevolve.verify.result import EvalResult, Rejected, Status, Timing
+from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
+                                    time_forward)
+from mkevolve.workers import wire
 
 ATOL = RTOL = 1e-4
 
@@ -30,15 +43,11 @@ class KernelEvalRequest:
     eval_mode: bool = False
     timed: bool = True
     baseline_cache_dir: str | None = None
+    cache_dir: str | None = None          # root of the reference cache (default: beside the baselines)
     trusted_files: tuple[str, ...] = ()   # PyTorch alternatives a composite declares; torch may run there
-
-
-class Rejected(Exception):
-    """Stops an evaluation with a verdict; raised inside the job, turned into an EvalResult."""
-
-    def __init__(self, status: Status, reason: str, line: int | None = None, rule: str | None = None):
-        super().__init__(reason)
-        self.status, self.reason, self.line, self.rule = status, reason, line, rule
+    code_files: tuple[str, ...] = ()      # files whose @triton.jit kernels may run (default: the solution)
+    timeout_s: float = 300.0
+    memory_limit_gb: float = 16.0
 
 
 @dataclass
@@ -76,14 +85,14 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     try:
         with _phase(errors, "load"):
             problem = _load_checked_problem(request)
-            solution_cls = _load_solution(request.solution_path)
-        result = _run_checks(problem, solution_cls, request, errors)
+        result = _judge(problem, request, errors)
     except Rejected as stop:
-        result = EvalResult(status=stop.status, reason=stop.reason, line=stop.line, rule=stop.rule)
+        result = stop.to_result()
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
         result.failed_trial = errors.failed_trial
     result.phases = errors.phases
+    result.authority = "gpu" if device().type == "cuda" else "cpu"
     return result
 
 
@@ -99,101 +108,68 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
     return problem
 
 
-def _load_solution(path: str) -> type:
-    try:
-        module = import_file(path, prefix="mkevolve_solution")
-    except ProblemError as err:
-        raise Rejected(Status.COMPILE_ERROR, err.reason) from None
-    cls = getattr(module, "ModelNew", None)
-    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        raise Rejected(Status.COMPILE_ERROR, "the solution defines no ModelNew(nn.Module) class")
-    return cls
-
-
-def _run_checks(problem: Problem, solution_cls: type, request: KernelEvalRequest,
-                errors: _Errors) -> EvalResult:
-    launches, timings, baselines = 0, [], []
-    for index, config in enumerate(problem.configs):
-        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-        reference = build_model(problem.path, problem.model_cls, init, request.seed, device(),
-                                request.eval_mode)
-        candidate = _build_candidate(request, solution_cls, init)
-        with _phase(errors, "correctness"):
-            launches = max(launches, _trials(problem, index, reference, candidate, request, errors))
-        if errors.failed_trial is not None:
-            return EvalResult(status=Status.INCORRECT, reason=errors.failure,
-                              trials=request.trials, launches=launches)
-        if request.timed and device().type == "cuda":
-            inputs = make_inputs(problem.path, config, request.seed + 1, device())
-            with _phase(errors, "timing"):
-                timings.append(time_forward(lambda: candidate(*inputs)))
-            with _phase(errors, "baseline"):
-                baselines.append(_baseline(problem, reference, inputs, request))
-    return _accepted(request, launches, timings, baselines)
-
-
-def _accepted(request, launches, timings: list[Timing], baselines: list[Timing]) -> EvalResult:
-    result = EvalResult(status=Status.OK, trials=request.trials, launches=launches,
-                        precision=dot_precision(Path(request.solution_path).read_text()))
-    if timings:
-        result.runtime, result.baseline = combine(timings), combine(baselines)
-        result.speedup = result.baseline.median_ms / result.runtime.median_ms
+def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> EvalResult:
+    """References first (trusted, cached), then the candidate in its own process, then the verdict here."""
+    timed = request.timed and device().type == "cuda"
+    plans = [plan_calls(request.trials, timed, device().type == "cuda", random.Random(secrets.randbits(64)))
+             for _ in problem.configs]
+    root = Path(request.cache_dir) if request.cache_dir else default_cache_dir().parent
+    with _phase(errors, "reference"):
+        references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
+                      for i in range(len(problem.configs))]
+        for reference, plan in zip(references, plans):
+            reference.ensure(plan.set_names())
+    with tempfile.TemporaryDirectory(prefix="mkevolve-candidate-") as scratch:
+        with _phase(errors, "candidate"):
+            report = run_candidate_process(request, references, plans, Path(scratch), device())
+        errors.phases.update({f"candidate.{name}": seconds for name, seconds in report.phases.items()})
+        with _phase(errors, "judge"):
+            result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
+    if result.passed and timed:
+        with _phase(errors, "baseline"):
+            _add_timing(problem, request, references, report, result)
     return result
 
 
-def _build_candidate(request: KernelEvalRequest, solution_cls: type, init: list) -> torch.nn.Module:
-    try:
-        return build_model(Path(request.solution_path), solution_cls, init, request.seed, device(),
-                           request.eval_mode, what="ModelNew")
-    except ProblemError as err:
-        raise Rejected(Status.RUNTIME_ERROR, err.reason, _solution_line(request.solution_path)) from None
+def _verdict(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
+             plans: list[CallPlan], report: CandidateReport, scratch: Path, errors: _Errors) -> EvalResult:
+    """The rules in order: confinement, errors, early rules, GPU accounting, outputs."""
+    if report.denials:
+        more = f" (+{len(report.denials) - 1} more)" if len(report.denials) > 1 else ""
+        raise Rejected(Status.CHEATING, f"[{Rule.SANDBOX.value}] {report.denials[0]}{more}", rule=Rule.SANDBOX.value)
+    if report.error is not None:
+        raise report.error
+    gpu_violations = []
+    if device().type == "cuda":
+        gpu_violations = gpu_accounting(report.activities, request.code_files or (request.solution_path,),
+                                        scratch, pytorch_allowed=bool(request.trusted_files))
+    _raise_violations(report.violations + gpu_violations)
+    for index, (reference, plan) in enumerate(zip(references, plans)):
+        _check_outputs(problem, index, reference, plan, report, scratch, errors)
+    return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
+                      precision=dot_precision(Path(request.solution_path).read_text()),
+                      peak_rss_mb=round(report.peak_rss_mb, 1))
 
 
-def _trials(problem: Problem, config_index: int, reference, candidate, request: KernelEvalRequest,
-            errors: _Errors) -> int:
-    """Run every trial on the same two models; returns the Triton launches of one forward."""
-    launches = 0
-    for trial in range(request.trials):
-        seed = request.seed + 1 + 1000 * config_index + trial
-        inputs = make_inputs(problem.path, problem.configs[config_index], seed, device())
-        with torch.no_grad():
-            expected = flatten_outputs(reference(*clone_values(inputs)))
-            candidate_inputs = clone_values(inputs)
-            guard = RuntimeGuard(solution_file=request.solution_path, trusted_files=request.trusted_files)
-            actual = _guarded_forward(candidate, candidate_inputs, guard, request.solution_path)
-        launches = max(launches, guard.launches)
-        _raise_violations(guard.violations + _launch_violations(guard)
-                          + output_violations(actual, candidate_inputs))
-        mismatch = _compare(expected, actual, errors)
-        if mismatch:
-            errors.failed_trial = trial
-            errors.failure = f"trial {trial}{_config_label(problem, config_index)}: {mismatch}"
-            break
-    return launches
+def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: CallPlan,
+                   report: CandidateReport, scratch: Path, errors: _Errors) -> None:
+    for check in plan.checks:
+        actual = report.output(check.save, scratch, reference.device)
+        mismatch = _compare(reference.expected(check.input_set), actual, errors)
+        if not mismatch:
+            continue
+        where = _config_label(problem, index)
+        if check.trial is not None:
+            errors.failed_trial = check.trial
+            errors.failure = f"trial {check.trial}{where}: {mismatch}"
+            raise Rejected(Status.INCORRECT, errors.failure)
+        raise Rejected(Status.CHEATING, f"[{Rule.TIMED_OUTPUT.value}] call {check.call} of {plan.length}{where}, "
+                       f"after the correctness trials, returned a wrong result ({mismatch}); every call must do "
+                       "the work, not only the first ones", rule=Rule.TIMED_OUTPUT.value)
 
 
 def _config_label(problem: Problem, index: int) -> str:
     return f" (input config {index})" if len(problem.configs) > 1 else ""
-
-
-def _guarded_forward(candidate, inputs: list, guard: RuntimeGuard, solution_path: str) -> list:
-    try:
-        with guard:
-            out = candidate(*inputs)
-            if device().type == "cuda":
-                torch.cuda.synchronize()
-    except Exception as err:
-        status = Status.COMPILE_ERROR if _is_compile_error(err) else Status.RUNTIME_ERROR
-        raise Rejected(status, f"{type(err).__name__}: {_first_line(err)}",
-                       _solution_line(solution_path, err)) from None
-    return flatten_outputs(out)
-
-
-def _launch_violations(guard: RuntimeGuard) -> list[Violation]:
-    if guard.launches or any(v.rule is Rule.NO_LAUNCH for v in guard.violations):
-        return []
-    return [Violation(Rule.NO_LAUNCH, "forward launched no Triton kernel; the work must run in "
-                                      "@triton.jit kernels launched from forward")]
 
 
 def _raise_violations(violations: list[Violation]) -> None:
@@ -202,31 +178,17 @@ def _raise_violations(violations: list[Violation]) -> None:
         raise Rejected(Status.CHEATING, first.describe(), first.line, first.rule.value)
 
 
-_COMPILE_TIME_ERRORS = ("NameError", "SyntaxError", "AttributeError", "TypeError", "CompilationError",
-                        "UnsupportedLanguageConstruct")
-
-
-def _is_compile_error(err: Exception) -> bool:
-    """Triton's compiler errors, and their interpreter equivalents (which wrap the same mistakes)."""
-    name, module = type(err).__name__, type(err).__module__
-    if module.startswith("triton.compiler") or name in {"CompilationError", "CompileTimeAssertionFailure"}:
-        return True
-    return name == "InterpreterError" and any(kind in str(err) for kind in _COMPILE_TIME_ERRORS)
-
-
-def _first_line(err: Exception, limit: int = 400) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return (lines[0] if lines else type(err).__name__)[:limit]
-
-
-def _solution_line(solution_path: str, err: Exception | None = None) -> int | None:
-    """The deepest line of the solution file in the traceback of the exception being handled."""
-    tb = err.__traceback__ if err is not None else None
-    if tb is None:
-        return None
-    target = str(Path(solution_path).resolve())
-    lines = [f.lineno for f in traceback.extract_tb(tb) if str(Path(f.filename).resolve()) == target]
-    return lines[-1] if lines else None
+def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
+                report: CandidateReport, result: EvalResult) -> None:
+    timings, baselines = [], []
+    for index, (config, reference) in enumerate(zip(problem.configs, references)):
+        timings.append(summarize(report.times_ms[index]))
+        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+        model = build_model(problem.path, problem.model_cls, init, request.seed, device(), request.eval_mode)
+        inputs = wire.read_values(reference.inputs_file(TIMING_SETS[0]), device())
+        baselines.append(_baseline(problem, model, inputs, request))
+    result.runtime, result.baseline = combine(timings), combine(baselines)
+    result.speedup = result.baseline.median_ms / result.runtime.median_ms
 
 
 def _compare(expected: list, actual: list, errors: _Errors) -> str:

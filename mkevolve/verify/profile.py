@@ -1,20 +1,34 @@
-"""Per-subkernel runtime inside an end-to-end forward, from CUDA events around each submodule call."""
+"""Per-subkernel runtime inside an end-to-end forward, from CUDA events around each submodule call.
+
+The solution runs in a candidate process like any candidate (candidate_run.py); the trusted worker
+that asked only reads back the signed milliseconds, so a profiled solution cannot reach the worker
+that later judges others.
+"""
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mkevolve.problem import build_model, call_inputs, import_file, load_problem, make_inputs
-from mkevolve.verify.correctness import fp32_strict
+from mkevolve.problem import load_problem
+from mkevolve.verify import harness
+from mkevolve.verify.candidate_run import candidate_triton_cache, read_signed_report, start_candidate
+from mkevolve.verify.reference import reference_set
+from mkevolve.verify.result import Rejected
+from mkevolve.verify.timing import default_cache_dir
+from mkevolve.workers import wire
 from mkevolve.workers.gpu_share import gpu_alone
 
 IMPLEMENTATIONS = "subkernel_implementations"
+_WARMUP_RUNS = 3
+_INPUT_SET = "time0"
 
 
 @dataclass(frozen=True)
@@ -29,27 +43,53 @@ class SubkernelProfile:
         return {n: (t / total if total else 0.0) for n, t in self.runtime_ms.items()}
 
 
-def _subproblem_of(module: torch.nn.Module) -> str | None:
-    """The subproblem a module belongs to: the stem of its class's file in subkernel_implementations/."""
-    source = getattr(type(module), "__module__", "")
-    file = getattr(sys.modules.get(source), "__file__", None)
-    if file and Path(file).parent.name == IMPLEMENTATIONS:
-        return Path(file).stem
-    return None
-
-
-def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0,
-                       eval_mode: bool = False, runs: int = 20) -> SubkernelProfile | None:
-    """Worker job. None without a GPU: interpreter times say nothing about the kernels."""
+def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0, eval_mode: bool = False,
+                       runs: int = 20, timeout_s: float = 300.0) -> SubkernelProfile | None:
+    """Trusted worker job. None without a GPU (interpreter times say nothing) or when the run failed."""
     if not torch.cuda.is_available():
         return None
-    fp32_strict()
     problem = load_problem(problem_path)
-    config = problem.configs[0]
-    init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-    cls = import_file(solution_path, prefix="mkevolve_profiled").ModelNew
-    model = build_model(Path(solution_path), cls, init, seed, torch.device("cuda"), eval_mode, "ModelNew")
-    inputs = make_inputs(problem.path, config, seed + 1, torch.device("cuda"))
+    reference = reference_set(default_cache_dir().parent, problem, 0, seed, eval_mode, torch.device("cuda"))
+    reference.ensure([_INPUT_SET])
+    key = secrets.token_bytes(32)
+    request = harness.CandidateRequest(
+        solution=str(Path(solution_path).resolve()), candidate_dir=str(Path(solution_path).resolve().parent),
+        scratch="", key=key.hex(), device="cuda", eval_mode=eval_mode, construct_seed=seed,
+        triton_cache="",
+        configs=[harness.ConfigRun(str(reference.init_file),
+                                   [harness.Call(str(reference.inputs_file(_INPUT_SET)))] * runs)])
+    with tempfile.TemporaryDirectory(prefix="mkevolve-profile-") as scratch:
+        request.scratch, request.triton_cache = scratch, str(candidate_triton_cache(Path(scratch)))
+        try:
+            start_candidate("mkevolve.verify.profile:profile_in_candidate", request, Path(scratch), timeout_s)
+            body = read_signed_report(Path(scratch), key)
+            runtime = {str(n): float(ms) for n, ms in body["runtime_ms"].items()}
+        except (Rejected, KeyError, TypeError, ValueError, AttributeError):
+            return None
+    return SubkernelProfile(runtime)
+
+
+# ---- in the candidate process ------------------------------------------------------------------------------
+
+
+def profile_in_candidate(payload: str) -> int:
+    request = harness.CandidateRequest.from_json(payload)
+    key = bytes.fromhex(request.key)
+    request.key = ""
+    config = request.configs[0]
+    init, inputs = harness.load_config(config, request.device)
+    harness.prepare_and_confine(request)
+    body: dict = {"runtime_ms": {}}
+    try:
+        model = harness.build(harness.import_candidate(request.solution), init, request, torch.device("cuda"))
+        body["runtime_ms"] = _time_subkernels(model, inputs[config.calls[0].inputs], len(config.calls))
+    except harness.CandidateFailure as failure:
+        body["error"] = failure.message
+    (Path(request.scratch) / harness.REPORT_FILE).write_bytes(wire.sign_report(body, key))
+    return 0
+
+
+def _time_subkernels(model: torch.nn.Module, inputs: list, runs: int) -> dict[str, float]:
     pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
     for module in model.modules():
         name = _subproblem_of(module)
@@ -57,7 +97,7 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0,
             _attach(module, name, pending)
     totals: dict[str, list[float]] = defaultdict(list)
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(_WARMUP_RUNS):
             model(*inputs)
         torch.cuda.synchronize()
         pending.clear()
@@ -71,7 +111,16 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0,
                 pending.clear()
                 for name, ms in per_run.items():
                     totals[name].append(ms)
-    return SubkernelProfile({n: statistics.median(v) for n, v in totals.items()})
+    return {n: statistics.median(v) for n, v in totals.items()}
+
+
+def _subproblem_of(module: torch.nn.Module) -> str | None:
+    """The subproblem a module belongs to: the stem of its class's file in subkernel_implementations/."""
+    source = getattr(type(module), "__module__", "")
+    file = getattr(sys.modules.get(source), "__file__", None)
+    if file and Path(file).parent.name == IMPLEMENTATIONS:
+        return Path(file).stem
+    return None
 
 
 def _attach(module: torch.nn.Module, name: str, pending: list) -> None:

@@ -46,6 +46,8 @@ class EvalResult:
     speedup: float | None = None     # baseline / runtime; None where it cannot be measured
     wall_s: float = 0.0              # seconds the evaluation took, worker start included
     phases: dict[str, float] = field(default_factory=dict)  # verifier overhead by phase, seconds
+    peak_rss_mb: float | None = None # host memory the candidate process held at most, sampled every 50 ms
+    authority: str | None = None     # "gpu": what ran on the GPU was read; "cpu": static and dispatcher rules only
 
     @property
     def passed(self) -> bool:
@@ -69,3 +71,14 @@ class EvalResult:
         speed = "speedup unknown" if self.speedup is None else f"speedup {self.speedup:.2f}x"
         text = f"{self.status.value}: {self.reason}" if self.reason else self.status.value
         return f"{text} ({speed})"
+
+
+class Rejected(Exception):
+    """A verdict other than OK, raised where it is found and turned into an EvalResult by the evaluation."""
+
+    def __init__(self, status: Status, reason: str, line: int | None = None, rule: str | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.line, self.rule = status, reason, line, rule
+
+    def to_result(self) -> EvalResult:
+        return EvalResult(status=self.status, reason=self.reason, line=self.line, rule=self.rule)

@@ -106,7 +106,8 @@ class Verifier:
         if impurities:
             return EvalResult(status=Status.CHEATING, rule=Rule.TORCH_COMPUTE.value,
                               reason=f"{SOLUTION_FILE}: {impurities[0]}")
-        job = self._kernel_job(problem_path, top, timed, trusted)
+        code = [str(top.resolve())] + [str(p.resolve()) for p in sorted((folder / KERNELS_DIR).glob("*.py"))]
+        job = self._kernel_job(problem_path, top, timed, trusted, code)
         result = _to_result(self.run_jobs([job])[0])
         self.events.emit("verdict", problem=str(problem_path), solution=str(top), composite=True,
                          status=result.status.value, reason=result.reason, speedup=result.speedup)
@@ -119,16 +120,19 @@ class Verifier:
             return self.executor.run_many(jobs)
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
-                    trusted_files: list[str] | None = None) -> Job:
+                    trusted_files: list[str] | None = None, code_files: list[str] | None = None) -> Job:
         request = KernelEvalRequest(
             problem_path=str(Path(problem_path).resolve()),
             solution_path=str(Path(solution_path).resolve()),
             trials=self.config.trials, seed=self.config.seed, eval_mode=self.config.eval_mode,
-            timed=timed, trusted_files=tuple(trusted_files or ()),
+            timed=timed, trusted_files=tuple(trusted_files or ()), code_files=tuple(code_files or ()),
             baseline_cache_dir=str(self.baseline_cache_dir) if self.baseline_cache_dir else None,
+            timeout_s=self.config.timeout, memory_limit_gb=self.config.memory_limit_gb,
         )
+        # The candidate process gets the configured limit; the trusted worker around it, room for the
+        # references and the baseline on top.
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=self.config.timeout)
+                   timeout=2 * self.config.timeout + 60)
 
     def close(self) -> None:
         self.executor.close()

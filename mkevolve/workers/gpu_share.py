@@ -60,6 +60,18 @@ class GpuShare:
             if resume_shared:
                 self._take_shared()
 
+    @contextmanager
+    def lent(self) -> Iterator[None]:
+        """This process's shared hold is given up inside, for a child process that uses the GPU meanwhile."""
+        resume_shared = self._holding_shared
+        if resume_shared:
+            self._drop()
+        try:
+            yield
+        finally:
+            if resume_shared:
+                self._take_shared()
+
     def _take_shared(self) -> None:
         fcntl.flock(self._gate, fcntl.LOCK_EX)
         try:
@@ -96,3 +108,9 @@ def gpu_alone() -> ContextManager:
     """Held around timed runs."""
     share = _process_share()
     return share.alone() if share else nullcontext()
+
+
+def gpu_lent() -> ContextManager:
+    """Held by a trusted worker while a candidate process it started works on the same GPU."""
+    share = _process_share()
+    return share.lent() if share else nullcontext()

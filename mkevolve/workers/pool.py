@@ -154,8 +154,11 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def worker_env(device_index: int | None) -> dict[str, str]:
-    """A worker's environment: one GPU, or the Triton interpreter on CPU."""
+SHARERS_ENV = "MKEVOLVE_GPU_SHARERS"  # how many workers share this worker's GPU
+
+
+def worker_env(device_index: int | None, sharers: int = 1) -> dict[str, str]:
+    """A worker's environment: one GPU (and how many workers share it), or the Triton interpreter on CPU."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -166,6 +169,7 @@ def worker_env(device_index: int | None) -> dict[str, str]:
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(device_index)
         env[LOCK_ENV] = lock_path(device_index)
+        env[SHARERS_ENV] = str(sharers)
         env.pop("TRITON_INTERPRET", None)
     return env
 
@@ -210,7 +214,9 @@ class WorkerPool:
         if worker is not None:
             worker.kill()
         start = time.monotonic()
-        worker = Worker(worker_env(self.device_of(slot)), self._log_dir)
+        device = self.device_of(slot)
+        sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
+        worker = Worker(worker_env(device, sharers), self._log_dir)
         with self._lock:
             self._workers[slot] = worker
         return worker, time.monotonic() - start

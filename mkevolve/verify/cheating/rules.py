@@ -19,6 +19,12 @@ class Rule(str, Enum):
     THREADS = "threads"
     OUTPUT_ALIAS = "output-aliases-input"
     PRECISION = "precision-downgrade"
+    # Found by the isolated evaluation rather than by reading the source or watching the dispatcher:
+    NON_TRITON_KERNEL = "non-triton-kernel"    # a GPU kernel not compiled from the candidate's @triton.jit
+    HOST_COPY = "device-to-host-copy"          # forward copied device data to the host
+    SANDBOX = "sandbox"                        # the candidate process tried what its confinement denies
+    TIMED_OUTPUT = "timed-output"              # a call outside the correctness trials returned a wrong result
+    FORGED_RESULT = "forged-result"            # the result channel carried a report the harness did not sign
 
 
 @dataclass(frozen=True)

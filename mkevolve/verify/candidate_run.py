@@ -1,0 +1,265 @@
+"""The trusted side of one candidate process: plan its calls, start it, read back what its harness signed.
+
+The plan decides, out of the candidate's sight, which calls are correctness trials, which are timed,
+and which outputs are kept for checking. On a GPU the trials hide among the timed calls at random
+places and two timed outputs (the last and one at random) are checked too, so a candidate that
+counts calls, or caches on an input's address, cannot tell which of its answers will be read.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mkevolve.verify.cheating import Rule, Violation
+from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
+from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
+                                          compiled_precision_violations, triton_kernel_names)
+from mkevolve.verify.reference import ReferenceSet
+from mkevolve.verify.result import Rejected, Status
+from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
+from mkevolve.workers import gpu_share, harden, wire
+from mkevolve.workers.pool import SHARERS_ENV
+from mkevolve.workers.zygote import ChildExit, Zygote, ZygoteError
+
+TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
+LATE_CALLS_UNTIMED = 2                      # checked calls after the trials where nothing is timed (CPU)
+_HARNESS_ENTRY = "mkevolve.verify.harness:run_candidate"
+_LOG_FILE = "candidate.log"
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    save: str                  # the output's name in the report
+    input_set: str             # the reference set it must match
+    call: int                  # 1-based position of the call among all calls of its config
+    trial: int | None = None   # the trial number; None for a timed or late call
+
+
+@dataclass
+class CallPlan:
+    """One config's calls in order, and which of their outputs the judge reads."""
+
+    calls: list[Call] = field(default_factory=list)
+    checks: list[OutputCheck] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.calls)
+
+    def set_names(self) -> list[str]:
+        return sorted({c.inputs for c in self.calls})
+
+    def add(self, input_set: str, *, guard: bool, timed: bool, check: bool, trial: int | None = None) -> None:
+        save = f"out{len(self.calls)}" if check else None
+        self.calls.append(Call(inputs=input_set, save=save, guard=guard, timed=timed))
+        if check:
+            self.checks.append(OutputCheck(save, input_set, len(self.calls), trial))
+
+
+def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random) -> CallPlan:
+    """Trial 0 first (it compiles); then the other trials among timed or late calls at random places.
+
+    On a CPU every call runs under the dispatcher guard, since nothing is timed there; on a GPU only the
+    trials do, and the profiler watches every call.
+    """
+    if timed:
+        others = [TIMING_SETS[i % len(TIMING_SETS)] for i in range(WARMUP_RUNS + TIMED_RUNS)]
+        checked = {len(others) - 1, rng.randrange(WARMUP_RUNS, len(others))}
+    else:
+        others = [TIMING_SETS[i % len(TIMING_SETS)] for i in range(LATE_CALLS_UNTIMED)]
+        checked = set(range(len(others)))
+    slots = sorted(rng.sample(range(len(others) + trials - 1), trials - 1))
+    plan = CallPlan()
+    plan.add("trial0", guard=True, timed=False, check=True, trial=0)
+    trial, other = 1, 0
+    for position in range(len(others) + trials - 1):
+        if trial < trials and position == slots[trial - 1]:
+            plan.add(f"trial{trial}", guard=True, timed=False, check=True, trial=trial)
+            trial += 1
+            continue
+        is_timed = timed and other >= WARMUP_RUNS
+        plan.add(others[other], guard=not on_gpu, timed=is_timed, check=other in checked)
+        other += 1
+    return plan
+
+
+# ---- the report, read on the trusted side ----------------------------------------------------------------
+
+
+@dataclass
+class CandidateReport:
+    denials: list[str]
+    error: Rejected | None
+    violations: list[Violation]
+    launches: int
+    activities: list[DeviceActivity]
+    times_ms: list[list[float]]
+    outputs: dict[str, dict]
+    phases: dict[str, float] = field(default_factory=dict)   # seconds inside the candidate process
+    peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
+
+    def output(self, name: str, scratch: Path, device: torch.device) -> list:
+        """A kept output, after checking it is the very file the harness wrote."""
+        entry = self.outputs.get(name)
+        if not isinstance(entry, dict) or "file" not in entry:
+            reason = entry.get("error") if isinstance(entry, dict) else "missing"
+            raise Rejected(Status.INCORRECT, f"an output could not be read back: {reason}")
+        path = scratch / Path(str(entry["file"])).name
+        if not path.exists() or wire.file_digest(path) != entry.get("sha256"):
+            raise _forged("an output file was changed after the harness wrote it")
+        try:
+            return list(wire.read_values(path, device))
+        except wire.WireError as err:
+            raise _forged(f"an output file does not follow the layout ({err})") from None
+
+
+_ERROR_STATUS = {"import": Status.COMPILE_ERROR, "compile": Status.COMPILE_ERROR,
+                 "build": Status.RUNTIME_ERROR, "runtime": Status.RUNTIME_ERROR}
+
+
+def _forged(detail: str) -> Rejected:
+    return Rejected(Status.CHEATING, f"[{Rule.FORGED_RESULT.value}] the candidate process's result is not "
+                           f"what its harness wrote: {detail}", rule=Rule.FORGED_RESULT.value)
+
+
+def parse_report(body: dict) -> CandidateReport:
+    """A signed body; its fields are still checked, since candidate text flows into some of them."""
+    try:
+        error = body.get("error")
+        failure = None
+        if error is not None:
+            failure = Rejected(_ERROR_STATUS[error["kind"]], str(error["message"])[:1000],
+                                      error["line"] if isinstance(error.get("line"), int) else None)
+        return CandidateReport(
+            denials=[str(d)[:500] for d in body["denials"]],
+            error=failure,
+            violations=[violation_from_json(v) for v in body["violations"]],
+            launches=int(body["launches"]),
+            activities=[DeviceActivity.from_json(a) for a in body["activities"]],
+            times_ms=[[float(t) for t in config] for config in body["times_ms"]],
+            outputs=dict(body["outputs"]),
+            phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise _forged(f"the report's fields do not parse ({type(err).__name__})") from None
+
+
+# ---- running the process -----------------------------------------------------------------------------------
+
+
+def run_candidate_process(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
+                          device: torch.device) -> CandidateReport:
+    """Start the candidate in a fresh process, wait for it, and read its signed report."""
+    key = secrets.token_bytes(32)
+    candidate = CandidateRequest(
+        solution=str(Path(request.solution_path).resolve()),
+        candidate_dir=str(Path(request.solution_path).resolve().parent),
+        scratch=str(scratch), key=key.hex(), device=device.type, eval_mode=request.eval_mode,
+        construct_seed=request.seed, trusted_files=list(request.trusted_files),
+        triton_cache=str(candidate_triton_cache(scratch)), gpu_memory_fraction=_gpu_memory_fraction(device),
+        configs=[ConfigRun(init=str(ref.init_file),
+                           calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed)
+                                  for c in plan.calls])
+                 for ref, plan in zip(references, plans)],
+    )
+    exit = start_candidate(_HARNESS_ENTRY, candidate, scratch, request.timeout_s, request.memory_limit_gb * 1024)
+    if exit.timed_out:
+        raise Rejected(Status.TIMEOUT, f"no result within the {request.timeout_s:g} s time limit; "
+                       "candidate process killed")
+    if exit.memory_exceeded:
+        raise Rejected(Status.CRASHED, exit.describe())
+    if not (scratch / REPORT_FILE).exists():
+        if exit.code == 0:
+            # The harness exits 0 only after writing its report: code that ended the process with 0 before
+            # then pretended a success (whatever it printed on the way went to a log, not to the judge).
+            raise _forged("the candidate's code ended its process with exit status 0 before the harness "
+                          "wrote a report")
+        raise Rejected(Status.CRASHED, f"{exit.describe()} before its harness wrote a report"
+                       f"{_log_tail(scratch / _LOG_FILE)}")
+    report = parse_report(read_signed_report(scratch, key))
+    report.peak_rss_mb = exit.peak_rss_mb
+    return report
+
+
+def read_signed_report(scratch: Path, key: bytes) -> dict:
+    """The body of the report in `scratch`, when the harness's signature holds; forged-result otherwise."""
+    try:
+        return wire.verify_report((scratch / REPORT_FILE).read_bytes(), key)
+    except (wire.WireError, FileNotFoundError) as err:
+        raise _forged(str(err)) from None
+
+
+_zygote: Zygote | None = None
+
+
+def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, timeout_s: float,
+                    memory_limit_mb: float = 16 * 1024) -> ChildExit:
+    """Fork the candidate from this worker's zygote (started on first use, replaced when it dies)."""
+    global _zygote
+    try:
+        if _zygote is None or not _zygote.alive:
+            _zygote = Zygote(("mkevolve.verify.harness",), _zygote_env(), Path(tempfile.gettempdir())
+                             / f"mkevolve-zygote-{os.getpid()}.log")
+        with gpu_share.gpu_lent():
+            return _zygote.run(entry, candidate.to_json(), scratch / _LOG_FILE, timeout_s,
+                               memory_limit_mb)
+    except ZygoteError as err:
+        if _zygote is not None:
+            _zygote.close()
+        _zygote = None
+        raise Rejected(Status.CRASHED, f"the candidate process could not be run: {err}") from None
+
+
+def _gpu_memory_fraction(device: torch.device) -> float | None:
+    """A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone."""
+    if device.type != "cuda":
+        return None
+    return 0.9 / max(1, int(os.environ.get(SHARERS_ENV, "1")))
+
+
+def candidate_triton_cache(scratch: Path) -> Path:
+    """Triton's cache for one candidate process, fresh: every compiled IR in it is that candidate's own, so
+    the precision check reads exactly what it compiled; trusted processes never load from it."""
+    return scratch / "triton"
+
+
+def _zygote_env() -> dict[str, str]:
+    env = harden.candidate_env(os.environ, Path(tempfile.gettempdir()))
+    for name in (gpu_share.LOCK_ENV, "PYTHONPATH"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def _log_tail(path: Path, limit: int = 600) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = " | ".join(lines[-4:])[-limit:]
+    return f": {tail}" if tail else ""
+
+
+def gpu_accounting(activities: list[DeviceActivity], code_files, scratch: Path,
+                   pytorch_allowed: bool = False) -> list[Violation]:
+    """What actually ran on the GPU: only the candidate's own Triton kernels, in full fp32 precision.
+
+    A composite that declares PyTorch subkernels runs library kernels on purpose, and the profiler
+    cannot say which module launched a kernel; there only host copies and the precision of the Triton
+    kernels are checked (each Triton subkernel was judged alone, strictly, before).
+    """
+    sources = [Path(f).read_text(encoding="utf-8", errors="replace") for f in code_files]
+    names = triton_kernel_names(sources)
+    launched = accepted_triton_kernels(activities, names)
+    found = activity_violations(activities, names)
+    if pytorch_allowed:
+        found = [v for v in found if v.rule is Rule.HOST_COPY]
+    return found + compiled_precision_violations(candidate_triton_cache(scratch), launched)

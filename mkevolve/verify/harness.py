@@ -1,0 +1,316 @@
+"""What runs inside a candidate process: build one ModelNew, call it on the given inputs, sign what it saw.
+
+The trusted side decides everything: which inputs, in which order, which outputs to keep. This side
+never sees a reference output, never writes a verdict and never sends a pickle: it saves outputs as
+raw bytes in its scratch folder and writes a report signed with a key that stays in this module's
+local variables. Everything it relies on after the candidate is imported (the profiler, the clock,
+the file writer) is bound before the import, so a candidate that monkeypatches torch changes
+nothing the harness uses; the confinement (workers/harden.py) denies the frame and gc access that
+could reach the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from mkevolve.problem import ProblemError, clone_values, flatten_outputs, import_file, seed_everything
+from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
+from mkevolve.verify.kernel_audit import ActivityRecorder
+from mkevolve.workers import gpu_share, harden, wire
+
+REPORT_FILE = "report.json"
+_perf_counter = time.perf_counter          # bound before any candidate code can replace them
+_Event = torch.cuda.Event
+_event_record, _event_elapsed, _event_sync = _Event.record, _Event.elapsed_time, _Event.synchronize
+_synchronize = torch.cuda.synchronize
+_FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (60 MB on an H200)
+# Triton's cache as the zygote left it (its CUDA helper module, compiled once); each child starts from a copy.
+_WARM_TRITON_CACHE = Path(tempfile.gettempdir()) / f"mkevolve-triton-warm-{os.getuid()}-{os.getpid()}"
+
+
+@dataclass
+class Call:
+    """One forward call: its inputs (a value file), and what the trusted side wants of it."""
+
+    inputs: str                  # absolute path of a value file (read before the candidate is imported)
+    save: str | None = None      # keep the output under this name
+    guard: bool = False          # watch it with the dispatcher guard (early, line-level feedback)
+    timed: bool = False          # its time counts in the timing statistics
+
+
+@dataclass
+class ConfigRun:
+    init: str                    # absolute path of the value file with the constructor's arguments
+    calls: list[Call] = field(default_factory=list)
+
+
+@dataclass
+class CandidateRequest:
+    solution: str
+    candidate_dir: str
+    scratch: str
+    key: str                     # hex; signs the report
+    device: str                  # "cuda" or "cpu"
+    eval_mode: bool
+    construct_seed: int
+    configs: list[ConfigRun]
+    triton_cache: str = ""       # Triton's cache for candidate processes, never read by a trusted one
+    trusted_files: list[str] = field(default_factory=list)
+    gpu_memory_fraction: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "CandidateRequest":
+        data = json.loads(text)
+        data["configs"] = [ConfigRun(init=c["init"], calls=[Call(**call) for call in c["calls"]])
+                           for c in data["configs"]]
+        return cls(**data)
+
+
+class CandidateFailure(Exception):
+    """The candidate could not be imported, built or called; becomes the report's error."""
+
+    def __init__(self, kind: str, message: str, line: int | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.line = kind, message, line
+
+
+# ---- entry point (called in the forked child by the zygote) -------------------------------------------
+
+
+def zygote_warmup() -> None:
+    """Compile Triton's CUDA helper module in the zygote, so no candidate process pays for it (1-2 s each).
+
+    It is built into a cache only the zygote writes; every child copies that cache into its own fresh one,
+    so nothing a candidate writes is ever loaded by another. Loading the module opens no CUDA context.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1" or not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return
+    os.environ["TRITON_CACHE_DIR"] = str(_WARM_TRITON_CACHE)
+    try:
+        from triton.backends.nvidia.driver import CudaUtils
+    except ImportError:  # a Triton without the NVIDIA backend: nothing to prepare
+        return
+    CudaUtils()
+
+
+def run_candidate(payload: str) -> int:
+    request = CandidateRequest.from_json(payload)
+    key = bytes.fromhex(request.key)
+    request.key = ""
+    scratch = Path(request.scratch)
+    report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
+                    "activities": [], "denials": [], "phases": {}}
+    with _phase(report, "setup"):
+        loaded = [load_config(config, request.device) for config in request.configs]
+        denials = prepare_and_confine(request)
+    saved: dict[str, list] = {}
+    try:
+        recorder = ActivityRecorder() if request.device == "cuda" else nullcontext()
+        with recorder:
+            with _phase(report, "import"):
+                model_cls = import_candidate(request.solution)
+            for config, (init, inputs) in zip(request.configs, loaded):
+                _run_config(request, model_cls, config, init, inputs, report, saved)
+            stopping = _perf_counter()
+        report["phases"]["profiler_stop"] = _perf_counter() - stopping
+        if request.device == "cuda":
+            # Autotuning alone launches thousands of identical cache-clearing fills: keep each activity once.
+            report["activities"] = [a.to_json() for a in dict.fromkeys(recorder.activities)]
+    except CandidateFailure as failure:
+        report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
+    with _phase(report, "save"):
+        report["outputs"] = {name: _save(scratch, name, values) for name, values in saved.items()}
+    report["denials"] = denials()
+    (scratch / REPORT_FILE).write_bytes(wire.sign_report(report, key))
+    return 0
+
+
+def prepare_and_confine(request: CandidateRequest):
+    """Everything that needs more than the confinement allows happens first: CUDA, locks, then the hook."""
+    scratch = Path(request.scratch)
+    triton_cache = Path(request.triton_cache)
+    if _WARM_TRITON_CACHE.is_dir():
+        shutil.copytree(_WARM_TRITON_CACHE, triton_cache, dirs_exist_ok=True)
+    triton_cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
+    os.environ["HOME"] = os.environ["TMPDIR"] = str(scratch)
+    os.chdir(scratch)  # relative paths the candidate writes land in its scratch folder
+    if request.device == "cuda":
+        torch.cuda.init()
+        if request.gpu_memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(request.gpu_memory_fraction)
+        gpu_share.job_on_gpu().__enter__()  # opens the lock files now; held for this process's life
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        from mkevolve.workers.interpreter import make_autotune_interpretable
+
+        make_autotune_interpretable()
+    return harden.confine(harden.Confinement(
+        candidate_dir=Path(request.candidate_dir), scratch_dir=scratch, triton_cache_dir=triton_cache))
+
+
+def import_candidate(path: str) -> type:
+    try:
+        module = import_file(path, prefix="mkevolve_candidate")
+    except ProblemError as err:
+        raise CandidateFailure("import", err.reason) from None
+    cls = getattr(module, "ModelNew", None)
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise CandidateFailure("import", "the solution defines no ModelNew(nn.Module) class")
+    return cls
+
+
+# ---- one configuration: build, then the calls in the order the trusted side chose ------------------------
+
+
+def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
+    """The constructor's arguments and every input set of one config, read while nothing foreign runs."""
+    init = wire.read_values(Path(config.init))
+    inputs = {path: wire.read_values(Path(path), device) for path in {c.inputs for c in config.calls}}
+    return init, inputs
+
+
+def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
+                inputs: dict[str, list], report: dict, saved: dict[str, list]) -> None:
+    device = torch.device(request.device)
+    with _phase(report, "build"):
+        model = build(model_cls, init, request, device)
+    clock = _GpuClock() if device.type == "cuda" else None
+    report["times_ms"].append([])  # this config's timed calls, in order
+    # The first call compiles and autotunes beside other workers' jobs; the rest have the GPU alone.
+    first, rest = config.calls[:1], config.calls[1:]
+    with _phase(report, "first_call"):
+        _run_calls(request, model, first, inputs, clock, report, saved)
+    with _phase(report, "other_calls"), gpu_share.gpu_alone() if clock is not None else nullcontext():
+        _run_calls(request, model, rest, inputs, clock, report, saved)
+
+
+def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
+               clock: "_GpuClock | None", report: dict, saved: dict[str, list]) -> None:
+    for call in calls:
+        args = clone_values(inputs[call.inputs])
+        guard = RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
+        out, ms = _forward(model, args, guard if call.guard else None, clock, request.solution)
+        if call.guard:
+            report["launches"] = max(report["launches"], guard.launches)
+            report["violations"] += [_violation_json(v) for v in guard.violations]
+            report["violations"] += [_violation_json(v) for v in output_violations(out, args)]
+        if call.timed and ms is not None:
+            report["times_ms"][-1].append(ms)
+        if call.save:
+            # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
+            saved[call.save] = [v.clone() if isinstance(v, torch.Tensor) else v for v in out]
+
+
+def build(model_cls: type, init: list, request: CandidateRequest, device: torch.device) -> torch.nn.Module:
+    seed_everything(request.construct_seed)
+    try:
+        model = model_cls(*init).to(device)
+    except Exception as err:
+        raise CandidateFailure("build", f"ModelNew(*get_init_inputs()) raised {_describe(err)}",
+                               _solution_line(request.solution, err)) from None
+    return model.eval() if request.eval_mode else model
+
+
+def _forward(model, args: list, guard: RuntimeGuard | None, clock: "_GpuClock | None",
+             solution: str) -> tuple[list, float | None]:
+    try:
+        with torch.no_grad(), ExitStack() as stack:
+            if guard is not None:
+                stack.enter_context(guard)
+            if clock is None:
+                return flatten_outputs(model(*args)), None
+            clock.start()
+            out = model(*args)
+            return flatten_outputs(out), clock.stop()
+    except Exception as err:
+        kind = "compile" if _is_compile_error(err) else "runtime"
+        raise CandidateFailure(kind, _describe(err), _solution_line(solution, err)) from None
+
+
+@contextmanager
+def _phase(report: dict, name: str):
+    """Seconds this process spent in `name`, for the evaluation's profile (added up over configs)."""
+    start = _perf_counter()
+    try:
+        yield
+    finally:
+        report["phases"][name] = report["phases"].get(name, 0.0) + _perf_counter() - start
+
+
+class _GpuClock:
+    """Per-call GPU time: L2 flushed before, every stream joined before the end event."""
+
+    def __init__(self):
+        self.flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def start(self) -> None:
+        self.flush.zero_()
+        self.begin, self.end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _event_record(self.begin)
+
+    def stop(self) -> float:
+        _synchronize()
+        _event_record(self.end)
+        _event_sync(self.end)
+        return _event_elapsed(self.begin, self.end)
+
+
+# ---- what goes back ------------------------------------------------------------------------------------
+
+
+def _save(scratch: Path, name: str, values: list) -> dict:
+    path = scratch / f"{name}.out"
+    host = [v.detach().cpu() if isinstance(v, torch.Tensor) else v for v in values]
+    try:
+        digest = wire.write_values(path, host)
+    except wire.WireError as err:
+        return {"error": str(err)}
+    return {"file": path.name, "sha256": digest}
+
+
+def _violation_json(v: Violation) -> dict:
+    return {"rule": v.rule.value, "message": v.message, "line": v.line}
+
+
+def _describe(err: BaseException, limit: int = 400) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {(lines[0] if lines else '')[:limit]}".rstrip(": ")
+
+
+_COMPILE_TIME_ERRORS = ("NameError", "SyntaxError", "AttributeError", "TypeError", "CompilationError",
+                        "UnsupportedLanguageConstruct")
+
+
+def _is_compile_error(err: Exception) -> bool:
+    """Triton's compiler errors, and their interpreter equivalents (which wrap the same mistakes)."""
+    name, module = type(err).__name__, type(err).__module__
+    if module.startswith("triton.compiler") or name in {"CompilationError", "CompileTimeAssertionFailure"}:
+        return True
+    return name == "InterpreterError" and any(kind in str(err) for kind in _COMPILE_TIME_ERRORS)
+
+
+def _solution_line(solution_path: str, err: BaseException) -> int | None:
+    """The deepest line of the solution file in the exception's traceback."""
+    target = str(Path(solution_path).resolve())
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
+             if str(Path(f.filename).resolve()) == target]
+    return lines[-1] if lines else None
+
+
+def violation_from_json(data: dict) -> Violation:
+    """The trusted side's reading of one reported violation; unknown rules are not trusted."""
+    return Violation(Rule(data["rule"]), str(data["message"])[:1000],
+                     data["line"] if isinstance(data.get("line"), int) else None)

@@ -1,0 +1,110 @@
+"""Reference inputs and outputs, computed by a trusted process and kept on disk for every later candidate.
+
+For each (problem, seed, mode, input config, device) there is one folder:
+
+    <cache>/references/<key>/init.mkv            the constructor's arguments
+    <cache>/references/<key>/<set>.in.mkv        one input set ("trial0", "time1", ...)
+    <cache>/references/<key>/<set>.ref.mkv       the reference Model's outputs on it
+
+Input sets are drawn with seeds derived from a secret salt kept beside the cache, so a candidate
+cannot reproduce them in `__init__` and precompute its answers; the weights still come from the run's
+seed, which ModelNew needs to build the same parameters. The candidate process can read neither the
+salt nor this folder: its harness loads the input files it is called with before the candidate's code is
+imported, and the reference outputs never leave the trusted side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, flatten_outputs,
+                              make_inputs)
+from mkevolve.workers import wire
+
+_SALT_FILE = "salt"
+
+
+@dataclass(frozen=True)
+class ReferenceSet:
+    """The cached reference of one input config; files are created on first use of each set."""
+
+    folder: Path
+    problem: Problem
+    config_index: int
+    seed: int
+    eval_mode: bool
+    device: torch.device
+
+    @property
+    def init_file(self) -> Path:
+        return self.folder / "init.mkv"
+
+    def inputs_file(self, name: str) -> Path:
+        return self.folder / f"{name}.in.mkv"
+
+    def outputs_file(self, name: str) -> Path:
+        return self.folder / f"{name}.ref.mkv"
+
+    def ensure(self, names: list[str]) -> None:
+        """Compute whatever input sets are missing, with one reference Model built for all of them."""
+        config = self.problem.configs[self.config_index]
+        init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
+        if not self.init_file.exists():
+            _write_atomic_values(self.init_file, init)
+        missing = [name for name in names if not self.outputs_file(name).exists()]
+        if not missing:
+            return
+        model = build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device,
+                            self.eval_mode)
+        for name in missing:
+            inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
+            with torch.no_grad():
+                outputs = flatten_outputs(model(*clone_values(inputs)))
+            _write_atomic_values(self.inputs_file(name), inputs)
+            _write_atomic_values(self.outputs_file(name), outputs)
+
+    def expected(self, name: str) -> list:
+        return wire.read_values(self.outputs_file(name), self.device)
+
+    def _input_seed(self, name: str) -> int:
+        text = f"{self.seed}/{self.eval_mode}/{self.config_index}/{name}".encode()
+        digest = hashlib.sha256(_salt(self.folder.parent) + text).digest()
+        return int.from_bytes(digest[:8], "big") % (2**63)
+
+
+def reference_set(cache_root: Path, problem: Problem, config_index: int, seed: int, eval_mode: bool,
+                  device: torch.device) -> ReferenceSet:
+    identity = "/".join([problem.source_hash, str(seed), str(eval_mode), str(config_index), device.type,
+                         torch.__version__])
+    key = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    folder = Path(cache_root) / "references" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    return ReferenceSet(folder, problem, config_index, seed, eval_mode, device)
+
+
+def _salt(references_dir: Path) -> bytes:
+    """This machine's secret for input seeds: made once, private to the user (mode 0600)."""
+    path = references_dir / _SALT_FILE
+    if not path.exists():
+        tmp = references_dir / f".{_SALT_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)  # the first writer wins; later ones read its salt
+        except FileExistsError:
+            pass
+        os.unlink(tmp)
+    return path.read_bytes()
+
+
+def _write_atomic_values(path: Path, values) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    wire.write_values(tmp, values)
+    os.replace(tmp, path)

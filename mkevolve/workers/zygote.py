@@ -1,0 +1,210 @@
+"""A fork server for candidate processes: one fresh process per candidate without paying for imports.
+
+Importing torch and triton takes seconds; forking a process that already imported them takes
+milliseconds. The zygote is trusted: it imports only installed packages and this package, never a
+candidate's file, and never opens a CUDA context (a forked child could not use it). Each child runs
+one candidate in its own session and exits; nothing of it comes back into the zygote.
+
+Protocol on the zygote's stdin/stdout, one JSON object per line:
+    parent -> zygote   {"entry": "module:function", "payload": "<text>", "log": "<path>"}
+    (before the first request, each preloaded module's `zygote_warmup()`, if it has one, runs once)
+    zygote -> parent   {"pid": N}, then {"exited": N, "status": <waitpid status>}
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_POLL_S = 0.05
+_EXIT_CODE_UNCAUGHT = 70  # the entry function raised: a fault of the harness, reported as a crash
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How a candidate process ended, as seen from outside it."""
+
+    code: int | None             # exit code; None when a signal ended it
+    signal: int | None = None
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    peak_rss_mb: float = 0.0
+    wall_s: float = 0.0
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return "no result within the time limit; candidate process killed"
+        if self.memory_exceeded:
+            return f"candidate process used more host memory than allowed ({self.peak_rss_mb:.0f} MB); killed"
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"candidate process killed by {name}"
+        return f"candidate process ended with exit code {self.code}"
+
+
+class ZygoteError(RuntimeError):
+    """The zygote itself failed (died, or answered off-protocol); the pool replaces it."""
+
+
+class Zygote:
+    """The parent's handle on one zygote process; runs one child at a time."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], log_path: Path):
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mkevolve.workers.zygote", *preload],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
+            start_new_session=True,
+        )
+        self._buffer = b""
+        if self._read_line(time.monotonic() + 300) != {"ready": True}:
+            raise ZygoteError("the zygote did not start")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, entry: str, payload: str, log: Path, timeout: float, memory_limit_mb: float) -> ChildExit:
+        """Fork a child that calls `entry(payload)`; wait for it within `timeout` and the memory limit."""
+        start = time.monotonic()
+        self._send({"entry": entry, "payload": payload, "log": str(log)})
+        pid = self._read_line(start + 60).get("pid")
+        if not isinstance(pid, int):
+            raise ZygoteError("the zygote did not report a child")
+        timed_out, over_memory, peak = self._watch(pid, start + timeout, memory_limit_mb)
+        status = self._read_line(time.monotonic() + 60).get("status")
+        _kill_group(pid)  # anything the child left in its session goes with it
+        if not isinstance(status, int):
+            raise ZygoteError("the zygote did not report the child's exit")
+        code = os.waitstatus_to_exitcode(status)
+        return ChildExit(code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                         timed_out=timed_out, memory_exceeded=over_memory, peak_rss_mb=peak,
+                         wall_s=time.monotonic() - start)
+
+    def _watch(self, pid: int, deadline: float, memory_limit_mb: float) -> tuple[bool, bool, float]:
+        """Wait for the exit line; kill the child's session past the deadline or the memory limit."""
+        peak = 0.0
+        while not self._line_ready(_POLL_S):
+            peak = max(peak, _rss_mb(pid))
+            if time.monotonic() > deadline:
+                _kill_group(pid)
+                return True, False, peak
+            if peak > memory_limit_mb:
+                _kill_group(pid)
+                return False, True, peak
+        return False, False, peak
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise ZygoteError("the zygote is gone") from None
+
+    def _line_ready(self, wait: float) -> bool:
+        if b"\n" in self._buffer:
+            return True
+        fd = self.proc.stdout.fileno()
+        if select.select([fd], [], [], wait)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise ZygoteError("the zygote is gone")
+            self._buffer += chunk
+        return b"\n" in self._buffer
+
+    def _read_line(self, deadline: float) -> dict:
+        while not self._line_ready(max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                raise ZygoteError("the zygote stopped answering")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.alive:
+            _kill_group(self.proc.pid)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self._log):
+            stream.close()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already empty
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of one process in MB; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
+    return 0.0
+
+
+# ---- the zygote process --------------------------------------------------------------------------------
+
+
+def _child(entry: str, payload: str, log: str) -> None:
+    """In the forked child: own session, no channel back to the zygote, output to its own log."""
+    os.setsid()
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.close(null_fd)
+    code = _EXIT_CODE_UNCAUGHT
+    try:
+        module_name, _, function = entry.partition(":")
+        code = int(getattr(importlib.import_module(module_name), function)(payload))
+    except BaseException:  # noqa: BLE001 - the child must always end through os._exit
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(preload: list[str]) -> None:
+    for name in preload:
+        module = importlib.import_module(name)
+        # A preloaded module may prepare once what every child would otherwise build again; it must
+        # not open a CUDA context (a forked child could not use it).
+        warmup = getattr(module, "zygote_warmup", None)
+        if callable(warmup):
+            warmup()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(b'{"ready": true}\n')
+    stdout.flush()
+    for line in stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(request["entry"], request["payload"], request["log"])
+        stdout.write(json.dumps({"pid": pid}).encode() + b"\n")
+        stdout.flush()
+        _, status = os.waitpid(pid, 0)
+        stdout.write(json.dumps({"exited": pid, "status": status}).encode() + b"\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
