@@ -13,7 +13,7 @@ from mkevolve.problem import ProblemError
 # Exit codes shared by every command.
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 
-VERIFY_FLAGS = ["trials", "timeout", "eval_mode", "workers", "seed"]
+VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "workers", "seed"]
 SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_parallel", "llm_timeout"]
 
 

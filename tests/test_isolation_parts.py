@@ -2,10 +2,11 @@
 the call plan."""
 
 import json
+import os
 import random
 import struct
-import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,9 +110,6 @@ def zygote(tmp_path_factory):
 
 
 def _env():
-    import os
-    from pathlib import Path
-
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     return env
@@ -152,6 +150,44 @@ def test_a_raising_entry_and_a_signal_are_reported_as_such(zygote, tmp_path):
     assert killed.signal == 9 and "SIGKILL" in killed.describe()
 
 
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and token.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def test_the_next_child_prepares_before_its_request_and_leaves_with_the_zygote(tmp_path):
+    token = f"MKEVOLVE_ZYGOTE_TEST_{os.getpid()}_{time.monotonic_ns()}"
+    env = dict(_env(), **{token: "1"})
+    z = Zygote(("tests.zygote_entries",), env=env, log_path=tmp_path / "z.log",
+               standby="tests.zygote_entries:prepare")
+    try:
+        seen = []
+        for n in range(2):
+            time.sleep(0.5)  # the standby child is forked and prepared meanwhile
+            asked = time.time()
+            out = tmp_path / f"{n}.json"
+            assert z.run("tests.zygote_entries:report_state", str(out), tmp_path / "log", 30, 4096).code == 0
+            seen.append((asked, json.loads(out.read_text())))
+        for asked, child in seen:
+            assert child["state"]["prepared_pid"] == child["pid"]     # the same process, prepared earlier
+            assert child["state"]["at"] < asked                        # before its request existed
+            assert child["state"]["prepared_sid"] != child["pid"]      # in the zygote's group until then
+            assert child["sid"] == child["pid"]                        # its own session once it runs
+        assert _processes_with(token)                                  # zygote and the next standby child
+    finally:
+        z.close()
+    deadline = time.monotonic() + 5
+    while _processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(token) == []
+
+
 # ---- the call plan ---------------------------------------------------------------------------------------------
 
 def test_untimed_plan_checks_every_call_and_puts_trial_zero_first():
@@ -161,6 +197,12 @@ def test_untimed_plan_checks_every_call_and_puts_trial_zero_first():
     assert [c.trial for c in plan.checks if c.trial is not None] == [0, 1, 2, 3, 4]
     assert len(plan.checks) == plan.length and all(c.guard for c in plan.calls)
     assert set(plan.set_names()) == {f"trial{i}" for i in range(5)} | set(TIMING_SETS[:LATE_CALLS_UNTIMED])
+
+
+def test_output_names_are_unique_across_the_configs_of_one_process():
+    plans = [plan_calls(3, timed=False, on_gpu=False, rng=random.Random(0), prefix=f"config{i}_") for i in range(2)]
+    names = [c.save for plan in plans for c in plan.calls if c.save]
+    assert len(names) == len(set(names)) == 2 * (3 + LATE_CALLS_UNTIMED)
 
 
 def test_timed_plan_hides_trials_among_timed_calls_and_checks_two_timed_outputs():

@@ -25,7 +25,6 @@ from mkevolve.verify.reference import ReferenceSet
 from mkevolve.verify.result import Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
 from mkevolve.workers import gpu_share, harden, wire
-from mkevolve.workers.pool import SHARERS_ENV
 from mkevolve.workers.zygote import ChildExit, Zygote, ZygoteError
 
 TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
@@ -48,6 +47,7 @@ class CallPlan:
 
     calls: list[Call] = field(default_factory=list)
     checks: list[OutputCheck] = field(default_factory=list)
+    prefix: str = ""           # makes output names unique across the configs of one candidate process
 
     @property
     def length(self) -> int:
@@ -57,13 +57,13 @@ class CallPlan:
         return sorted({c.inputs for c in self.calls})
 
     def add(self, input_set: str, *, guard: bool, timed: bool, check: bool, trial: int | None = None) -> None:
-        save = f"out{len(self.calls)}" if check else None
+        save = f"{self.prefix}out{len(self.calls)}" if check else None
         self.calls.append(Call(inputs=input_set, save=save, guard=guard, timed=timed))
         if check:
             self.checks.append(OutputCheck(save, input_set, len(self.calls), trial))
 
 
-def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random) -> CallPlan:
+def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefix: str = "") -> CallPlan:
     """Trial 0 first (it compiles); then the other trials among timed or late calls at random places.
 
     On a CPU every call runs under the dispatcher guard, since nothing is timed there; on a GPU only the
@@ -76,7 +76,7 @@ def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random) -> Ca
         others = [TIMING_SETS[i % len(TIMING_SETS)] for i in range(LATE_CALLS_UNTIMED)]
         checked = set(range(len(others)))
     slots = sorted(rng.sample(range(len(others) + trials - 1), trials - 1))
-    plan = CallPlan()
+    plan = CallPlan(prefix=prefix)
     plan.add("trial0", guard=True, timed=False, check=True, trial=0)
     trial, other = 1, 0
     for position in range(len(others) + trials - 1):
@@ -163,7 +163,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
         candidate_dir=str(Path(request.solution_path).resolve().parent),
         scratch=str(scratch), key=key.hex(), device=device.type, eval_mode=request.eval_mode,
         construct_seed=request.seed, trusted_files=list(request.trusted_files),
-        triton_cache=str(candidate_triton_cache(scratch)), gpu_memory_fraction=_gpu_memory_fraction(device),
+        triton_cache=str(candidate_triton_cache(scratch)),
         configs=[ConfigRun(init=str(ref.init_file),
                            calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed)
                                   for c in plan.calls])
@@ -205,8 +205,9 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
     global _zygote
     try:
         if _zygote is None or not _zygote.alive:
-            _zygote = Zygote(("mkevolve.verify.harness",), _zygote_env(), Path(tempfile.gettempdir())
-                             / f"mkevolve-zygote-{os.getpid()}.log")
+            _zygote = Zygote(("mkevolve.verify.harness",), _zygote_env(),
+                             Path(tempfile.gettempdir()) / f"mkevolve-zygote-{os.getpid()}.log",
+                             standby="mkevolve.verify.harness:standby")
         with gpu_share.gpu_lent():
             return _zygote.run(entry, candidate.to_json(), scratch / _LOG_FILE, timeout_s,
                                memory_limit_mb)
@@ -215,13 +216,6 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
             _zygote.close()
         _zygote = None
         raise Rejected(Status.CRASHED, f"the candidate process could not be run: {err}") from None
-
-
-def _gpu_memory_fraction(device: torch.device) -> float | None:
-    """A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone."""
-    if device.type != "cuda":
-        return None
-    return 0.9 / max(1, int(os.environ.get(SHARERS_ENV, "1")))
 
 
 def candidate_triton_cache(scratch: Path) -> Path:

@@ -111,8 +111,9 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
 def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     """References first (trusted, cached), then the candidate in its own process, then the verdict here."""
     timed = request.timed and device().type == "cuda"
-    plans = [plan_calls(request.trials, timed, device().type == "cuda", random.Random(secrets.randbits(64)))
-             for _ in problem.configs]
+    plans = [plan_calls(request.trials, timed, device().type == "cuda", random.Random(secrets.randbits(64)),
+                        prefix=f"config{index}_")
+             for index in range(len(problem.configs))]
     root = Path(request.cache_dir) if request.cache_dir else default_cache_dir().parent
     with _phase(errors, "reference"):
         references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())

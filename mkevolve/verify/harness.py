@@ -27,6 +27,7 @@ from mkevolve.problem import ProblemError, clone_values, flatten_outputs, import
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
 from mkevolve.verify.kernel_audit import ActivityRecorder
 from mkevolve.workers import gpu_share, harden, wire
+from mkevolve.workers.pool import SHARERS_ENV
 
 REPORT_FILE = "report.json"
 _perf_counter = time.perf_counter          # bound before any candidate code can replace them
@@ -66,7 +67,6 @@ class CandidateRequest:
     configs: list[ConfigRun]
     triton_cache: str = ""       # Triton's cache for candidate processes, never read by a trusted one
     trusted_files: list[str] = field(default_factory=list)
-    gpu_memory_fraction: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -106,7 +106,32 @@ def zygote_warmup() -> None:
     CudaUtils()
 
 
-def run_candidate(payload: str) -> int:
+@dataclass
+class Standby:
+    """What a candidate process prepares before its candidate is known."""
+
+    recorder: ActivityRecorder | None = None   # on a GPU: the profiler, already recording
+
+
+def standby() -> Standby:
+    """Run by the zygote's next child while the previous candidate still runs: on an H200 a CUDA context
+    takes 0.3 s and starting the profiler 3.6 to 3.8 s, time no candidate should wait for."""
+    if not _gpu_process():
+        return Standby()
+    torch.cuda.init()
+    sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
+    # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
+    torch.cuda.set_per_process_memory_fraction(0.9 / sharers)
+    recorder = ActivityRecorder()
+    recorder.__enter__()
+    return Standby(recorder)
+
+
+def _gpu_process() -> bool:
+    return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     request = CandidateRequest.from_json(payload)
     key = bytes.fromhex(request.key)
     request.key = ""
@@ -114,21 +139,20 @@ def run_candidate(payload: str) -> int:
     report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
                     "activities": [], "denials": [], "phases": {}}
     with _phase(report, "setup"):
+        prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
         denials = prepare_and_confine(request)
     saved: dict[str, list] = {}
     try:
-        recorder = ActivityRecorder() if request.device == "cuda" else nullcontext()
-        with recorder:
-            with _phase(report, "import"):
-                model_cls = import_candidate(request.solution)
-            for config, (init, inputs) in zip(request.configs, loaded):
-                _run_config(request, model_cls, config, init, inputs, report, saved)
-            stopping = _perf_counter()
-        report["phases"]["profiler_stop"] = _perf_counter() - stopping
-        if request.device == "cuda":
+        with _phase(report, "import"):
+            model_cls = import_candidate(request.solution)
+        for config, (init, inputs) in zip(request.configs, loaded):
+            _run_config(request, model_cls, config, init, inputs, report, saved)
+        if prepared.recorder is not None:
+            with _phase(report, "profiler_stop"):
+                prepared.recorder.__exit__(None, None, None)
             # Autotuning alone launches thousands of identical cache-clearing fills: keep each activity once.
-            report["activities"] = [a.to_json() for a in dict.fromkeys(recorder.activities)]
+            report["activities"] = [a.to_json() for a in dict.fromkeys(prepared.recorder.activities)]
     except CandidateFailure as failure:
         report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
     with _phase(report, "save"):
@@ -139,7 +163,7 @@ def run_candidate(payload: str) -> int:
 
 
 def prepare_and_confine(request: CandidateRequest):
-    """Everything that needs more than the confinement allows happens first: CUDA, locks, then the hook."""
+    """Everything that needs more than the confinement allows happens first: caches, locks, then the hook."""
     scratch = Path(request.scratch)
     triton_cache = Path(request.triton_cache)
     if _WARM_TRITON_CACHE.is_dir():
@@ -149,9 +173,6 @@ def prepare_and_confine(request: CandidateRequest):
     os.environ["HOME"] = os.environ["TMPDIR"] = str(scratch)
     os.chdir(scratch)  # relative paths the candidate writes land in its scratch folder
     if request.device == "cuda":
-        torch.cuda.init()
-        if request.gpu_memory_fraction:
-            torch.cuda.set_per_process_memory_fraction(request.gpu_memory_fraction)
         gpu_share.job_on_gpu().__enter__()  # opens the lock files now; held for this process's life
     elif os.environ.get("TRITON_INTERPRET") == "1":
         from mkevolve.workers.interpreter import make_autotune_interpretable

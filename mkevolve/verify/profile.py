@@ -72,7 +72,9 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0, eva
 # ---- in the candidate process ------------------------------------------------------------------------------
 
 
-def profile_in_candidate(payload: str) -> int:
+def profile_in_candidate(payload: str, prepared: harness.Standby | None = None) -> int:
+    """The profile's side of a candidate process (`prepared`, the profiler a standby child started, just
+    keeps recording: this run only reads CUDA events)."""
     request = harness.CandidateRequest.from_json(payload)
     key = bytes.fromhex(request.key)
     request.key = ""

@@ -249,6 +249,12 @@ def check_command(args) -> int:
     return 0 if result.passed else 1
 
 
+AUTHORITY = {
+    "gpu": "what ran on the GPU (profiler: kernels, copies; compiled IR: precision)",
+    "cpu": "static and dispatcher rules only; on a GPU, what actually ran is checked and decides",
+}
+
+
 def _print_result(result: EvalResult, seconds: float) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -271,5 +277,7 @@ def _print_result(result: EvalResult, seconds: float) -> None:
         table.add_row("torch.compile", f"{b.median_ms:.4f} ms (p10 {b.p10_ms:.4f}, p90 {b.p90_ms:.4f})")
     speed = "unknown (no GPU: correctness only)" if result.speedup is None else f"{result.speedup:.3f}x"
     table.add_row("speedup", speed)
+    if result.authority in AUTHORITY:
+        table.add_row("checked by", AUTHORITY[result.authority])
     table.add_row("checked in", f"{seconds:.1f} s")
     Console().print(table)

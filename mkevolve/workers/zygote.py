@@ -5,10 +5,15 @@ milliseconds. The zygote is trusted: it imports only installed packages and this
 candidate's file, and never opens a CUDA context (a forked child could not use it). Each child runs
 one candidate in its own session and exits; nothing of it comes back into the zygote.
 
+The next child is forked before it is needed: while one candidate runs, the next process already
+prepares what does not depend on its candidate (`standby`, e.g. a CUDA context and a started profiler,
+about 4 s on an H200), and then waits for its request.
+
 Protocol on the zygote's stdin/stdout, one JSON object per line:
     parent -> zygote   {"entry": "module:function", "payload": "<text>", "log": "<path>"}
-    (before the first request, each preloaded module's `zygote_warmup()`, if it has one, runs once)
     zygote -> parent   {"pid": N}, then {"exited": N, "status": <waitpid status>}
+Before the first request, each preloaded module's `zygote_warmup()`, if it has one, runs once. In the
+child, `entry(payload, state)` gets what `standby()` returned (None without a standby function).
 """
 
 from __future__ import annotations
@@ -60,10 +65,12 @@ class ZygoteError(RuntimeError):
 class Zygote:
     """The parent's handle on one zygote process; runs one child at a time."""
 
-    def __init__(self, preload: tuple[str, ...], env: dict[str, str], log_path: Path):
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], log_path: Path,
+                 standby: str | None = None):
         self._log = open(log_path, "ab")
+        standby_args = ["--standby", standby] if standby else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mkevolve.workers.zygote", *preload],
+            [sys.executable, "-m", "mkevolve.workers.zygote", *standby_args, *preload],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             start_new_session=True,
         )
@@ -159,20 +166,45 @@ def _rss_mb(pid: int) -> float:
 # ---- the zygote process --------------------------------------------------------------------------------
 
 
-def _child(entry: str, payload: str, log: str) -> None:
-    """In the forked child: own session, no channel back to the zygote, output to its own log."""
-    os.setsid()
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null_fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    os.close(null_fd)
+def _resolve(spec: str):
+    module_name, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
+def _fork_standby(standby: str | None) -> tuple[int, int]:
+    """Fork the next child now; it prepares (`standby()`) while the current one runs, then waits for its
+    request on a pipe only the zygote writes. Until then it stays in the zygote's process group, so closing
+    the zygote takes it along."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_fd)
+        _child(read_fd, standby)
+    os.close(read_fd)
+    return pid, write_fd
+
+
+def _child(read_fd: int, standby: str | None) -> None:
+    """In the forked child: prepare, wait for the request, then run it in a session of its own, with no
+    channel back to the zygote and its output in its own log."""
+    null_fd = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):  # the zygote's protocol pipes are not the child's to touch
+        os.dup2(null_fd, fd)
     code = _EXIT_CODE_UNCAUGHT
     try:
-        module_name, _, function = entry.partition(":")
-        code = int(getattr(importlib.import_module(module_name), function)(payload))
+        state = _resolve(standby)() if standby else None
+        with os.fdopen(read_fd, "rb") as pipe:
+            message = pipe.read()
+        if not message:  # the zygote closed without a request for this child
+            os._exit(0)
+        request = json.loads(message)
+        os.setsid()
+        log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.close(null_fd)
+        code = int(_resolve(request["entry"])(request["payload"], state))
     except BaseException:  # noqa: BLE001 - the child must always end through os._exit
         import traceback
 
@@ -183,8 +215,11 @@ def _child(entry: str, payload: str, log: str) -> None:
         os._exit(code)
 
 
-def main(preload: list[str]) -> None:
-    for name in preload:
+def main(args: list[str]) -> None:
+    standby = None
+    if args[:1] == ["--standby"]:
+        standby, args = args[1], args[2:]
+    for name in args:
         module = importlib.import_module(name)
         # A preloaded module may prepare once what every child would otherwise build again; it must
         # not open a CUDA context (a forked child could not use it).
@@ -192,15 +227,16 @@ def main(preload: list[str]) -> None:
         if callable(warmup):
             warmup()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    next_pid, next_fd = _fork_standby(standby)
     stdout.write(b'{"ready": true}\n')
     stdout.flush()
     for line in stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(request["entry"], request["payload"], request["log"])
+        pid, fd = next_pid, next_fd
+        os.write(fd, line)
+        os.close(fd)
         stdout.write(json.dumps({"pid": pid}).encode() + b"\n")
         stdout.flush()
+        next_pid, next_fd = _fork_standby(standby)
         _, status = os.waitpid(pid, 0)
         stdout.write(json.dumps({"exited": pid, "status": status}).encode() + b"\n")
         stdout.flush()
