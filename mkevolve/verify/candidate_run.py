@@ -126,7 +126,7 @@ _ERROR_STATUS = {"import": Status.COMPILE_ERROR, "compile": Status.COMPILE_ERROR
 
 def _forged(detail: str) -> Rejected:
     return Rejected(Status.CHEATING, f"[{Rule.FORGED_RESULT.value}] the candidate process's result is not "
-                           f"what its harness wrote: {detail}", rule=Rule.FORGED_RESULT.value)
+                    f"what its harness wrote: {detail}", rule=Rule.FORGED_RESULT.value)
 
 
 def parse_report(body: dict) -> CandidateReport:
@@ -136,7 +136,7 @@ def parse_report(body: dict) -> CandidateReport:
         failure = None
         if error is not None:
             failure = Rejected(_ERROR_STATUS[error["kind"]], str(error["message"])[:1000],
-                                      error["line"] if isinstance(error.get("line"), int) else None)
+                               error["line"] if isinstance(error.get("line"), int) else None)
         return CandidateReport(
             denials=[str(d)[:500] for d in body["denials"]],
             error=failure,
@@ -169,22 +169,22 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
                                   for c in plan.calls])
                  for ref, plan in zip(references, plans)],
     )
-    exit = start_candidate(_HARNESS_ENTRY, candidate, scratch, request.timeout_s, request.memory_limit_gb * 1024)
-    if exit.timed_out:
+    ended = start_candidate(_HARNESS_ENTRY, candidate, scratch, request.timeout_s, request.memory_limit_gb * 1024)
+    if ended.timed_out:
         raise Rejected(Status.TIMEOUT, f"no result within the {request.timeout_s:g} s time limit; "
                        "candidate process killed")
-    if exit.memory_exceeded:
-        raise Rejected(Status.CRASHED, exit.describe())
+    if ended.memory_exceeded:
+        raise Rejected(Status.CRASHED, ended.describe())
     if not (scratch / REPORT_FILE).exists():
-        if exit.code == 0:
+        if ended.code == 0:
             # The harness exits 0 only after writing its report: code that ended the process with 0 before
             # then pretended a success (whatever it printed on the way went to a log, not to the judge).
             raise _forged("the candidate's code ended its process with exit status 0 before the harness "
                           "wrote a report")
-        raise Rejected(Status.CRASHED, f"{exit.describe()} before its harness wrote a report"
+        raise Rejected(Status.CRASHED, f"{ended.describe()} before its harness wrote a report"
                        f"{_log_tail(scratch / _LOG_FILE)}")
     report = parse_report(read_signed_report(scratch, key))
-    report.peak_rss_mb = exit.peak_rss_mb
+    report.peak_rss_mb = ended.peak_rss_mb
     return report
 
 

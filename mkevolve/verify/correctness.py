@@ -165,8 +165,8 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
             errors.failure = f"trial {check.trial}{where}: {mismatch}"
             raise Rejected(Status.INCORRECT, errors.failure)
         raise Rejected(Status.CHEATING, f"[{Rule.TIMED_OUTPUT.value}] call {check.call} of {plan.length}{where}, "
-                       f"after the correctness trials, returned a wrong result ({mismatch}); every call must do "
-                       "the work, not only the first ones", rule=Rule.TIMED_OUTPUT.value)
+                       f"a timed or late call rather than a correctness trial, returned a wrong result "
+                       f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
 
 
 def _config_label(problem: Problem, index: int) -> str:
