@@ -25,14 +25,22 @@ def largest_remainder(total: int, weights: dict[str, Fraction | float | int]) ->
 
 
 def allocate_budget(total: int, subproblems: list[str], needs_work: set[str],
-                    runtime_ms: dict[str, float | None]) -> dict[str, int]:
+                    runtime_ms: dict[str, float | None], exhausted: set[str] = frozenset()) -> dict[str, int]:
     """New or failing subproblems share the budget evenly; otherwise it follows measured runtime.
 
     Runtimes come from the last end-to-end evaluation; where none was measured (a CPU run, or
-    every share zero) the split is even.
+    every share zero) the split is even. Subproblems the agent has nothing more for (`exhausted`)
+    get no call, and the others share what they would have had; the parts add up to `total`
+    unless every subproblem is exhausted, when all are 0.
     """
-    if needs_work:
-        weights = {n: (1 if n in needs_work else 0) for n in subproblems}
+    open_ = [n for n in subproblems if n not in exhausted]
+    parts = dict.fromkeys(subproblems, 0)
+    if not open_:
+        return parts
+    wanted = needs_work & set(open_)
+    if wanted:
+        weights = {n: (1 if n in wanted else 0) for n in open_}
     else:
-        weights = {n: Fraction(runtime_ms.get(n) or 0).limit_denominator(10**9) for n in subproblems}
-    return largest_remainder(total, weights)
+        weights = {n: Fraction(runtime_ms.get(n) or 0).limit_denominator(10**9) for n in open_}
+    parts.update(largest_remainder(total, weights))
+    return parts

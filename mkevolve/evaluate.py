@@ -18,6 +18,7 @@ from mkevolve.config import config_from_args
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.solution import (
     MANIFEST,
+    Coverage,
     Manifest,
     SolutionError,
     is_pytorch_alternative,
@@ -80,12 +81,19 @@ class SolutionEvaluation:
     def failing_locally(self) -> list[str]:
         return [s.name for s in self.subkernels if not s.passed_locally]
 
+    @property
+    def coverage(self) -> Coverage:
+        """From the files themselves (a person may have swapped one by hand), not from the manifest."""
+        return Coverage(names=[s.name for s in self.subkernels],
+                        pytorch=[s.name for s in self.subkernels if s.kind is SubkernelKind.PYTORCH])
+
     def subkernel(self, name: str) -> SubkernelEvaluation:
         return next(s for s in self.subkernels if s.name == name)
 
     def to_dict(self) -> dict:
         return {"folder": self.folder, "problem": self.problem, "device": self.device, "passed": self.passed,
                 "diagnosis": self.diagnosis, "failing_locally": self.failing_locally,
+                "coverage": self.coverage.line(), "pytorch": self.coverage.pytorch,
                 "end_to_end": self.end_to_end.to_dict(),
                 "subkernels": [{**asdict(s), "kind": s.kind.value, "passed_locally": s.passed_locally}
                                for s in self.subkernels]}
@@ -206,6 +214,8 @@ def _subkernel(solution: SolutionFolder, name: str, result: EvalResult | None) -
                               edited=edited)
     if kind is SubkernelKind.MISSING:
         row.reason = f"no {KERNELS_DIR}/{name}.py"
+    if kind is SubkernelKind.PYTORCH and entry is not None and entry.reason:
+        row.reason = entry.reason  # why the run (or a swap) put PyTorch code there
     if result is not None:
         row.status, row.reason, row.speedup = result.status.value, result.reason, result.speedup
         row.max_abs_err, row.max_rel_err, row.precision = result.max_abs_err, result.max_rel_err, result.precision
@@ -285,6 +295,7 @@ def _notes(row: SubkernelEvaluation) -> list[str]:
 
 def print_evaluation(evaluation: SolutionEvaluation) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -309,3 +320,5 @@ def print_evaluation(evaluation: SolutionEvaluation) -> None:
     if not evaluation.on_gpu:
         console.print("speedup, share and Amdahl are unknown: there is no GPU, so the kernels ran under the "
                       "Triton interpreter for correctness only", soft_wrap=True)
+    style = "green" if evaluation.coverage.complete else "bold yellow"
+    console.print(f"[{style}]{escape(evaluation.coverage.line())}[/{style}]", soft_wrap=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich.markup import escape
 
 from mkevolve.agents import decompose as decompose_agent
 from mkevolve.agents import fuse as fuse_agent
@@ -21,21 +22,24 @@ from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.search.beam import Beam
-from mkevolve.solution import (ORIGIN_PYTORCH, Manifest, SubkernelEntry, copy_solution, pytorch_alternative,
-                               recover_solution, sha256_of)
+from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
+                               pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import Status
 from mkevolve.workers.pool import Job
 
 BEST = "best"
+STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
 
 
 @dataclass
 class RunOutcome:
     run_dir: Path
-    passed: bool
+    passed: bool                      # best/ holds a solution verified end to end
     speedup: float | None
     iterations: int
+    coverage: Coverage | None = None  # how much of best/ runs in Triton; None without best/
+    failure: str = ""                 # without best/: why the last iteration's composite did not pass
 
 
 def new_run_dir(out: str | Path, problem_path: Path) -> Path:
@@ -187,15 +191,21 @@ class Orchestrator:
     def _best_of(self, name: str):
         return self._beam(name).best if name in self.state.beams else None
 
+    def _exhausted(self, name: str) -> str | None:
+        """Why the agent has no (further) kernel for this subproblem; None while it may still be asked."""
+        return self._beam(name).exhausted_for(self.config.model)
+
     def _failing(self, name: str) -> bool:
-        """Tried and still without an accepted kernel; a subproblem never evolved is new, not failing."""
+        """Tried (or declined by the agent) and still without an accepted kernel; a subproblem never evolved
+        is new, not failing."""
         beam = self._beam(name)
-        return beam.next_seq > 0 and beam.best is None
+        return (beam.next_seq > 0 or self._exhausted(name) is not None) and beam.best is None
 
     def _budget(self, decomposition: Decomposition) -> dict[str, int]:
         needs_work = {n for n in decomposition.names if self._best_of(n) is None}
+        exhausted = {n for n in decomposition.names if self._exhausted(n) is not None}
         last = self.state.history[-1].runtime_ms if self.state.history else {}
-        return allocate_budget(self.config.budget, decomposition.names, needs_work, last)
+        return allocate_budget(self.config.budget, decomposition.names, needs_work, last, exhausted)
 
     def _evolve_all(self, t: int, decomposition: Decomposition) -> None:
         folder = iteration_dir(self.run_dir, t)
@@ -212,15 +222,18 @@ class Orchestrator:
             self.display.view.rows[name] = SubproblemRow(status="evolving", calls=budget[name])
             context = RefineContext(share=(shares.get(name, 0.0) / total_ms) if total_ms else None,
                                     end_to_end_ms=total_ms)
-            beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", self._beam(name),
+            before = self._beam(name)
+            beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before,
                                  budget[name], self.verifier, self.client, self.config,
                                  folder / "candidates", context)
             self.state.beams[name] = beam.to_dict()
             self.state.evolved.append(name)
             best = beam.best
             self.display.view.rows[name] = SubproblemRow(status="passing" if best else "failing",
-                                                         calls=budget[name],
+                                                         calls=beam.next_seq - before.next_seq,
                                                          speedup=best.result.speedup if best else None)
+            if beam.exhausted is not None and before.exhausted is None:
+                self.display.log(f"iteration {t}: {name}: {beam.exhausted.reason}; no further call for it")
             self.display.view.tokens = self.client.tokens().total.total
             self.state.save(self.run_dir)
         self._checkpoint(Step.EVOLVED)
@@ -235,21 +248,41 @@ class Orchestrator:
                                  subproblems=decomposition.names, budget=dict(self.state.budget),
                                  subkernels=subkernels)
         missing = [n for n, r in subkernels.items() if r.candidate is None]
-        if missing:
-            record.e2e_status = Status.INCORRECT.value
-            record.e2e_reason = f"no accepted kernel yet for {', '.join(missing)}"
-            return record
-        write_solution(folder, decomposition, {n: self._best_of(n).source for n in decomposition.names})
-        result = self.verifier.check_composite(self.problem_path, folder)
+        # Guarded completion: a subproblem without an accepted kernel keeps its own PyTorch code, declared to
+        # the verifier (and in the manifest) as such, so the iteration still yields a verified solution.
+        record.pytorch = missing
+        for name in missing:
+            record.subkernels[name].origin, record.subkernels[name].reason = ORIGIN_PYTORCH, self._no_kernel(name)
+            self.display.log(f"iteration {t}: {name} runs its PyTorch code: {record.subkernels[name].reason}")
+        kernels = {n: pytorch_alternative(decomposition.subproblem(n).source) if n in missing
+                   else self._best_of(n).source for n in decomposition.names}
+        write_solution(folder, decomposition, kernels)
+        result = self.verifier.check_composite(self.problem_path, folder, pytorch=frozenset(missing))
         record.e2e_status, record.e2e_reason, record.e2e_speedup = result.status.value, result.reason, result.speedup
         if result.passed:
             record.runtime_ms = self._profile(folder)
             for name, ms in record.runtime_ms.items():
                 record.subkernels[name].runtime_ms = ms
         else:
-            self.state.needs_total_fuse = True  # every subkernel passed locally, end to end did not
-            self.display.log(f"iteration {t}: subkernels pass locally but end to end fails: {result.reason}")
+            self.state.needs_total_fuse = True  # every Triton subkernel passed locally, end to end did not
+            which = "every Triton subkernel passes" if missing else "subkernels pass"
+            self.display.log(f"iteration {t}: {which} locally but the composite fails end to end: "
+                             f"{result.status.value}: {result.reason}")
         return record
+
+    def _no_kernel(self, name: str) -> str:
+        """Why a subproblem has no accepted kernel: what the agent said, or the best verdict its candidates got."""
+        exhausted = self._exhausted(name)
+        if exhausted is not None:
+            return exhausted
+        beam = self._beam(name)
+        if beam.next_seq == 0:
+            return "no kernel requested yet (its budget this iteration was 0 calls)"
+        if not beam.members:
+            return f"none of its {beam.next_seq} candidate(s) had code"
+        closest = beam.members[0]
+        return (f"no accepted kernel among {beam.next_seq} candidate(s); the closest, {closest.id}: "
+                f"{closest.result.status.value}: {closest.result.reason[:200]}")
 
     def _subkernel_record(self, name: str) -> SubkernelRecord:
         best = self._best_of(name)
@@ -269,23 +302,22 @@ class Orchestrator:
 
     # -- keep the best -------------------------------------------------------------------------
 
-    def _score(self, record: IterationRecord) -> float | None:
-        if record.e2e_status != Status.OK.value:
-            return None
-        return record.e2e_speedup if record.e2e_speedup is not None else 1.0  # CPU: correct is all we know
+    def _best_record(self) -> IterationRecord | None:
+        return next((r for r in self.state.history if r.index == self.state.best_iteration), None)
 
     def _keep_if_best(self, record: IterationRecord) -> None:
-        score = self._score(record)
-        if score is None or (self.state.best_score is not None and score < self.state.best_score):
+        rank, best = solution_rank(record), self._best_record()
+        if rank is None or (best is not None and rank < solution_rank(best)):
             return
         record.kept = True
-        self.state.best_score, self.state.best_iteration = score, record.index
+        self.state.best_score, self.state.best_iteration = rank[1], record.index
         folder = iteration_dir(self.run_dir, record.index)
-        self._manifest(record).write(folder)
+        manifest = self._manifest(record)
+        manifest.write(folder)
         copy_solution(folder, self.run_dir / BEST)
         self.display.view.best = f"iteration {record.index}, speedup {_fmt(record.e2e_speedup)}"
-        self.display.log(f"iteration {record.index}: end to end passes (speedup {_fmt(record.e2e_speedup)}); "
-                         "kept as best/")
+        self.display.log(f"iteration {record.index}: end to end passes (speedup {_fmt(record.e2e_speedup)}), "
+                         f"{manifest.coverage.line()}; kept as best/")
 
     def _manifest(self, record: IterationRecord, origins: dict[str, str] | None = None) -> Manifest:
         import torch
@@ -296,11 +328,13 @@ class Orchestrator:
         folder = iteration_dir(self.run_dir, record.index)
         for name, sub in record.subkernels.items():
             source = (folder / "subkernel_implementations" / f"{name}.py").read_text(encoding="utf-8")
+            pytorch = name in record.pytorch
             entries[name] = SubkernelEntry(
-                origin=(origins or {}).get(name, sub.origin), candidate=sub.candidate, status=sub.status,
+                origin=(origins or {}).get(name, sub.origin), candidate=sub.candidate,
+                status=STATUS_PYTORCH if pytorch else sub.status,
                 speedup=sub.speedup, runtime_ms=sub.runtime_ms, precision=sub.precision,
                 runtime_share=(sub.runtime_ms / total) if total and sub.runtime_ms is not None else None,
-                sha256=sha256_of(source))
+                sha256=sha256_of(source), reason=sub.reason if pytorch else None)
         return Manifest(problem=str(self.problem_path), device=self.verifier.device_name,
                         status=record.e2e_status, speedup=record.e2e_speedup, iteration=record.index,
                         versions={"torch": str(torch.__version__), "triton": str(triton.__version__)},
@@ -316,10 +350,11 @@ class Orchestrator:
             self._swap_skipped("no end-to-end solution to swap in")
             return
         manifest = Manifest.read(best_dir)
-        speedups = {n: e.speedup for n, e in manifest.subkernels.items()}
+        # Only Triton subkernels are candidates: those already running PyTorch code have nothing to swap.
+        speedups = {n: e.speedup for n, e in manifest.subkernels.items() if n not in manifest.pytorch_subkernels}
         slow = sorted(n for n, s in speedups.items() if s is not None and s < self.config.tau)
         if len(speedups) < 2:
-            reason = "fewer than two subkernels"
+            reason = "fewer than two Triton subkernels"
         elif any(s is None for s in speedups.values()):
             reason = "subkernel speedups are unknown (no GPU)"
         elif not slow:
@@ -341,7 +376,8 @@ class Orchestrator:
         for name in slow:
             write_atomic(trial / "subkernel_implementations" / f"{name}.py",
                          pytorch_alternative(decomposition.subproblem(name).source))
-        result = self.verifier.check_composite(self.problem_path, trial, pytorch=frozenset(slow))
+        pytorch = frozenset(slow) | manifest.pytorch_subkernels
+        result = self.verifier.check_composite(self.problem_path, trial, pytorch=pytorch)
         better = result.passed and result.speedup is not None and result.speedup >= (manifest.speedup or 0.0)
         self.events.emit("swap", subkernels=slow, status=result.status.value, speedup=result.speedup,
                          previous=manifest.speedup, kept=better)
@@ -349,6 +385,7 @@ class Orchestrator:
             for name in slow:
                 entry = manifest.subkernels[name]
                 entry.origin, entry.candidate, entry.precision = ORIGIN_PYTORCH, None, None
+                entry.reason = f"--swap: at {_fmt(entry.speedup)} its torch.compile, below tau {self.config.tau}"
                 entry.sha256 = sha256_of((trial / "subkernel_implementations" / f"{name}.py").read_text())
             manifest.speedup = result.speedup
             manifest.write(trial)
@@ -371,12 +408,24 @@ class Orchestrator:
         self.display.update()
 
     def _outcome(self) -> RunOutcome:
-        best = self.state.best_iteration
-        speedup = None
-        if best is not None:
-            speedup = next(r.e2e_speedup for r in self.state.history if r.index == best)
-        return RunOutcome(run_dir=self.run_dir, passed=best is not None, speedup=speedup,
-                          iterations=self.state.iteration)
+        outcome = RunOutcome(run_dir=self.run_dir, passed=self.state.best_iteration is not None, speedup=None,
+                             iterations=self.state.iteration)
+        if outcome.passed:
+            manifest = Manifest.read(self.run_dir / BEST)  # after --swap, best/ is what the manifest says
+            outcome.speedup, outcome.coverage = manifest.speedup, manifest.coverage
+        elif self.state.history:
+            last = self.state.history[-1]
+            outcome.failure = f"iteration {last.index}: {last.e2e_status}: {last.e2e_reason}"
+        return outcome
+
+
+def solution_rank(record: IterationRecord) -> tuple[bool, float] | None:
+    """How an iteration's solution compares (higher is better; None: it did not pass end to end). One entirely
+    in Triton beats a partial one whatever their speeds: the user asked for kernels, and trading a slow kernel
+    for PyTorch is --swap's guarded decision. Then the faster; on a CPU, correct is all that is known."""
+    if record.e2e_status != Status.OK.value:
+        return None
+    return not record.pytorch, record.e2e_speedup if record.e2e_speedup is not None else 1.0
 
 
 def _fmt(value: float | None) -> str:
@@ -446,12 +495,18 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
 
 
 def run_command(args) -> int:
-    """`mkevolve run`: 0 when best/ holds a verified end-to-end solution, 1 when none passed, 2 bad input."""
+    """`mkevolve run`: 0 when best/ holds a verified end-to-end solution (all in Triton or partial), 1 when
+    none passed, 2 bad input."""
     try:
         problem_path, config, run_dir, state = prepare_run(args)
     except StateError as err:
         raise ProblemError(Path(args.resume) / "state.json", str(err).split(": ", 1)[-1]) from None
     outcome, _ = execute_run(problem_path, config, run_dir, state)
+    # A partial best/ (some subkernels run their PyTorch code) still exits 0: the status answers "is there a
+    # verified solution to use?", as `eval` and `swap ... pytorch` answer it for the same folder, and 1
+    # would make it look like no best/ at all. What the user got is said in the last line and the manifest,
+    # and `pack` lists, and `check` rejects, a file with PyTorch subkernels, so nothing downstream takes a
+    # partial solution for an all-Triton one.
     return 0 if outcome.passed else 1
 
 
@@ -465,13 +520,21 @@ def _write_report(run_dir: Path, display: RunDisplay) -> None:
 
 def _print_summary(outcome: RunOutcome, display: RunDisplay) -> None:
     if not outcome.passed:
-        display.console.print(f"[red]no end-to-end solution passed[/red] after {outcome.iterations} iteration(s); "
-                              f"candidates and verdicts are in {outcome.run_dir / 'iterations'}")
+        why = f" ({outcome.failure})" if outcome.failure else ""
+        display.console.print(f"[red]no end-to-end solution passed[/red] after {outcome.iterations} iteration(s)"
+                              f"{escape(why)}; candidates and verdicts are in {outcome.run_dir / 'iterations'}",
+                              soft_wrap=True)
         return
     manifest = Manifest.read(outcome.run_dir / BEST)
-    rows = [(name, e.status, _fmt(e.speedup),
+    rows = [(name, e.status, "n/a (PyTorch)" if name in outcome.coverage.pytorch else _fmt(e.speedup),
              "unknown" if e.runtime_share is None else f"{100 * e.runtime_share:.1f}%", e.origin)
             for name, e in manifest.subkernels.items()]
     title = f"best/ (iteration {manifest.iteration}): end to end {manifest.status}, speedup {_fmt(manifest.speedup)}"
     display.console.print(final_table(rows, title))
+    for name in outcome.coverage.pytorch:
+        reason = manifest.subkernels[name].reason or "declared PyTorch code"
+        display.console.print(f"  {name}: PyTorch code: {reason}", markup=False, highlight=False, soft_wrap=True)
     display.console.print(f"solution: {outcome.run_dir / BEST}")
+    # The last line says what the user got; a partial solution says so loudly (its exit status is still 0).
+    style = "green" if outcome.coverage.complete else "bold yellow"
+    display.console.print(f"[{style}]{escape(outcome.coverage.line())}[/{style}]", soft_wrap=True)

@@ -174,6 +174,15 @@ def _measured(events: list[dict], history: list[IterationRecord]) -> bool:
             or any(e.get("speedup") is not None for e in events if e.get("kind") in ("candidate", "verdict")))
 
 
+def _pytorch_notes(manifest: Manifest | None) -> list[str]:
+    """Each subkernel of best/ that runs its subproblem's PyTorch code, and why it has no Triton kernel."""
+    if manifest is None:
+        return []
+    return [f"{name} runs its subproblem's PyTorch code, not a Triton kernel: "
+            f"{manifest.subkernels[name].reason or 'declared so in the manifest'}."
+            for name in manifest.coverage.pytorch]
+
+
 def _notes(events: list[dict], device: str, measured: bool) -> list[str]:
     notes = []
     if device == "cpu":
@@ -368,14 +377,14 @@ def build_page(run_dir: Path) -> ReportPage:
     return ReportPage(
         title=f"mkevolve: {problem_path.stem} ({state.run_id})", run_dir=str(run_dir.resolve()),
         problem_path=str(problem_path), problem_source=source, model=_model(run_dir), device=device,
-        verdict=(f"end to end passes (best: iteration {state.best_iteration})" if passed
-                 else "no end-to-end solution passed"),
+        verdict=(f"end to end passes (best: iteration {state.best_iteration}); {manifest.coverage.line()}"
+                 if passed else "no end-to-end solution passed"),
         passed=passed, final_speedup=_fmt_speedup(manifest.speedup, unknown) if manifest else "-", measured=measured,
         best_iteration=state.best_iteration, subkernels=_subkernel_rows(manifest, state.history, unknown),
         iterations=_iteration_rows(state.history, unknown), tokens=token_rows(events),
         speedup_svg=speedup_plot(state.history),
         graph_svg=graph_plot(decomposition) if decomposition else "", graph_caption=caption,
-        notes=[n for n in [manifest_problem] if n] + _notes(events, device, measured),
+        notes=[n for n in [manifest_problem] if n] + _pytorch_notes(manifest) + _notes(events, device, measured),
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
 

@@ -38,6 +38,7 @@ class SubkernelRecord:
     candidate: str | None = None
     origin: str = ""
     precision: str | None = None
+    reason: str = ""                  # why it has no accepted kernel (and its PyTorch code stands in)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class IterationRecord:
     runtime_ms: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     kept: bool = False
+    pytorch: list[str] = field(default_factory=list)   # composed with their PyTorch code: no accepted kernel
 
     @classmethod
     def from_dict(cls, data: dict) -> "IterationRecord":

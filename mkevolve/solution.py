@@ -32,6 +32,7 @@ class SubkernelEntry:
     precision: str | None = None
     sha256: str = ""
     reused_from: str | None = None    # "<solution folder> (<subkernel>)" when `port` carried it over
+    reason: str | None = None         # for PyTorch code a run put in: why no Triton kernel was accepted
 
 
 @dataclass
@@ -62,6 +63,35 @@ class Manifest:
     @property
     def pytorch_subkernels(self) -> set[str]:
         return {n for n, e in self.subkernels.items() if e.origin == ORIGIN_PYTORCH}
+
+    @property
+    def coverage(self) -> "Coverage":
+        pytorch = self.pytorch_subkernels
+        return Coverage(names=list(self.subkernels), pytorch=[n for n in self.subkernels if n in pytorch])
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a solution runs in Triton, as a run's last line, its report and `eval` say it."""
+
+    names: list[str]                  # every subkernel, in order
+    pytorch: list[str]                # those that run their subproblem's PyTorch code instead
+
+    @property
+    def triton(self) -> int:
+        return len(self.names) - len(self.pytorch)
+
+    @property
+    def complete(self) -> bool:
+        return not self.pytorch
+
+    def line(self) -> str:
+        """Either 'all 3 subkernels in Triton' or 'partial: 2 of 3 in Triton (cumsum runs PyTorch code)'."""
+        if self.complete:
+            return f"all {len(self.names)} subkernel{'s' if len(self.names) != 1 else ''} in Triton"
+        verb = "runs" if len(self.pytorch) == 1 else "run"
+        return (f"partial: {self.triton} of {len(self.names)} in Triton "
+                f"({', '.join(self.pytorch)} {verb} PyTorch code)")
 
 
 def sha256_of(text: str) -> str:

@@ -73,6 +73,8 @@ def run_one(problem: Path, args, out: Path) -> dict:
     best = state.get("best_iteration")
     record.update({
         "correct": best is not None,
+        # Subproblems that ran their PyTorch code in the kept solution (guarded completion): [] is all Triton.
+        "pytorch": next((h.get("pytorch", []) for h in state["history"] if h["index"] == best), None),
         "speedup": next((h["e2e_speedup"] for h in state["history"] if h["index"] == best), None),
         "subproblems": state["history"][-1]["subproblems"] if state["history"] else [],
         "e2e_per_iteration": [(h["e2e_status"], h["e2e_speedup"]) for h in state["history"]],
@@ -116,7 +118,8 @@ def main() -> None:
             results.append(r)
             results.sort(key=lambda record: record["problem"])
             speed = "unknown" if r.get("speedup") is None else f"{r['speedup']:.3f}x"
-            print(f"{r['problem']:58} correct={r.get('correct')} speedup={speed} wall={r['wall_s']}s "
+            print(f"{r['problem']:58} correct={r.get('correct')} pytorch={r.get('pytorch')} speedup={speed} "
+                  f"wall={r['wall_s']}s "
                   f"overhead={r.get('overhead_s')} {r.get('failure') or ''}", flush=True)
             write(args, results, time.perf_counter() - started)
     summary = summarize(results)
@@ -129,6 +132,7 @@ def summarize(results: list[dict]) -> dict:
     iteration_s = sum(sum(r.get("iteration_s", [])) for r in results)
     overhead_s = sum(sum(r.get("overhead_s", [])) for r in results)
     return {"correct": sum(1 for r in results if r.get("correct")), "total": len(results),
+            "all_triton": sum(1 for r in results if r.get("correct") and r.get("pytorch") == []),
             "speedup_geomean": statistics.geometric_mean(speedups) if speedups else None,
             "speedup_median": statistics.median(speedups) if speedups else None,
             "at_least_1x": sum(1 for s in speedups if s >= 1.0),

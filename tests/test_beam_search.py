@@ -235,7 +235,10 @@ def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
     class UnsupportedSubproblem(Exception):
         pass
 
-    def variant_count(problem_path, target):
+    class UnsupportedOps(UnsupportedSubproblem):
+        pass
+
+    def variant_count(problem_path, target, mode=None):
         if unsupported:
             raise UnsupportedSubproblem(unsupported)
         return count
@@ -244,8 +247,8 @@ def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
         return _Generated(f"# fixture: v{variant}\n# target {target}\n# mode {mode}\n", "ieee", variant,
                           "Template kernel")
 
-    module.UnsupportedSubproblem, module.variant_count, module.generate_kernel = (
-        UnsupportedSubproblem, variant_count, generate_kernel)
+    module.UnsupportedSubproblem, module.UnsupportedOps = UnsupportedSubproblem, UnsupportedOps
+    module.variant_count, module.generate_kernel = variant_count, generate_kernel
     monkeypatch.setitem(sys.modules, "mkevolve.llm.builtin.kernels", module)
 
 
@@ -269,21 +272,53 @@ def test_builtin_task_explains_an_unsupported_subproblem_in_prose(monkeypatch):
         extract_code(reply)
 
 
-def test_builtin_model_gives_each_request_the_next_variant(tmp_path):
-    """The real generator, answered in a worker: relu_shift has three CPU variants, so a fourth request
-    gets no code."""
+def test_builtin_model_gives_each_request_the_next_variant_and_stops_at_the_last(tmp_path):
+    """The real generator, answered in a worker: relu_shift has three CPU variants, so of a budget of four
+    only three calls are made, and a later search on the same beam makes none."""
     verdicts = {"cpu-single-block-rows": EvalResult(status=Status.INCORRECT, max_abs_err=1.0, max_rel_err=1.0),
                 "cpu-looped-rows": EvalResult(status=Status.OK), "cpu-split-rows": EvalResult(status=Status.OK)}
     config = RunConfig(model="builtin", beam_width=2)
-    client = make_client(config, cache_dir=tmp_path / "cache")
+    events = EventLog()
+    client = make_client(config, events, cache_dir=tmp_path / "cache")
     verifier = FakeVerifier(verdicts, device_name="cpu")
     beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 4, verifier, client, config,
                          tmp_path / "candidates")
     assert verifier.checked == ["cpu-single-block-rows", "cpu-looped-rows", "cpu-split-rows"]
     assert [m.id for m in beam.members] == ["c0001", "c0002"]  # passing, older first on CPU
-    assert "all 3 have been tried" in saved(tmp_path, "c0003")["reply_excerpt"]
-    assert saved(tmp_path, "c0002")["kind"] == "refine" and saved(tmp_path, "c0003")["kind"] == "debug"
+    assert saved(tmp_path, "c0002")["kind"] == "refine" and beam.next_seq == 3
+    assert not (tmp_path / "candidates" / "relu_shift" / "c0003.json").exists()
+    assert beam.exhausted_for("builtin") == ("the builtin generator has no further kernel for this subproblem: "
+                                             "all 3 of its variants have been tried")
+    assert beam.exhausted_for("anthropic/claude-opus-4-5") is None  # another model may still be asked
+    again = evolve_kernel("relu_shift", PROBLEM, beam, 4, verifier, client, config, tmp_path / "candidates")
+    assert client.provider_calls == 3 and again.next_seq == 3 and again.exhausted == beam.exhausted
+    assert [(e["calls"], e["budget"]) for e in events.of_kind("beam")] == [(3, 4), (0, 4)]
     assert client.cache is None and not (tmp_path / "cache").exists()
+
+
+def test_builtin_model_declines_a_subproblem_it_cannot_write_without_a_call(tmp_path):
+    """The real generator on an LSTM: it says what it has no kernel for, and no request is made."""
+    config = RunConfig(model="builtin", beam_width=4)
+    events = EventLog()
+    client = make_client(config, events)
+    verifier = FakeVerifier(device_name="cpu")
+    lstm = Path(__file__).resolve().parent / "subproblems" / "lstm.py"
+    beam = evolve_kernel("lstm", lstm, Beam(width=4), 8, verifier, client, config, tmp_path / "candidates")
+    assert beam.exhausted_for("builtin") == "the builtin generator has no kernel for: nn.LSTM"
+    assert client.provider_calls == 0 and beam.next_seq == 0 and beam.members == []
+    assert verifier.checked == [] and not (tmp_path / "candidates").exists()
+    assert events.of_kind("llm_call") == [] and events.of_kind("beam")[0]["exhausted"] == beam.exhausted.reason
+    restored = Beam.from_dict(json.loads(json.dumps(beam.to_dict())))
+    assert restored.exhausted == beam.exhausted
+
+
+def test_a_reply_without_code_is_quoted_in_the_verdict(tmp_path):
+    script = tmp_path / "refusal.yaml"
+    script.write_text("replies:\n  - {agent: generate, reply: \"I cannot write a kernel for a cumsum.\"}\n")
+    beam, _, _ = run_script(tmp_path, script, FakeVerifier(), budget=1)
+    reason = saved(tmp_path, "c0000")["result"]["reason"]
+    assert reason.startswith("no code: the reply has no fenced code block")
+    assert reason.endswith("the reply says: I cannot write a kernel for a cumsum.") and beam.best is None
 
 
 @pytest.mark.slow

@@ -41,3 +41,21 @@ def test_parts_always_add_up(total):
 
 def test_no_subproblems():
     assert allocate_budget(32, [], needs_work=set(), runtime_ms={}) == {}
+
+
+def test_exhausted_subproblems_get_no_call_and_the_others_share_theirs():
+    parts = allocate_budget(8, ["a", "b", "c"], needs_work={"a", "b"}, runtime_ms={}, exhausted={"b"})
+    assert parts == {"a": 8, "b": 0, "c": 0}
+    parts = allocate_budget(9, ["a", "b", "c"], needs_work=set(), runtime_ms={"a": 1.0, "b": 5.0, "c": 2.0},
+                            exhausted={"b"})
+    assert parts == {"a": 3, "b": 0, "c": 6}
+
+
+def test_a_failing_subproblem_that_is_exhausted_leaves_the_budget_to_runtime():
+    parts = allocate_budget(6, ["a", "b", "c"], needs_work={"b"}, runtime_ms={"a": 1.0, "c": 2.0},
+                            exhausted={"b"})
+    assert parts == {"a": 2, "b": 0, "c": 4}
+
+
+def test_every_subproblem_exhausted_means_no_call_at_all():
+    assert allocate_budget(8, ["a", "b"], needs_work={"a"}, runtime_ms={}, exhausted={"a", "b"}) == {"a": 0, "b": 0}

@@ -12,7 +12,8 @@ import pytest
 import torch
 import triton
 
-from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.llm.builtin.kernels import (GeneratedKernel, UnsupportedOps, UnsupportedSubproblem, generate_kernel,
+                                          variant_count)
 from mkevolve.llm.builtin.kernels.cleanup import drop_unused_assignments
 from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
@@ -132,10 +133,22 @@ def test_module_attributes_are_read_at_run_time():
 
 
 def test_lstm_is_unsupported_with_a_clear_message():
-    with pytest.raises(UnsupportedSubproblem, match=r"nn\.LSTM is not supported"):
+    with pytest.raises(UnsupportedSubproblem, match=r"no kernel template for: nn\.LSTM$"):
         generate_kernel(SUBPROBLEMS / "lstm.py", 0, TARGET)
     with pytest.raises(UnsupportedSubproblem, match="LSTM"):
         variant_count(SUBPROBLEMS / "lstm.py", TARGET)
+
+
+def test_every_op_without_a_template_is_named_at_once(tmp_path):
+    path = tmp_path / "scan.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.cumsum(torch.relu(x), dim=1) + torch.cumprod(x, dim=1) + x.cummax(dim=1).values\n\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
+    with pytest.raises(UnsupportedOps) as caught:
+        variant_count(path, TARGET)
+    assert caught.value.ops == ("torch.cumsum", "torch.cumprod", "Tensor.cummax")
 
 
 DROPOUT = """

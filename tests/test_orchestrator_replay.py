@@ -4,12 +4,15 @@ The problem (fixtures/replay_run/sharp_sigmoid.py) is y = sigmoid(20 x) / 2 on x
 
 split run (split_total_fuse.yaml; --refine-every 3, 4 iterations, budget 2, no --fuse)
   0  Decompose: scale (x * 20), squash_halve (sigmoid(x) / 2)
-  1  both new, one call each; squash_halve's kernel has the exponent's sign wrong: it fails
-  2  no refinement; squash_halve is failing and takes both calls (two more failures); scale keeps its beam
+  1  both new, one call each; squash_halve's kernel has the exponent's sign wrong: it fails, so its own
+     PyTorch code stands in (guarded completion) and the iteration passes end to end, partial
+  2  no refinement; squash_halve is failing and takes both calls (two more failures); scale keeps its beam;
+     partial again
   3  refinement: Split squash_halve into squash and halve; the squash kernel is exact only for x <= 5, which
      its own randn inputs never exceed, so every subkernel passes alone, but the composite feeds it 20 x
      and fails end to end
-  4  TotalFuse (not a refinement step: 4 % 3 != 0) into one subproblem, whole, whose kernel passes
+  4  TotalFuse (not a refinement step: 4 % 3 != 0) into one subproblem, whole, whose kernel passes: the
+     first solution entirely in Triton, which replaces the partial best/
 
 fuse run (fuse.yaml; --fuse --refine-every 2, 2 iterations, budget 3)
   0  Decompose: scale, squash, halve
@@ -160,16 +163,19 @@ def test_split_run_calls_the_agents_in_order_and_uses_every_reply_once(split_run
 
 def test_split_run_history(split_run):
     assert history(split_run) == [
-        (1, "none", ["scale", "squash_halve"], {"scale": 1, "squash_halve": 1}, "incorrect"),
-        (2, "none", ["scale", "squash_halve"], {"scale": 0, "squash_halve": 2}, "incorrect"),
+        (1, "none", ["scale", "squash_halve"], {"scale": 1, "squash_halve": 1}, "ok"),
+        (2, "none", ["scale", "squash_halve"], {"scale": 0, "squash_halve": 2}, "ok"),
         (3, "split", ["scale", "squash", "halve"], {"scale": 0, "squash": 1, "halve": 1}, "incorrect"),
         (4, "total_fuse", ["whole"], {"whole": 2}, "ok"),
     ]
     state = RunState.load(split_run)
     first, second, third, _ = state.history
-    assert "no accepted kernel yet for squash_halve" in first.e2e_reason
-    assert "no accepted kernel yet for squash_halve" in second.e2e_reason
-    assert [r.kept for r in state.history] == [False, False, False, True]
+    # Without an accepted kernel squash_halve ran its PyTorch code, which says why.
+    assert [r.pytorch for r in state.history] == [["squash_halve"], ["squash_halve"], [], []]
+    assert first.subkernels["squash_halve"].origin == second.subkernels["squash_halve"].origin == "pytorch"
+    assert "no accepted kernel among 1 candidate(s); the closest, c0000: incorrect" in \
+        first.subkernels["squash_halve"].reason
+    assert [r.kept for r in state.history] == [True, True, False, True]
     assert state.step is Step.FINISHED and state.best_iteration == 4 and not state.needs_total_fuse
     # scale's one kernel, from iteration 1, is the one every later iteration uses.
     assert first.subkernels["scale"].candidate == "c0000"
@@ -201,7 +207,7 @@ def test_local_pass_global_fail_leads_to_total_fuse(split_run):
     accepted = (iteration(split_run, 3) / "subkernel_implementations" / "squash.py").read_text()
     assert accepted == fixture_kernel("kernel_squash_saturating.md")
     composite = [e["status"] for e in events(split_run, "verdict") if e.get("composite")]
-    assert composite == ["incorrect", "ok"]  # iterations 1 and 2 had no kernel for squash_halve to compose
+    assert composite == ["ok", "ok", "incorrect", "ok"]  # 1 and 2 with squash_halve's PyTorch code
     assert subproblem_files(split_run, 4) == {"whole"}
     assert list(RunState.load(split_run).beams) == ["whole"]  # the beams of deleted subproblems are gone
 

@@ -11,16 +11,18 @@ from typing import Protocol
 from mkevolve.config import RunConfig
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.client import LLMClient
+from mkevolve.llm.providers import LLMCallError
 from mkevolve.llm.parse import ReplyFormatError, extract_code
-from mkevolve.llm.types import LLMRequest, LLMResponse
+from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.prompts import render
-from mkevolve.search.beam import Beam, Candidate, PromptKind, beam_search, candidate_id
+from mkevolve.search.beam import Beam, Candidate, Exhausted, PromptKind, beam_search, candidate_id
 from mkevolve.search.parallel import parallel_sampling
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.workers.pool import Job, JobOutcome
 
 REPLY_EXCERPT_CHARS = 2000
+REPLY_QUOTE_CHARS = 300   # of a reply without code, quoted in the candidate's reason
 
 
 class KernelVerifier(Protocol):
@@ -53,18 +55,42 @@ class KernelTask:
     target: str           # "cuda", or "cpu" when kernels run under the Triton interpreter
     eval_mode: bool = False   # the module mode the verifier compares in
 
+    @property
+    def mode(self) -> str:
+        return "eval" if self.eval_mode else "train"
+
     def builtin_reply(self) -> str:
         from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
 
         try:
-            count = variant_count(self.problem_path, self.target)
+            count = variant_count(self.problem_path, self.target, mode=self.mode)
             if self.variant >= count:
                 return render("builtin_kernel_reply.j2", kernel=None, unsupported=None, count=count)
-            kernel = generate_kernel(self.problem_path, variant=self.variant, target=self.target,
-                                     mode="eval" if self.eval_mode else "train")
+            kernel = generate_kernel(self.problem_path, variant=self.variant, target=self.target, mode=self.mode)
         except UnsupportedSubproblem as err:
-            return render("builtin_kernel_reply.j2", kernel=None, unsupported=str(err), count=0)
+            return render("builtin_kernel_reply.j2", kernel=None, unsupported=builtin_decline(err), count=0)
         return render("builtin_kernel_reply.j2", kernel=kernel, unsupported=None, count=count)
+
+    def builtin_repertoire(self) -> Repertoire:
+        """The builtin generator's variant count for this subproblem (each request asks for the next), or
+        none and what it has no kernel for."""
+        from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, variant_count
+
+        try:
+            count = variant_count(self.problem_path, self.target, mode=self.mode)
+        except UnsupportedSubproblem as err:
+            return Repertoire(replies=0, reason=builtin_decline(err))
+        return Repertoire(replies=count, reason=f"the builtin generator has no further kernel for this "
+                                                f"subproblem: all {count} of its variants have been tried")
+
+
+def builtin_decline(err: Exception) -> str:
+    """What the builtin generator says it cannot write: every op it lacks when that is the reason."""
+    from mkevolve.llm.builtin.kernels import UnsupportedOps
+
+    if isinstance(err, UnsupportedOps):
+        return f"the builtin generator has no kernel for: {', '.join(err.ops)}"
+    return f"the builtin generator has no kernel for this subproblem: {err}"
 
 
 def _code_or_failure(response: LLMResponse) -> tuple[str, EvalResult | None]:
@@ -75,7 +101,10 @@ def _code_or_failure(response: LLMResponse) -> tuple[str, EvalResult | None]:
     try:
         return extract_code(response.text), None
     except ReplyFormatError as err:
-        return "", EvalResult(status=Status.COMPILE_ERROR, reason=f"no code: {err}")
+        # What the reply said instead (a refusal, a question) is the truthful part of this verdict.
+        said = " ".join(response.text.split())[:REPLY_QUOTE_CHARS]
+        reason = f"no code: {err}" + (f"; the reply says: {said}" if said else "")
+        return "", EvalResult(status=Status.COMPILE_ERROR, reason=reason)
 
 
 def input_shapes_job(problem_path: str) -> list[str]:
@@ -127,8 +156,6 @@ class KernelAgent:
         self.context = context or RefineContext()
         self.events = client.events
         self.device = verifier.device_name
-        if beam.input_shapes is None:
-            beam.input_shapes = self._input_shapes()
 
     def _input_shapes(self) -> list[str]:
         job = Job("mkevolve.agents.evolve:input_shapes_job",
@@ -147,21 +174,51 @@ class KernelAgent:
         return PromptKind.REFINE if parent.passed else PromptKind.DEBUG
 
     def prompt(self, kind: PromptKind, parent: Candidate | None) -> str:
+        if self.beam.input_shapes is None:  # found once, at the first prompt: no job for a subproblem never asked
+            self.beam.input_shapes = self._input_shapes()
         variables = {"subproblem": self.subproblem, "problem_source": self.problem_source,
-                     "shapes": self.beam.input_shapes or [], "device": self.device,
+                     "shapes": self.beam.input_shapes, "device": self.device,
                      "on_gpu": self.device not in ("cpu", "unknown")}
         if parent is not None:
             variables.update(code=parent.source, verdict=parent.result, share=self.context.share,
                              end_to_end_ms=self.context.end_to_end_ms)
         return render(f"{kind.value}.j2", **variables)
 
+    def task(self, kind: PromptKind, seq: int) -> KernelTask:
+        return KernelTask(kind=kind, problem_path=self.problem_path, variant=seq,
+                          target="cpu" if self.device == "cpu" else "cuda", eval_mode=self.config.eval_mode)
+
     def request(self, parent: Candidate | None, seq: int) -> LLMRequest:
         kind = self.kind_for(parent)
-        task = KernelTask(kind=kind, problem_path=self.problem_path, variant=seq,
-                          target="cpu" if self.device == "cpu" else "cuda", eval_mode=self.config.eval_mode)
         # The sample is the candidate's sequence number: no two requests of a subproblem share a cache key.
         return LLMRequest(agent=kind.value, prompt=self.prompt(kind, parent), subproblem=self.subproblem,
-                          task=task, sample=seq)
+                          task=self.task(kind, seq), sample=seq)
+
+    # -- what the agent has left ------------------------------------------------------------------------
+
+    def repertoire(self) -> Repertoire | None:
+        """The provider's count of replies for this subproblem (None: no fixed limit), asked without a
+        call. A provider that cannot tell is recorded and treated as unlimited: the calls then say why."""
+        request = LLMRequest(agent=PromptKind.GENERATE.value, prompt="", subproblem=self.subproblem,
+                             task=self.task(PromptKind.GENERATE, self.beam.next_seq), sample=self.beam.next_seq)
+        try:
+            return self.client.repertoire(request)
+        except LLMCallError as err:
+            if self.events is not None:
+                self.events.emit("repertoire_failed", subproblem=self.subproblem, reason=str(err)[:300])
+            return None
+
+    def calls_worth_making(self, budget: int, repertoire: Repertoire | None) -> int:
+        """`budget`, or fewer when the agent has only so many replies and earlier requests used some: each
+        request asks for the next one (its sequence number), so none is made past the last."""
+        if repertoire is None:
+            return budget
+        return max(0, min(budget, repertoire.replies - self.beam.next_seq))
+
+    def mark_exhausted(self, repertoire: Repertoire | None) -> None:
+        """Record in the beam whether the agent has any reply left for this subproblem."""
+        used_up = repertoire is not None and self.beam.next_seq >= repertoire.replies
+        self.beam.exhausted = Exhausted(model=self.config.model, reason=repertoire.reason) if used_up else None
 
     # -- proposals --------------------------------------------------------------------------------------
 
@@ -255,14 +312,18 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
                         Path(candidates_dir), context)
-    if config.search == "parallel":
-        parallel_sampling(evolved, budget, agent.propose)
-    else:
-        beam_search(evolved, budget, config.expansion, agent.propose)
+    repertoire = agent.repertoire()
+    calls = agent.calls_worth_making(budget, repertoire)
+    if calls > 0 and config.search == "parallel":
+        parallel_sampling(evolved, calls, agent.propose)
+    elif calls > 0:
+        beam_search(evolved, calls, config.expansion, agent.propose)
     agent.accept_members()
+    agent.mark_exhausted(repertoire)
     if agent.events is not None:
         best = evolved.best
-        agent.events.emit("beam", subproblem=subproblem_name, calls=budget,
+        agent.events.emit("beam", subproblem=subproblem_name, calls=calls, budget=budget,
                           members=[c.id for c in evolved.members], best=best.id if best else None,
-                          best_speedup=best.result.speedup if best else None)
+                          best_speedup=best.result.speedup if best else None,
+                          exhausted=evolved.exhausted.reason if evolved.exhausted else None)
     return evolved

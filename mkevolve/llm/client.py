@@ -15,7 +15,7 @@ from mkevolve.events import EventLog
 from mkevolve.llm.cache import ResponseCache
 from mkevolve.llm.providers import LLMCallError, LLMConfigError, Provider, TransientLLMError, make_provider
 from mkevolve.llm.tokens import TokenLedger, TokenReport
-from mkevolve.llm.types import LLMRequest, LLMResponse
+from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
 
 __all__ = ["LLMClient", "LLMConfigError", "RetryPolicy", "make_client"]
 
@@ -72,6 +72,12 @@ class LLMClient:
             return [self.complete(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(requests))) as pool:
             return list(pool.map(self.complete, requests))
+
+    def repertoire(self, request: LLMRequest) -> Repertoire | None:
+        """How many replies the provider has for the request's subject (None: no fixed limit); not a call,
+        so it is neither counted nor cached. Raises LLMCallError when the provider cannot tell."""
+        with self.clock.busy():
+            return self.provider.repertoire(request, self.timeout_s)
 
     def tokens(self) -> TokenReport:
         return self.ledger.report()

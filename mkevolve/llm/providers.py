@@ -15,7 +15,7 @@ import yaml
 
 from mkevolve.config import ConfigError
 from mkevolve.fsutil import write_atomic
-from mkevolve.llm.types import BuiltinTask, LLMRequest, LLMResponse, TokenUsage
+from mkevolve.llm.types import BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TokenUsage
 from mkevolve.prompts import render
 from mkevolve.workers.pool import Job, WorkerPool
 
@@ -47,6 +47,10 @@ class Provider(Protocol):
     def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
         """One attempt; raise TransientLLMError or LLMCallError on failure."""
 
+    def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
+        """What the provider can answer for the request's subject, asked before any call; None where there
+        is no fixed limit (a model can always be asked again)."""
+
 
 class BuiltinProvider:
     """The deterministic offline agent: the task object carried by the request answers it.
@@ -73,10 +77,24 @@ class BuiltinProvider:
             raise LLMCallError(f"builtin agent: {outcome.reason}")
         return LLMResponse(text=outcome.value)
 
+    def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
+        """The task's count of builtin answers, found in the worker like the answers themselves."""
+        if not isinstance(request.task, LimitedTask):
+            return None
+        outcome = self._workers.run(Job("mkevolve.llm.providers:task_repertoire", {"task": request.task}, timeout))
+        if not outcome.ok:
+            raise LLMCallError(f"builtin agent: {outcome.reason}")
+        return outcome.value
+
 
 def answer_task(task: BuiltinTask) -> str:
     """Worker job: the builtin agent's reply to one task."""
     return task.builtin_reply()
+
+
+def task_repertoire(task: LimitedTask) -> Repertoire:
+    """Worker job: how many replies the builtin agent has for one task's subject."""
+    return task.builtin_repertoire()
 
 
 _FAILURES = {
@@ -198,6 +216,9 @@ class ReplayProvider:
             raise error(f"replayed failure: {message}")
         return LLMResponse(text=entry.reply, usage=entry.usage)
 
+    def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
+        return None  # a model (or a person) can always be asked again
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -244,6 +265,9 @@ class ExchangeProvider:
         # The request file is the prompt alone, exactly as a model would get it; README.md explains.
         write_atomic(self.root / "requests" / f"{exchange_id}.md", request.prompt)
         return LLMResponse(text=self._wait_for(reply_path, timeout))
+
+    def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
+        return None  # a model (or a person) can always be asked again
 
     def _wait_for(self, reply_path: Path, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -313,6 +337,9 @@ class LiteLLMProvider:
         except openai.OpenAIError as err:  # litellm's exception classes all derive from it
             raise LLMCallError(f"{type(err).__name__}: {_first_line(err)}") from err
         return LLMResponse(text=reply.choices[0].message.content or "", usage=_usage(reply.usage))
+
+    def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
+        return None  # a model (or a person) can always be asked again
 
 
 def _first_line(err: Exception) -> str:

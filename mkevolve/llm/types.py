@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class BuiltinTask(Protocol):
@@ -11,6 +11,23 @@ class BuiltinTask(Protocol):
 
     def builtin_reply(self) -> str:
         """The reply the builtin offline agent gives, in the same format a model must use."""
+
+
+@dataclass(frozen=True)
+class Repertoire:
+    """What an agent with a fixed set of answers (the builtin) has for one request's subject, known before
+    any call: how many distinct replies, and in its own words why there are none (left)."""
+
+    replies: int
+    reason: str = ""   # when `replies` is 0: why it cannot write this; else what it says once all are used
+
+
+@runtime_checkable
+class LimitedTask(BuiltinTask, Protocol):
+    """A task whose builtin answers are finite and can be counted without answering."""
+
+    def builtin_repertoire(self) -> Repertoire:
+        """How many replies builtin_reply has for this subject, and why there are no (more)."""
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,15 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=Candidate.rank_key)
 
 
+@dataclass(frozen=True)
+class Exhausted:
+    """The agent has no (further) kernel for this subproblem, in its own words: no call is made for it while
+    the same `model` writes the kernels."""
+
+    model: str
+    reason: str
+
+
 @dataclass
 class Beam:
     """The best `width` candidates of one subproblem so far, best first, and what a resumed search needs."""
@@ -80,6 +89,11 @@ class Beam:
     members: list[Candidate] = field(default_factory=list)
     next_seq: int = 0                        # candidate ids (and request samples) continue from here
     input_shapes: list[str] | None = None    # how the subproblem is called, for prompts; found once
+    exhausted: Exhausted | None = None       # set when the agent said it has nothing (more) for it
+
+    def exhausted_for(self, model: str) -> str | None:
+        """Why `model` has nothing more for this subproblem, or None when it may still be asked."""
+        return self.exhausted.reason if self.exhausted and self.exhausted.model == model else None
 
     def take_seq(self) -> int:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
@@ -96,12 +110,15 @@ class Beam:
 
     def to_dict(self) -> dict:
         return {"width": self.width, "members": [c.to_dict() for c in self.members],
-                "next_seq": self.next_seq, "input_shapes": self.input_shapes}
+                "next_seq": self.next_seq, "input_shapes": self.input_shapes,
+                "exhausted": asdict(self.exhausted) if self.exhausted else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Beam":
+        exhausted = data.get("exhausted")  # absent from the checkpoints of earlier versions
         return cls(width=data["width"], members=[Candidate.from_dict(c) for c in data["members"]],
-                   next_seq=data["next_seq"], input_shapes=data["input_shapes"])
+                   next_seq=data["next_seq"], input_shapes=data["input_shapes"],
+                   exhausted=Exhausted(**exhausted) if exhausted else None)
 
     def copy(self) -> "Beam":
         return Beam.from_dict(self.to_dict())

@@ -144,7 +144,12 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     if device().type == "cuda":
         gpu_violations = gpu_accounting(report.activities, request.code_files or (request.solution_path,),
                                         scratch, pytorch_allowed=bool(request.trusted_files))
-    _raise_violations(report.violations + gpu_violations)
+    violations = report.violations + gpu_violations
+    if _all_declared_pytorch(request):
+        # Every subkernel of this composite is declared PyTorch (guarded completion found no kernel for
+        # any): no Triton launch is expected, and the run says the solution is 0 of n in Triton.
+        violations = [v for v in violations if v.rule is not Rule.NO_LAUNCH]
+    _raise_violations(violations)
     for index, (reference, plan) in enumerate(zip(references, plans)):
         _check_outputs(problem, index, reference, plan, report, scratch, errors)
     return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
@@ -167,6 +172,12 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
         raise Rejected(Status.CHEATING, f"[{Rule.TIMED_OUTPUT.value}] call {check.call} of {plan.length}{where}, "
                        f"a timed or late call rather than a correctness trial, returned a wrong result "
                        f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
+
+
+def _all_declared_pytorch(request: KernelEvalRequest) -> bool:
+    """A composite whose every file but the top-level one is a declared PyTorch alternative."""
+    kernels = {str(Path(f).resolve()) for f in request.code_files} - {str(Path(request.solution_path).resolve())}
+    return bool(kernels) and kernels <= {str(Path(f).resolve()) for f in request.trusted_files}
 
 
 def _config_label(problem: Problem, index: int) -> str:

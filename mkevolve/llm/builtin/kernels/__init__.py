@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UnsupportedSubproblem
-from .generate import GeneratedKernel, generate, variant_total
+from .errors import UnsupportedOps, UnsupportedSubproblem
+from .generate import GeneratedKernel, analyse, generate, variant_total
 
 
 def generate_kernel(problem_path: str | Path, variant: int = 0, target: str = "cuda",
@@ -20,9 +20,13 @@ def generate_kernel(problem_path: str | Path, variant: int = 0, target: str = "c
     return generate(problem_path, variant, target, mode)
 
 
-def variant_count(problem_path: str | Path, target: str = "cuda") -> int:
-    """How many variants generate_kernel accepts for this subproblem and target."""
+def variant_count(problem_path: str | Path, target: str = "cuda", mode: str | None = None) -> int:
+    """How many variants generate_kernel accepts for this subproblem and target; raises
+    UnsupportedSubproblem where generate_kernel would for every variant (`mode` as there)."""
+    unsupported = analyse(problem_path).unsupported
+    if mode in unsupported:
+        raise UnsupportedSubproblem(unsupported[mode])
     return variant_total(problem_path, target)
 
 
-__all__ = ["GeneratedKernel", "UnsupportedSubproblem", "generate_kernel", "variant_count"]
+__all__ = ["GeneratedKernel", "UnsupportedOps", "UnsupportedSubproblem", "generate_kernel", "variant_count"]

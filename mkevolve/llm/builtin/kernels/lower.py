@@ -12,7 +12,7 @@ from torch.utils import _pytree
 from . import handlers_layers, handlers_math
 from .builders import Builder
 from .calls import Call, Handler
-from .errors import UnsupportedSubproblem
+from .errors import UnsupportedOps, UnsupportedSubproblem
 from .ir import Input, Program, Scalar, Value
 from .trace import Trace
 
@@ -65,6 +65,9 @@ class _Lowering:
         graph_nodes = self.nodes[0]
         output = graph_nodes[-1]
         live = _live(self._user_outputs(output))
+        missing = self._missing_handlers(graph_nodes, live)
+        if missing:
+            raise UnsupportedOps(missing)
         for index, node in enumerate(graph_nodes):
             if node.op == "output":
                 break
@@ -164,6 +167,23 @@ class _Lowering:
             raise UnsupportedSubproblem(f"op {call.name!r} ({_describe(node)}) is not supported")
         return handler
 
+    def _missing_handlers(self, nodes: list[fx.Node], live: set[fx.Node]) -> list[str]:
+        """Every live op and module without a handler, before any is lowered: stopping at the first would
+        name one where the person (or the next agent) needs the whole list."""
+        missing = []
+        for node in nodes:
+            if node not in live:
+                continue
+            if node.op == "call_module":
+                module = self.trace.configs[0].model.get_submodule(node.target)
+                if type(module) not in MODULES:
+                    missing.append(_module_name(module))
+            elif node.op == "call_method" and _strip_inplace(node.target) not in FUNCTIONS:
+                missing.append(f"Tensor.{node.target}")
+            elif node.op == "call_function" and function_key(node.target) not in FUNCTIONS:
+                missing.append(_function_label(node.target))
+        return list(dict.fromkeys(missing))
+
     def _placeholder(self, node: fx.Node, shapes) -> Value:
         path = self.trace.placeholder_params.get(node.name)
         if path is not None:
@@ -212,6 +232,17 @@ def _live(roots: list) -> set[fx.Node]:
 
 def _describe(node: fx.Node) -> str:
     return f"node {node.name} = {node.op} {getattr(node.target, '__name__', node.target)}"
+
+
+def _function_label(target: Any) -> str:
+    """`aten.cumsum`, `torch.cumsum`, `operator.xor`: the op as a person would search for it."""
+    if isinstance(target, torch._ops.OpOverload):
+        return "aten." + target._schema.name.split("::")[-1]
+    key = function_key(target)
+    if "." in key:
+        return key
+    module = getattr(target, "__module__", None) or "torch"
+    return f"{module}.{getattr(target, '__name__', key)}"
 
 
 def _module_name(module: nn.Module) -> str:

@@ -1,0 +1,195 @@
+"""Guarded completion: a subproblem without an accepted kernel keeps its own PyTorch code, so a run still
+ends with a verified best/ and says it is partial.
+
+The problem (fixtures/guarded/cumsum_tail.py) is cumsum(relu(linear(x)), dim=1). The builtin decomposer
+cuts it into linear and relu_cumsum; the builtin generator has no kernel for cumsum. Two iterations,
+--refine-every 2:
+  1  linear gets its kernel; relu_cumsum is declined before any call; its PyTorch code stands in: best/,
+     partial 1 of 2
+  2  Split of the failing relu_cumsum into relu and cumsum; relu gets its kernel, cumsum is declined:
+     best/, partial 2 of 3
+
+Then: --swap on that partial best/, the ranking that puts a solution entirely in Triton first, a partial
+composite that fails end to end (replayed replies), and a problem with no kernel at all.
+"""
+
+import io
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from rich.console import Console
+
+from mkevolve.cli import main
+from mkevolve.config import RunConfig
+from mkevolve.display import RunDisplay, RunView
+from mkevolve.evaluate import SubkernelKind, evaluate_solution
+from mkevolve.llm.client import make_client
+from mkevolve.orchestrator import BEST, Orchestrator, solution_rank
+from mkevolve.run_state import IterationRecord, RunState, Step
+from mkevolve.solution import ORIGIN_PYTORCH, Manifest, is_pytorch_alternative
+from mkevolve.verify.verifier import Verifier
+
+PROBLEM = Path(__file__).resolve().parent / "fixtures" / "guarded" / "cumsum_tail.py"
+DECLINE = "the builtin generator has no kernel for: torch.cumsum"
+
+
+class Run(NamedTuple):
+    dir: Path
+    code: int
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def partial_run(tmp_path_factory) -> Run:
+    out = tmp_path_factory.mktemp("runs")
+    capture = pytest.MonkeyPatch()  # capsys is per test; the run is made once for the module
+    buffer = io.StringIO()
+    capture.setattr(sys, "stdout", buffer)
+    try:
+        code = main(["run", str(PROBLEM), "--out", str(out), "--iterations", "2", "--refine-every", "2",
+                     "--budget", "4", "--workers", "2", "--trials", "2"])
+    finally:
+        capture.undo()
+    (run_dir,) = (out / PROBLEM.stem).iterdir()
+    return Run(run_dir, code, buffer.getvalue())
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [e for e in rows if e["kind"] == kind]
+
+
+def test_a_run_with_an_unwritable_subproblem_ends_with_a_partial_best(partial_run):
+    assert partial_run.code == 0
+    manifest = Manifest.read(partial_run.dir / BEST)
+    assert list(manifest.subkernels) == ["linear", "relu", "cumsum"]
+    cumsum = manifest.subkernels["cumsum"]
+    assert (cumsum.origin, cumsum.status, cumsum.candidate, cumsum.reason) == (ORIGIN_PYTORCH, "pytorch", None,
+                                                                                DECLINE)
+    assert all(manifest.subkernels[n].origin == "builtin" for n in ("linear", "relu"))
+    assert is_pytorch_alternative((partial_run.dir / BEST / "subkernel_implementations" / "cumsum.py").read_text())
+    assert manifest.coverage.pytorch == ["cumsum"] and manifest.status == "ok"
+
+
+def test_the_summary_says_partial_last(partial_run):
+    lines = [line.strip() for line in partial_run.stdout.splitlines() if line.strip()]
+    assert lines[-1] == "partial: 2 of 3 in Triton (cumsum runs PyTorch code)"
+    assert f"cumsum: PyTorch code: {DECLINE}" in lines
+    report = (partial_run.dir / "report.html").read_text()
+    assert "partial: 2 of 3 in Triton" in report
+    assert f"cumsum runs its subproblem&#39;s PyTorch code, not a Triton kernel: {DECLINE}." in report
+
+
+def test_partial_best_verifies_again_and_eval_says_what_runs_pytorch(partial_run):
+    with Verifier(RunConfig(workers=1, trials=2)) as verifier:
+        undeclared = verifier.check_composite(PROBLEM, partial_run.dir / BEST)
+        evaluation = evaluate_solution(partial_run.dir / BEST, PROBLEM, verifier)
+    assert not undeclared.passed and "cumsum" in undeclared.reason  # the PyTorch file is trusted only if declared
+    assert evaluation.passed, evaluation.diagnosis
+    assert evaluation.coverage.line() == "partial: 2 of 3 in Triton (cumsum runs PyTorch code)"
+    cumsum = evaluation.subkernel("cumsum")
+    assert cumsum.kind is SubkernelKind.PYTORCH and cumsum.reason == DECLINE
+    assert [evaluation.subkernel(n).status for n in ("linear", "relu")] == ["ok", "ok"]
+
+
+def test_every_iteration_composes_and_the_failing_subproblem_is_split(partial_run):
+    history = RunState.load(partial_run.dir).history
+    assert [(r.refinement, r.subproblems, r.pytorch, r.e2e_status, r.kept) for r in history] == [
+        ("none", ["linear", "relu_cumsum"], ["relu_cumsum"], "ok", True),
+        ("split", ["linear", "relu", "cumsum"], ["cumsum"], "ok", True),
+    ]
+    assert history[0].subkernels["relu_cumsum"].reason == DECLINE
+    assert [e["subproblem"] for e in events(partial_run.dir, "llm_call") if e["agent"] == "split"] == ["relu_cumsum"]
+
+
+def test_a_declined_subproblem_costs_no_call(partial_run):
+    kernel_calls = [e["subproblem"] for e in events(partial_run.dir, "llm_call")
+                    if e["agent"] in ("generate", "debug", "refine")]
+    assert "relu_cumsum" not in kernel_calls and "cumsum" not in kernel_calls
+    assert {"linear", "relu"} <= set(kernel_calls)
+    declined = {e["subproblem"]: (e["calls"], e["exhausted"]) for e in events(partial_run.dir, "beam")
+                if e["exhausted"]}
+    assert declined == {"relu_cumsum": (0, DECLINE), "cumsum": (0, DECLINE)}
+    assert not (partial_run.dir / "iterations" / "iter_01" / "candidates" / "relu_cumsum").exists()
+
+
+def _record(index: int, speedup: float | None, pytorch: list[str], status: str = "ok") -> IterationRecord:
+    return IterationRecord(index=index, refinement="none", subproblems=["a", "b"], budget={}, subkernels={},
+                           e2e_status=status, e2e_speedup=speedup, pytorch=pytorch)
+
+
+def test_a_solution_entirely_in_triton_outranks_a_faster_partial_one():
+    complete, partial = _record(2, 0.5, []), _record(1, 2.0, ["b"])
+    assert solution_rank(complete) > solution_rank(partial)
+    assert solution_rank(_record(2, None, [])) > solution_rank(_record(1, None, ["b"]))  # CPU: no speeds
+    assert solution_rank(_record(3, 3.0, ["b"])) > solution_rank(partial)
+    assert solution_rank(_record(4, None, [], status="incorrect")) is None
+
+
+class SpeedVerifier(Verifier):
+    """The real verifier with a scripted end-to-end speedup (a CPU measures none); records what it trusted."""
+
+    def check_composite(self, problem_path, folder, pytorch=frozenset(), *, timed=True):
+        result = super().check_composite(problem_path, folder, pytorch, timed=timed)
+        self.declared = set(pytorch)
+        result.speedup = 1.2 if result.passed else None
+        return result
+
+
+def test_swap_of_a_partial_best_considers_only_its_triton_subkernels(partial_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(partial_run.dir, run_dir)
+    manifest = Manifest.read(run_dir / BEST)
+    manifest.subkernels["linear"].speedup, manifest.subkernels["relu"].speedup, manifest.speedup = 0.5, 1.3, 1.0
+    manifest.write(run_dir / BEST)
+    state = RunState.load(run_dir)
+    state.step = Step.EVALUATED
+    state.save(run_dir)
+    config = replace(RunConfig(), swap=True, tau=0.9, iterations=2, trials=2, workers=1)
+    display = RunDisplay(RunView(problem=PROBLEM.name, iterations=2), Console(file=io.StringIO(), width=200))
+    with SpeedVerifier(config) as verifier:
+        Orchestrator(PROBLEM, config, run_dir, RunState.load(run_dir), make_client(config), verifier, display).run()
+    assert verifier.declared == {"linear", "cumsum"}  # the PyTorch code already there stays declared
+    swapped = Manifest.read(run_dir / BEST)
+    assert swapped.coverage.pytorch == ["linear", "cumsum"] and swapped.speedup == 1.2
+    assert swapped.subkernels["cumsum"].reason == DECLINE and "below tau" in swapped.subkernels["linear"].reason
+
+
+def test_a_partial_composite_that_fails_end_to_end_is_reported_as_such(tmp_path, capsys):
+    replay_run = PROBLEM.parent.parent / "replay_run"
+    script = PROBLEM.parent / "partial_composite_fails.yaml"
+    code = main(["run", str(replay_run / "sharp_sigmoid.py"), "--out", str(tmp_path), "--model", f"replay:{script}",
+                 "--iterations", "1", "--budget", "3", "--beam-width", "1", "--decompose-attempts", "1",
+                 "--retries", "0", "--workers", "2", "--trials", "5"])
+    out = capsys.readouterr().out
+    (run_dir,) = (tmp_path / "sharp_sigmoid").iterdir()
+    (record,) = RunState.load(run_dir).history
+    assert code == 1 and not (run_dir / BEST).exists()
+    assert record.pytorch == ["halve"] and record.e2e_status == "incorrect" and not record.kept
+    assert "every Triton subkernel passes locally but the composite fails end to end: incorrect" in out
+    assert "no end-to-end solution passed after 1 iteration(s) (iteration 1: incorrect:" in out
+    assert RunState.load(run_dir).needs_total_fuse  # the next iteration would TotalFuse, as without PyTorch
+
+
+def test_a_run_with_no_kernel_at_all_still_ends_with_a_verified_pytorch_best(tmp_path, capsys):
+    problem = tmp_path / "scan_only.py"
+    problem.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                       "    def forward(self, x):\n        return torch.cumsum(x, dim=1)\n\n\n"
+                       "def get_inputs():\n    return [torch.randn(4, 8)]\n\n\n"
+                       "def get_init_inputs():\n    return []\n")
+    code = main(["run", str(problem), "--out", str(tmp_path / "runs"), "--iterations", "1", "--budget", "2",
+                 "--workers", "1", "--trials", "2"])
+    out = capsys.readouterr().out
+    (run_dir,) = (tmp_path / "runs" / "scan_only").iterdir()
+    # Every subkernel is declared PyTorch: the composite launches no Triton kernel and is still verified.
+    assert code == 0 and (run_dir / BEST).exists()
+    manifest = Manifest.read(run_dir / BEST)
+    assert [e.origin for e in manifest.subkernels.values()] == [ORIGIN_PYTORCH]
+    assert "partial: 0 of 1 in Triton (cumsum runs PyTorch code)" in out
+    assert DECLINE in out
+    assert {e["agent"] for e in events(run_dir, "llm_call")} == {"decompose"}  # no kernel request
