@@ -91,7 +91,7 @@ class CandidateFailure(Exception):
 
 
 def zygote_warmup() -> None:
-    """Compile Triton's CUDA helper module in the zygote, so no candidate process pays for it (1-2 s each).
+    """Compile Triton's CUDA helper module once, in the zygote, so no candidate process compiles it again.
 
     It is built into a cache only the zygote writes; every child copies that cache into its own fresh one,
     so nothing a candidate writes is ever loaded by another. Loading the module opens no CUDA context.

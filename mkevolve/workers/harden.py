@@ -1,6 +1,6 @@
 """Confine a candidate process with an audit hook, installed before the candidate's code is imported.
 
-A candidate process runs exactly one candidate's code (mkevolve/workers/candidate.py). `confine`
+A candidate process runs exactly one candidate's code (its harness is mkevolve/verify/harness.py). `confine`
 installs a `sys.addaudithook` hook that judges every audited operation by what it is and by who asked
 for it, the *caller*: walking out from the operation, past this module's frames and Python's own
 standard library, the first frame left (none at all, as on a thread running only library code,

@@ -15,8 +15,8 @@ that crashes fails the launch there; running each once keeps that verdict on CPU
 first config's output is compared with the reference (on a GPU it is the fastest one's).
 Timings are meaningless in the interpreter, so nothing is timed.
 
-Only the public `do_bench=` argument of `triton.autotune` is used (Triton 3.1 and later,
-3.6 on the GPU machine and 3.9 here alike). Without the interpreter nothing changes.
+Only the public `do_bench=` argument of `triton.autotune` is used (Triton 3.1 and later; checked with
+3.6 and 3.9). Without the interpreter nothing changes.
 """
 
 from __future__ import annotations
