@@ -29,6 +29,21 @@ class RunView:
     tokens: int = 0
 
 
+# Wide enough that no line of a log or summary written to a pipe or file is ever folded.
+PLAIN_WIDTH = 10_000
+
+
+def make_console() -> Console:
+    """rich's own Console on a terminal; for a pipe or file, one that never wraps.
+
+    Without a terminal rich assumes 80 columns and folds long lines, splitting a run directory's path
+    over two lines, so that it can be neither copied nor grepped. Tables keep their natural width."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=PLAIN_WIDTH, soft_wrap=True)
+
+
 def _speed(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.2f}x"
 
@@ -38,7 +53,7 @@ class RunDisplay:
 
     def __init__(self, view: RunView, console: Console | None = None):
         self.view = view
-        self.console = console or Console()
+        self.console = console or make_console()
         self._live: Live | None = None
         self._last_line = ""
         self._start = time.monotonic()

@@ -294,11 +294,11 @@ def _notes(row: SubkernelEvaluation) -> list[str]:
 
 
 def print_evaluation(evaluation: SolutionEvaluation) -> None:
-    from rich.console import Console
+    from mkevolve.display import make_console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     console.print(f"solution: {evaluation.folder}\nproblem:  {evaluation.problem}\ndevice:   {evaluation.device}")
     table = Table(title="subkernels", caption="speedup: vs torch.compile of its subproblem; share: of the "
                   "end-to-end time; Amdahl: the end-to-end speedup its own speedup accounts for")

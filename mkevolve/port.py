@@ -227,10 +227,10 @@ def port_solution(solution_dir: str | Path, variant_path: str | Path, config: Ru
 
 
 def print_matches(ported: list[PortedSubproblem], solution_path: Path) -> None:
-    from rich.console import Console
+    from mkevolve.display import make_console
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     table = Table(title=f"the variant's subproblems against {solution_path}")
     for column in ("subproblem", "from the solution", "outcome"):
         table.add_column(column, no_wrap=column == "subproblem")

@@ -97,11 +97,11 @@ def _summary(decomposition: Decomposition, report: CheckReport, folder: Path) ->
 
 
 def _print_table(problem_name: str, decomposition: Decomposition, report: CheckReport, folder: Path) -> None:
-    from rich.console import Console
+    from mkevolve.display import make_console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     title = f"{problem_name}: {len(decomposition.subproblems)} subproblem(s)"
     table = Table(title=title + (" (fallback: the original module whole)" if decomposition.fallback else ""))
     for column in ("subproblem", "instances", "inputs"):

@@ -22,7 +22,7 @@ import torch
 from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, load_problem)
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process)
-from mkevolve.verify.cheating import Rule, Violation, dot_precision
+from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import ReferenceSet, reference_set
 from mkevolve.verify.result import EvalResult, Rejected, Status, Timing
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
@@ -54,6 +54,7 @@ class KernelEvalRequest:
 class _Errors:
     max_abs: float = 0.0
     max_rel: float = 0.0
+    tolerance_used: float = 0.0
     failed_trial: int | None = None
     failure: str = ""
     phases: dict[str, float] = field(default_factory=dict)
@@ -90,6 +91,7 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
         result = stop.to_result()
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
+        result.tolerance_used = errors.tolerance_used
         result.failed_trial = errors.failed_trial
     result.phases = errors.phases
     result.authority = "gpu" if device().type == "cuda" else "cpu"
@@ -137,7 +139,9 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     """The rules in order: confinement, errors, early rules, GPU accounting, outputs."""
     if report.denials:
         more = f" (+{len(report.denials) - 1} more)" if len(report.denials) > 1 else ""
-        raise Rejected(Status.CHEATING, f"[{Rule.SANDBOX.value}] {report.denials[0]}{more}", rule=Rule.SANDBOX.value)
+        denied = [Violation(Rule.SANDBOX, denial).to_dict() for denial in report.denials]
+        raise Rejected(Status.CHEATING, f"[{Rule.SANDBOX.value}] {report.denials[0]}{more}", rule=Rule.SANDBOX.value,
+                       violations=denied)
     if report.error is not None:
         raise report.error
     gpu_violations = []
@@ -185,9 +189,11 @@ def _config_label(problem: Problem, index: int) -> str:
 
 
 def _raise_violations(violations: list[Violation]) -> None:
+    """Reject with the headline violation as the reason; every one of them goes into the result."""
     if violations:
-        first = violations[0]
-        raise Rejected(Status.CHEATING, first.describe(), first.line, first.rule.value)
+        first, reason = headline(violations)
+        raise Rejected(Status.CHEATING, reason, first.line, first.rule.value,
+                       violations=[v.to_dict() for v in violations])
 
 
 def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
@@ -231,11 +237,21 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
     rel = diff / ref64.abs().clamp_min(1e-12)
     errors.max_abs = max(errors.max_abs, float(diff.max()) if diff.numel() else 0.0)
     errors.max_rel = max(errors.max_rel, float(rel.max()) if rel.numel() else 0.0)
+    errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff))
     if torch.allclose(out, ref, atol=ATOL, rtol=RTOL, equal_nan=True):
         return ""
     worst = int(diff.argmax())
     return (f"{label} mismatch: max abs error {float(diff.max()):.3g}, max rel error "
             f"{float(rel.max()):.3g} (atol=rtol={ATOL:g}); worst at flat index {worst}")
+
+
+def tolerance_used(ref: torch.Tensor, diff: torch.Tensor) -> float:
+    """The worst |out - ref| / (atol + rtol*|ref|): the share of allclose's tolerance the outputs use
+    (above 1 fails). `diff` is |out - ref| with non-finite entries already zeroed."""
+    if not diff.numel():
+        return 0.0
+    # NaN only where the reference is NaN, and those entries matched (equal_nan) or were refused before.
+    return float(torch.nan_to_num(diff / (ATOL + RTOL * ref.abs()), nan=0.0).max())
 
 
 def _baseline(problem: Problem, reference, inputs: list, request: KernelEvalRequest) -> Timing:

@@ -37,6 +37,9 @@ class EvalResult:
     line: int | None = None          # source line the reason points at, when known
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    # The worst |out - ref| / (atol + rtol*|ref|) over every output and trial: what the verdict used.
+    # Below 1 passes; unlike max_rel_err it does not explode where the reference is near zero.
+    tolerance_used: float | None = None
     failed_trial: int | None = None  # first trial (0-based) whose outputs did not match
     trials: int = 0
     launches: int | None = None      # Triton launches seen during one forward
@@ -48,6 +51,8 @@ class EvalResult:
     phases: dict[str, float] = field(default_factory=dict)  # verifier overhead by phase, seconds
     peak_rss_mb: float | None = None # host memory the candidate process held at most, sampled every 50 ms
     authority: str | None = None     # "gpu": what ran on the GPU was read; "cpu": static and dispatcher rules only
+    # Every violation found, each {"rule", "line", "message"}; `reason` names only the first.
+    violations: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -76,9 +81,12 @@ class EvalResult:
 class Rejected(Exception):
     """A verdict other than OK, raised where it is found and turned into an EvalResult by the evaluation."""
 
-    def __init__(self, status: Status, reason: str, line: int | None = None, rule: str | None = None):
+    def __init__(self, status: Status, reason: str, line: int | None = None, rule: str | None = None,
+                 violations: list[dict] | None = None):
         super().__init__(reason)
         self.status, self.reason, self.line, self.rule = status, reason, line, rule
+        self.violations = violations or []
 
     def to_result(self) -> EvalResult:
-        return EvalResult(status=self.status, reason=self.reason, line=self.line, rule=self.rule)
+        return EvalResult(status=self.status, reason=self.reason, line=self.line, rule=self.rule,
+                          violations=list(self.violations))

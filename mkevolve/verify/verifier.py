@@ -15,9 +15,9 @@ from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER
-from mkevolve.verify.cheating import Rule, static_violations
+from mkevolve.verify.cheating import Rule, headline, static_violations
 from mkevolve.verify.decomposition import top_level_violations
-from mkevolve.verify.correctness import KernelEvalRequest
+from mkevolve.verify.correctness import ATOL, KernelEvalRequest
 from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.workers.pool import Job, JobOutcome
@@ -57,11 +57,11 @@ class Verifier:
                               reason=f"syntax error at line {err.lineno}: {err.msg}")
         if not violations:
             return declared_pytorch_fallback(source)
-        first = violations[0]
+        first, reason = headline(violations)
         more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
         note = packed_sections_note(source, [v.line for v in violations])
-        return EvalResult(status=Status.CHEATING, reason=first.describe() + more + note,
-                          rule=first.rule.value, line=first.line)
+        return EvalResult(status=Status.CHEATING, reason=reason + more + note, rule=first.rule.value,
+                          line=first.line, violations=[v.to_dict() for v in violations])
 
     def check_kernel(self, problem_path: Path, solution_path: Path, *, timed: bool = True) -> EvalResult:
         return self.check_kernels([(problem_path, solution_path)], timed=timed)[0]
@@ -255,8 +255,18 @@ AUTHORITY = {
 }
 
 
+def error_line(result: EvalResult) -> str:
+    """The error as the verdict judged it: the share of the tolerance the worst element used. The
+    elementwise relative error is left to --json: near a zero reference it is large for a correct output."""
+    if result.tolerance_used is None:  # a result recorded before the share was computed
+        return f"abs {result.max_abs_err:.3g}"
+    percent = 100 * result.tolerance_used
+    shown = f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"  # two digits even for a tiny share
+    return f"{shown} of the tolerance (atol=rtol={ATOL:g}; max abs error {result.max_abs_err:.3g})"
+
+
 def _print_result(result: EvalResult, seconds: float) -> None:
-    from rich.console import Console
+    from mkevolve.display import make_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -266,7 +276,7 @@ def _print_result(result: EvalResult, seconds: float) -> None:
     if result.reason:
         table.add_row("reason", escape(result.reason))
     if result.max_abs_err is not None:
-        table.add_row("max error", f"abs {result.max_abs_err:.3g}, rel {result.max_rel_err:.3g}")
+        table.add_row("max error", error_line(result))
     if result.launches is not None:
         table.add_row("launches", f"{result.launches} Triton launch(es) per forward")
     if result.precision:
@@ -280,4 +290,4 @@ def _print_result(result: EvalResult, seconds: float) -> None:
     if result.authority in AUTHORITY:
         table.add_row("checked by", AUTHORITY[result.authority])
     table.add_row("checked in", f"{seconds:.1f} s")
-    Console().print(table)
+    make_console().print(table)

@@ -37,6 +37,25 @@ class Violation:
         where = f" (line {self.line})" if self.line else ""
         return f"[{self.rule.value}]{where} {self.message}"
 
+    def to_dict(self) -> dict:
+        """The form EvalResult.violations and `check --json` carry."""
+        return {"rule": self.rule.value, "line": self.line, "message": self.message}
+
+
+PYTORCH_ONLY = "a PyTorch solution, not a Triton kernel: "
+
+
+def headline(violations: list[Violation]) -> tuple[Violation, str]:
+    """The violation a verdict names and the reason's text (`violations` is not empty).
+
+    A ModelNew with no @triton.jit kernel whose other violations are all PyTorch compute is an honest
+    PyTorch solution rather than a trick: the reason says so first, instead of the first rule by line."""
+    rules = {v.rule for v in violations}
+    if Rule.NO_TRITON_KERNEL in rules and rules <= {Rule.NO_TRITON_KERNEL, Rule.TORCH_COMPUTE}:
+        missing = next(v for v in violations if v.rule is Rule.NO_TRITON_KERNEL)
+        return missing, PYTORCH_ONLY + missing.describe()
+    return violations[0], violations[0].describe()
+
 
 KERNEL_ADVICE = "do this math inside a @triton.jit kernel instead"
 
