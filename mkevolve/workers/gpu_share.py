@@ -45,20 +45,16 @@ class GpuShare:
     @contextmanager
     def alone(self) -> Iterator[None]:
         """Nothing else runs on this GPU inside; a shared hold of this process is given up meanwhile."""
-        resume_shared = self._holding_shared
-        if resume_shared:
-            self._drop()
-        fcntl.flock(self._gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._gpu, fcntl.LOCK_EX)
+        with self.lent():
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
             try:
-                yield
+                fcntl.flock(self._gpu, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(self._gpu, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(self._gpu, fcntl.LOCK_UN)
-        finally:
-            fcntl.flock(self._gate, fcntl.LOCK_UN)
-            if resume_shared:
-                self._take_shared()
+                fcntl.flock(self._gate, fcntl.LOCK_UN)
 
     @contextmanager
     def lent(self) -> Iterator[None]:
