@@ -25,6 +25,7 @@ from mkevolve.verify.reference import ReferenceSet
 from mkevolve.verify.result import Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
 from mkevolve.workers import gpu_share, harden, wire
+from mkevolve.workers.pool import log_tail
 from mkevolve.workers.zygote import ChildExit, Zygote, ZygoteError
 
 TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
@@ -182,7 +183,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
             raise _forged("the candidate's code ended its process with exit status 0 before the harness "
                           "wrote a report")
         raise Rejected(Status.CRASHED, f"{ended.describe()} before its harness wrote a report"
-                       f"{_log_tail(scratch / _LOG_FILE)}")
+                       f"{log_tail(scratch / _LOG_FILE)}")
     report = parse_report(read_signed_report(scratch, key))
     report.peak_rss_mb = ended.peak_rss_mb
     return report
@@ -230,16 +231,6 @@ def _zygote_env() -> dict[str, str]:
         if name in os.environ:
             env[name] = os.environ[name]
     return env
-
-
-def _log_tail(path: Path, limit: int = 600) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    tail = " | ".join(lines[-4:])[-limit:]
-    return f": {tail}" if tail else ""
 
 
 def gpu_accounting(activities: list[DeviceActivity], code_files, scratch: Path,

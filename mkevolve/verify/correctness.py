@@ -23,7 +23,7 @@ from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, c
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process)
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
-from mkevolve.verify.reference import ReferenceSet, reference_set
+from mkevolve.verify.reference import ReferenceSet, cache_root, reference_set
 from mkevolve.verify.result import EvalResult, Rejected, Status, Timing
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
@@ -116,7 +116,7 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
     plans = [plan_calls(request.trials, timed, device().type == "cuda", random.Random(secrets.randbits(64)),
                         prefix=f"config{index}_")
              for index in range(len(problem.configs))]
-    root = Path(request.cache_dir) if request.cache_dir else default_cache_dir().parent
+    root = cache_root(request.cache_dir)
     with _phase(errors, "reference"):
         references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
                       for i in range(len(problem.configs))]

@@ -158,8 +158,13 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     with _phase(report, "save"):
         report["outputs"] = {name: _save(scratch, name, values) for name, values in saved.items()}
     report["denials"] = denials()
-    (scratch / REPORT_FILE).write_bytes(wire.sign_report(report, key))
+    write_report(request, report, key)
     return 0
+
+
+def write_report(request: CandidateRequest, body: dict, key: bytes) -> None:
+    """The only channel back: the body, signed with the key the trusted side sent, in the scratch folder."""
+    (Path(request.scratch) / REPORT_FILE).write_bytes(wire.sign_report(body, key))
 
 
 def prepare_and_confine(request: CandidateRequest):

@@ -20,10 +20,8 @@ import torch
 from mkevolve.problem import load_problem
 from mkevolve.verify import harness
 from mkevolve.verify.candidate_run import candidate_triton_cache, read_signed_report, start_candidate
-from mkevolve.verify.reference import reference_set
+from mkevolve.verify.reference import cache_root, reference_set
 from mkevolve.verify.result import Rejected
-from mkevolve.verify.timing import default_cache_dir
-from mkevolve.workers import wire
 from mkevolve.workers.gpu_share import gpu_alone
 
 IMPLEMENTATIONS = "subkernel_implementations"
@@ -49,7 +47,7 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0, eva
     if not torch.cuda.is_available():
         return None
     problem = load_problem(problem_path)
-    reference = reference_set(default_cache_dir().parent, problem, 0, seed, eval_mode, torch.device("cuda"))
+    reference = reference_set(cache_root(), problem, 0, seed, eval_mode, torch.device("cuda"))
     reference.ensure([_INPUT_SET])
     key = secrets.token_bytes(32)
     request = harness.CandidateRequest(
@@ -87,7 +85,7 @@ def profile_in_candidate(payload: str, prepared: harness.Standby | None = None) 
         body["runtime_ms"] = _time_subkernels(model, inputs[config.calls[0].inputs], len(config.calls))
     except harness.CandidateFailure as failure:
         body["error"] = failure.message
-    (Path(request.scratch) / harness.REPORT_FILE).write_bytes(wire.sign_report(body, key))
+    harness.write_report(request, body, key)
     return 0
 
 

@@ -25,6 +25,7 @@ import torch
 
 from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, flatten_outputs,
                               make_inputs)
+from mkevolve.verify.timing import default_cache_dir
 from mkevolve.workers import wire
 
 _SALT_FILE = "salt"
@@ -76,6 +77,11 @@ class ReferenceSet:
         text = f"{self.seed}/{self.eval_mode}/{self.config_index}/{name}".encode()
         digest = hashlib.sha256(_salt(self.folder.parent) + text).digest()
         return int.from_bytes(digest[:8], "big") % (2**63)
+
+
+def cache_root(override: str | None = None) -> Path:
+    """Where references live: the given folder, else beside the torch.compile baselines."""
+    return Path(override) if override else default_cache_dir().parent
 
 
 def reference_set(cache_root: Path, problem: Problem, config_index: int, seed: int, eval_mode: bool,

@@ -137,12 +137,20 @@ class Worker:
         self.log.close()
         os.unlink(self.log.name)
 
-    def _log_tail(self, limit: int = 600) -> str:
+    def _log_tail(self) -> str:
         self.log.flush()
-        text = Path(self.log.name).read_text(errors="replace").strip()
-        lines = [line for line in text.splitlines() if line.strip()]
-        tail = " | ".join(lines[-4:])[-limit:]
-        return f": {tail}" if tail else ""
+        return log_tail(Path(self.log.name))
+
+
+def log_tail(path: Path, limit: int = 600) -> str:
+    """": <the last 4 non-empty lines of a process's log>", for a reason that says why it died; "" if none."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = " | ".join(lines[-4:])[-limit:]
+    return f": {tail}" if tail else ""
 
 
 def _describe_exit(code: int) -> str:
