@@ -1,0 +1,191 @@
+"""Where the time of an evaluation goes, phase by phase, from the `verdict` events of one or more runs.
+
+    python scripts/eval_profile.py outputs/gemm_chain/<run-id>
+    python scripts/eval_profile.py outputs/gemm_chain/<run-id>/events.jsonl --json profile.json
+    python scripts/eval_profile.py outputs/kernelbench/runs          # every run under a folder, together
+
+Every `verdict` event carries `wall_s` (seconds from the job's submission to its verdict, so queueing for
+a worker is included) and `phases` (seconds per phase, as the verifier measured them):
+
+    worker_start, load, reference, candidate, judge, baseline           top level: they add up to wall_s,
+                                                                        less the time spent waiting
+    candidate.setup, candidate.import, candidate.build,                 inside the candidate process, so
+    candidate.first_call, candidate.other_calls,                        part of `candidate`; Triton's JIT
+    candidate.profiler_stop, candidate.save                             and autotuning are in first_call
+
+Per phase the table gives how many evaluations had it, the median and p90 (linear interpolation between
+ranks, as numpy's default) and the total, in seconds, and its share of the evaluations' summed wall
+time. Two rows are derived, not measured:
+
+    waiting                 wall_s minus the top-level phases: queueing for a worker, and the transfer
+                            of the job and its verdict
+    candidate.unaccounted   candidate minus its sub-phases: starting the candidate process and moving
+                            tensors in and out of it
+
+A verdict event without `wall_s` or `phases` (a run written before they existed) is counted as
+unprofiled and left out of every row, so the shares stay shares of the same wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# The verifier's phases in the order they happen; a phase not named here is listed after these.
+PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
+               "candidate.build", "candidate.first_call", "candidate.other_calls", "candidate.profiler_stop",
+               "candidate.save", "candidate.unaccounted", "judge", "baseline", "waiting")
+WAITING = "waiting"
+CANDIDATE = "candidate"
+UNACCOUNTED = "candidate.unaccounted"
+
+
+@dataclass
+class PhaseRow:
+    phase: str
+    count: int          # evaluations that have this phase
+    median_s: float
+    p90_s: float
+    total_s: float
+    share: float        # total_s / summed wall_s of the profiled evaluations (0..1)
+
+
+@dataclass
+class Profile:
+    evaluations: int    # profiled verdict events
+    unprofiled: int     # verdict events without wall_s or phases
+    wall_total_s: float
+    wall_median_s: float
+    wall_p90_s: float
+    rows: list[PhaseRow]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between ranks; one value is its own quantile."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def find_event_files(paths: list[Path]) -> list[Path]:
+    """An events.jsonl file as given; a folder is searched for every events.jsonl below it."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.rglob("events.jsonl"))
+            if not found:
+                raise SystemExit(f"{path}: no events.jsonl in this folder or below it")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SystemExit(f"{path}: no such file or folder")
+    return files
+
+
+def read_verdicts(files: list[Path]) -> list[dict]:
+    """Every `verdict` event of the files; a line cut short by a killed run is skipped."""
+    verdicts = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and event.get("kind") == "verdict":
+                verdicts.append(event)
+    return verdicts
+
+
+def is_profiled(event: dict) -> bool:
+    return isinstance(event.get("wall_s"), (int, float)) and isinstance(event.get("phases"), dict)
+
+
+def phase_seconds(event: dict) -> dict[str, float]:
+    """The event's phases plus the two derived ones. Rounding in the log (to 1 ms per phase) can make
+    a derived rest slightly negative; it is clipped at zero."""
+    phases = {name: float(seconds) for name, seconds in event["phases"].items()}
+    top_level = sum(seconds for name, seconds in phases.items() if "." not in name)
+    phases[WAITING] = max(0.0, float(event["wall_s"]) - top_level)
+    if CANDIDATE in phases:
+        inside = sum(seconds for name, seconds in phases.items() if name.startswith(CANDIDATE + "."))
+        phases[UNACCOUNTED] = max(0.0, phases[CANDIDATE] - inside)
+    return phases
+
+
+def ordered_phases(names: set[str]) -> list[str]:
+    """Known phases in the order they happen; unknown ones after their parent (or before `waiting`)."""
+    known = [name for name in PHASE_ORDER if name in names]
+    for name in sorted(names - set(PHASE_ORDER)):
+        parent = name.split(".")[0]
+        after = max((i for i, known_name in enumerate(known) if known_name.split(".")[0] == parent),
+                    default=len(known) - (1 if WAITING in known else 0) - 1)
+        known.insert(after + 1, name)
+    return known
+
+
+def summarize(verdicts: list[dict]) -> Profile:
+    profiled = [event for event in verdicts if is_profiled(event)]
+    walls = [float(event["wall_s"]) for event in profiled]
+    wall_total = sum(walls)
+    per_phase: dict[str, list[float]] = {}
+    for event in profiled:
+        for name, seconds in phase_seconds(event).items():
+            per_phase.setdefault(name, []).append(seconds)
+    rows = [PhaseRow(phase=name, count=len(values), median_s=percentile(values, 0.5),
+                     p90_s=percentile(values, 0.9), total_s=sum(values),
+                     share=sum(values) / wall_total if wall_total else 0.0)
+            for name in ordered_phases(set(per_phase)) for values in [per_phase[name]]]
+    return Profile(evaluations=len(profiled), unprofiled=len(verdicts) - len(profiled), wall_total_s=wall_total,
+                   wall_median_s=percentile(walls, 0.5) if walls else 0.0,
+                   wall_p90_s=percentile(walls, 0.9) if walls else 0.0, rows=rows)
+
+
+def render_table(profile: Profile) -> str:
+    """A plain fixed-width table; sub-phases are indented under their phase."""
+    header = f"{'phase':<28} {'count':>6} {'median s':>9} {'p90 s':>9} {'total s':>9} {'share':>7}"
+    lines = [header, "-" * len(header)]
+    for row in profile.rows:
+        name = ("  " + row.phase) if "." in row.phase else row.phase
+        lines.append(f"{name:<28} {row.count:>6} {row.median_s:>9.3f} {row.p90_s:>9.3f} "
+                     f"{row.total_s:>9.3f} {100 * row.share:>6.1f}%")
+    lines.append("-" * len(header))
+    lines.append(f"{'evaluation (wall)':<28} {profile.evaluations:>6} {profile.wall_median_s:>9.3f} "
+                 f"{profile.wall_p90_s:>9.3f} {profile.wall_total_s:>9.3f} "
+                 f"{100.0 if profile.evaluations else 0.0:>6.1f}%")
+    if profile.unprofiled:
+        lines.append(f"{profile.unprofiled} verdict event(s) without wall_s or phases were left out")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Profile of evaluations, phase by phase, from events.jsonl.",
+                                     epilog=__doc__.split("\n\n", 2)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path,
+                        help="a run directory, an events.jsonl, or a folder with runs below it (several allowed)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the profile as JSON to FILE")
+    parser.add_argument("--composite", choices=("all", "only", "none"), default="all",
+                        help="end-to-end evaluations of a composed solution: include (all), only them, or none")
+    args = parser.parse_args(argv)
+    verdicts = read_verdicts(find_event_files(args.paths))
+    if args.composite != "all":
+        verdicts = [e for e in verdicts if bool(e.get("composite")) == (args.composite == "only")]
+    if not verdicts:
+        print("no verdict events found", file=sys.stderr)
+        return 1
+    profile = summarize(verdicts)
+    print(render_table(profile))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(asdict(profile), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

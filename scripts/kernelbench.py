@@ -1,0 +1,717 @@
+r"""The benchmark of record: `mkevolve run` over a KernelBench folder, one problem after another, in parts.
+
+On the GPU machine, from the repository root, one part per command (a part fits a 10-minute command). Keep
+the results file in the working tree, not under the git-ignored outputs/, and bring it back after each part:
+the next part may run on a fresh machine, and the file is what it resumes from.
+
+    PYTHONPATH=. python3 scripts/kernelbench.py --time-limit 540 \
+        --results scripts/results/kernelbench_h200.json && cp scripts/results/kernelbench_h200.json $OUT/
+    # again, with the returned file in scripts/results/, until it prints "all 37 problems finished"
+    python3 scripts/kernelbench.py --render scripts/results/kernelbench_h200.json --render-to scripts/results
+
+For each problem it runs
+
+    python -m mkevolve run PROBLEM --model builtin --iterations 1 --budget 8 --out WORK/runs/<level>
+
+then reads the run directory (best/manifest.yaml, state.json, events.jsonl), packs best/ into one
+KernelBench-style file (`python -m mkevolve pack`) and times it in a fresh process against the problem's
+own Model, eager and under torch.compile (`--measure`, the function `measure` below). Every finished
+problem is written to the results file at once, so a part that stops (time limit, kill) loses at most the
+problem in progress, and running the same command again skips what is done.
+
+Parts: a part stops starting problems when the next one would not fit in --time-limit, judged from the
+median time of the problems finished so far (this part's and earlier parts'). The first problem of a part
+always starts. A step that runs into the limit is killed; it is retried at the start of the next part,
+unless it already had a whole part to itself, in which case the problem is recorded as over the limit.
+
+Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
+weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
+(10 warm-ups, 100 timed runs, L2 flushed, CUDA events); each side's time is the median of its round
+medians, so drift over the minutes a problem takes falls on all three alike. Without CUDA nothing is
+timed and the speedups are null, never a made-up number; the errors against an fp64 reference (the same
+Model and weights in float64) are measured on any device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from datetime import date
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+# ../shared/kernelbench beside the checkout; a copy of the tree on the GPU machine may carry it inside, as shared/.
+DEFAULT_KERNELBENCH = next((p for p in (ROOT / "shared" / "kernelbench", ROOT.parent / "shared" / "kernelbench")
+                            if p.is_dir()), ROOT.parent / "shared" / "kernelbench")
+DEFAULT_WORK = ROOT / "outputs" / "kernelbench"
+DEFAULT_ROUNDS = 5
+KILL_GRACE_S = 15            # after SIGINT, seconds a run gets to stop its workers before SIGKILL
+UNKNOWN = "unknown"
+
+
+# ---- rows and the results file ---------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One problem's outcome. None means not known (not measured, no CUDA, the run failed first)."""
+
+    problem: str                          # relative to the KernelBench folder: "level2/63_Gemm_ReLU_Divide.py"
+    finished: bool = False                # False: run done, timing still to do (the next part does it)
+    run_dir: str | None = None
+    exit_code: int | None = None          # of `mkevolve run`: 0 best/ holds a verified solution
+    correct: bool | None = None           # best/ passed the end-to-end check
+    all_triton: bool | None = None        # every subkernel of best/ is a Triton kernel
+    subkernels: int | None = None
+    pytorch_subkernels: list[str] = field(default_factory=list)
+    speedup_vs_compile: float | None = None   # compile_ms / solution_ms, this script's timing
+    speedup_vs_eager: float | None = None     # eager_ms / solution_ms
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    solution_ms: float | None = None
+    err_solution: float | None = None     # max |solution - fp64 reference|, fp32 inputs and weights
+    err_eager: float | None = None        # max |eager fp32 - fp64 reference|: the error fp32 itself makes
+    run_speedup: float | None = None      # the run's own end-to-end figure (the verifier's, vs torch.compile)
+    llm_calls: int | None = None          # calls that reached the model (cache hits left out)
+    tokens: int | None = None             # prompt + completion + reasoning
+    run_s: float | None = None            # wall time of `mkevolve run`, seconds
+    measure_s: float | None = None        # wall time of pack + timing, seconds
+    wall_s: float | None = None           # run_s + measure_s
+    anchor_eager_ms: float | None = None  # anchors_h200.tsv, for a sanity check of our eager/compile times
+    anchor_compile_ms: float | None = None
+    note: str = ""                        # why something is unknown or failed
+
+
+@dataclass
+class Results:
+    meta: dict
+    rows: dict[str, Row]
+
+    @classmethod
+    def load(cls, path: Path) -> "Results | None":
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(Row)}
+        rows = {r["problem"]: Row(**{k: v for k, v in r.items() if k in known}) for r in data.pop("rows")}
+        return cls(meta=data, rows=rows)
+
+    def save(self, path: Path) -> None:
+        """Written whole to a temporary file and renamed, so a kill never leaves half a file."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**self.meta, "rows": [asdict(self.rows[k]) for k in sorted(self.rows, key=problem_order)]}
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+
+    def durations(self) -> list[float]:
+        return [r.wall_s for r in self.rows.values() if r.finished and r.wall_s is not None]
+
+
+def environment() -> dict:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"date": date.today().isoformat(), "gpu": gpu, "torch": str(torch.__version__),
+            "triton": triton.__version__, "python": platform.python_version()}
+
+
+def problem_order(key: str) -> tuple:
+    """level2/7_X before level2/11_Y: by level, then by the problem's number."""
+    level, _, name = key.rpartition("/")
+    number = re.match(r"\d+", name)
+    return (level, int(number.group()) if number else math.inf, name)
+
+
+def read_anchors(kernelbench: Path) -> dict[str, dict[str, float]]:
+    """anchors_h200.tsv: file, eager_ms, compile_ms, floor_ms, gflop, MB (H200, fp32, TF32 off)."""
+    path = kernelbench / "anchors_h200.tsv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        rows = csv.DictReader(f, delimiter="\t")
+        return {r["file"]: {k: float(v) for k, v in r.items() if k != "file"} for r in rows}
+
+
+# ---- reading a run directory -----------------------------------------------------------------------------
+
+
+@dataclass
+class RunInfo:
+    correct: bool = False
+    all_triton: bool | None = None
+    subkernels: int | None = None
+    pytorch_subkernels: list[str] = field(default_factory=list)
+    run_speedup: float | None = None
+    llm_calls: int | None = None
+    tokens: int | None = None
+    note: str = ""
+
+
+def read_run(run_dir: Path) -> RunInfo:
+    """What a finished (or stopped) run left: best/manifest.yaml first, state.json where it has none."""
+    from mkevolve.run_state import RunState, StateError
+    from mkevolve.solution import Manifest, SolutionError
+
+    info = RunInfo()
+    try:
+        state = RunState.load(run_dir)
+    except StateError as err:
+        state, info.note = None, str(err)
+    best = run_dir / "best"
+    try:
+        manifest = Manifest.read(best)
+    except SolutionError:
+        manifest = None
+    if manifest is not None and manifest.status == "ok":
+        coverage = manifest.coverage
+        info.correct, info.run_speedup = True, manifest.speedup
+        info.subkernels, info.pytorch_subkernels = len(coverage.names), coverage.pytorch
+        info.all_triton = coverage.complete
+    elif state is not None and state.best_iteration is not None:
+        record = next(h for h in state.history if h.index == state.best_iteration)
+        info.correct, info.run_speedup = True, record.e2e_speedup
+        info.subkernels, info.pytorch_subkernels = len(record.subproblems), list(record.pytorch)
+        info.all_triton = not record.pytorch
+    elif state is not None:
+        last = state.history[-1] if state.history else None
+        info.note = f"no correct end-to-end solution: {last.e2e_reason if last else 'no iteration finished'}"
+    info.llm_calls, info.tokens = read_llm_use(run_dir)
+    return info
+
+
+def read_llm_use(run_dir: Path) -> tuple[int | None, int | None]:
+    """(LLM calls, tokens): tokens.json where a command wrote one, else the events' token totals (one
+    `llm_tokens` event per client: a resumed run has several), else the `llm_call` events counted."""
+    tokens_file = run_dir / "tokens.json"
+    if tokens_file.is_file():
+        data = json.loads(tokens_file.read_text())
+        return data.get("calls"), sum((data.get("total") or {}).values())
+    events_file = run_dir / "events.jsonl"
+    if not events_file.is_file():
+        return None, None
+    events = []
+    for line in events_file.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue    # a line cut short by a kill
+    totals = [e for e in events if e.get("kind") == "llm_tokens"]
+    if totals:
+        return (sum(e.get("calls", 0) for e in totals),
+                sum(sum((e.get("total") or {}).values()) for e in totals))
+    calls = [e for e in events if e.get("kind") == "llm_call" and not e.get("cached")]
+    return len(calls), sum(e.get("prompt_tokens", 0) + e.get("completion_tokens", 0)
+                           + e.get("reasoning_tokens", 0) for e in calls)
+
+
+# ---- timing one packed solution --------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    device: str
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    solution_ms: float | None = None
+    speedup_vs_compile: float | None = None
+    speedup_vs_eager: float | None = None
+    err_solution: float | None = None
+    err_eager: float | None = None
+    rounds_ms: list[dict[str, float]] = field(default_factory=list)   # per round: side -> median ms
+    note: str = ""
+
+
+# What a Measurement hands to its Row.
+MEASURED = ("eager_ms", "compile_ms", "solution_ms", "speedup_vs_compile", "speedup_vs_eager", "err_solution",
+            "err_eager")
+
+
+def max_error(outputs: list, reference: list) -> float:
+    """Largest absolute difference from the fp64 reference over every output tensor."""
+    return max(float((out.double() - ref).abs().max()) for out, ref in zip(outputs, reference))
+
+
+def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False, seed: int = 0,
+            rounds: int = DEFAULT_ROUNDS) -> Measurement:
+    """Errors against fp64 on any device; on CUDA also eager, torch.compile and the solution timed in
+    alternating rounds. Weights are made identical the verifier's way: the same seed before each build."""
+    import torch
+
+    from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, import_file,
+                                  load_problem, make_inputs)
+    from mkevolve.verify.correctness import fp32_strict
+    from mkevolve.workers.interpreter import make_autotune_interpretable
+
+    fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    make_autotune_interpretable()         # does nothing unless TRITON_INTERPRET=1 (CPU)
+    problem = load_problem(problem_path)
+    config = problem.configs[0]           # KernelBench problems have one
+    init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+    inputs = make_inputs(problem.path, config, seed + 1, device)
+    solution_cls = import_file(solution_path, prefix="kernelbench_solution").ModelNew
+    eager = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode)
+    ours = build_model(Path(solution_path), solution_cls, init, seed, device, eval_mode, what="ModelNew")
+
+    reference = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode).double()
+    inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    with torch.no_grad():
+        expected = flatten_outputs(reference(*inputs64))
+        result = Measurement(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                             err_eager=max_error(flatten_outputs(eager(*clone_values(inputs))), expected),
+                             err_solution=max_error(flatten_outputs(ours(*clone_values(inputs))), expected))
+    del reference, inputs64, expected     # fp64 takes twice the fp32 model's memory: free it before timing
+    if device.type != "cuda":
+        result.note = "no CUDA: not timed"
+        return result
+    torch.cuda.empty_cache()
+    sides = {"eager": eager, "compile": torch.compile(eager), "solution": ours}
+    result.rounds_ms = alternate_rounds({name: (lambda m=m: m(*inputs)) for name, m in sides.items()}, rounds)
+    result.eager_ms, result.compile_ms, result.solution_ms = (
+        statistics.median(r[name] for r in result.rounds_ms) for name in ("eager", "compile", "solution"))
+    result.speedup_vs_compile = result.compile_ms / result.solution_ms
+    result.speedup_vs_eager = result.eager_ms / result.solution_ms
+    return result
+
+
+def alternate_rounds(forwards: dict[str, Callable[[], object]], rounds: int) -> list[dict[str, float]]:
+    """Median ms of each forward per round, the order rotated each round so no side always goes first."""
+    from mkevolve.verify.timing import time_forward
+
+    names = list(forwards)
+    results = []
+    for index in range(rounds):
+        order = names[index % len(names):] + names[:index % len(names)]
+        results.append({name: time_forward(forwards[name]).median_ms for name in order})
+    return results
+
+
+# ---- one problem: run, read, pack, time ------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    kernelbench: Path
+    work: Path
+    model: str
+    iterations: int
+    budget: int
+    run_args: list[str]
+    rounds: int
+
+    @property
+    def eval_mode(self) -> bool:
+        return "--eval" in self.run_args
+
+    def record(self) -> dict:
+        return {"model": self.model, "iterations": self.iterations, "budget": self.budget,
+                "run_args": self.run_args, "rounds": self.rounds}
+
+
+@dataclass
+class Step:
+    exit_code: int | None     # None: killed at the deadline
+    seconds: float
+    log: Path
+
+
+def run_step(command: list[str], log: Path, timeout_s: float, env: dict | None = None) -> Step:
+    """Run a command in its own process group, output to `log`; at the deadline SIGINT the group (a run
+    stops its workers on Ctrl-C), then SIGKILL what is left."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            code = None
+    return Step(code, time.monotonic() - started, log)
+
+
+def child_env() -> dict:
+    """The repository on the path (the GPU machine runs from a checkout), and the Triton interpreter
+    where there is no GPU (it must be set before Triton decorates a kernel)."""
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")
+    return env
+
+
+def last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def find_run_dir(log: Path, parent: Path) -> Path | None:
+    """The run prints 'run directory: PATH' first; if that line is missing, the newest run under `parent`."""
+    found = re.search(r"^run directory: (.+)$", log.read_text(errors="replace"), flags=re.M)
+    if found and Path(found.group(1).strip()).is_dir():
+        return Path(found.group(1).strip())
+    runs = sorted(parent.glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+    return runs[-1].parent if runs else None
+
+
+def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, settings: Settings) -> Row | None:
+    """Run (unless an earlier part did) and time one problem. Returns None when the run was cut by the
+    deadline and deserves another try; a Row with finished=False when only the timing is left to do."""
+    path = settings.kernelbench / key
+    level, stem = Path(key).parent.name, Path(key).stem
+    ran_now = False
+    if row is not None and row.run_dir and not (Path(row.run_dir) / "best").is_dir():
+        row = None          # its run directory is gone (a fresh GPU machine): run the problem again
+    if row is None or (row.run_dir is None and row.exit_code is None):
+        row = Row(problem=key)
+        runs_parent = settings.work / "runs" / level
+        command = [sys.executable, "-m", "mkevolve", "run", str(path), "--model", settings.model,
+                   "--iterations", str(settings.iterations), "--budget", str(settings.budget),
+                   "--out", str(runs_parent), *settings.run_args]
+        step = run_step(command, settings.work / "logs" / f"{level}_{stem}.run.log",
+                        deadline - time.monotonic(), child_env())
+        if step.exit_code is None and not whole_part:
+            return None
+        ran_now = True
+        row.exit_code, row.run_s = step.exit_code, round(step.seconds, 1)
+        run_dir = find_run_dir(step.log, runs_parent / stem)
+        row.run_dir = str(run_dir) if run_dir else None
+        if run_dir is None:
+            row.correct, row.note = False, f"no run directory; the run said: {last_line(step.log)}"
+        else:
+            info = read_run(run_dir)
+            for name, value in asdict(info).items():
+                setattr(row, name, value)
+        if step.exit_code is None:
+            row.note = f"mkevolve run stopped at the part's time limit after {step.seconds:.0f} s. {row.note}".strip()
+    if row.correct and row.exit_code is not None and row.measure_s is None:
+        timed_out = pack_and_measure(row, path, settings, deadline)
+        if timed_out and (ran_now or not whole_part):
+            return row          # finished=False: the next part times it, with the whole part to itself
+        if timed_out:
+            row.note = f"{row.note} timing stopped at the part's time limit".strip()
+    row.wall_s = round((row.run_s or 0) + (row.measure_s or 0), 1)
+    row.finished = True
+    return row
+
+
+def pack_and_measure(row: Row, problem_path: Path, settings: Settings, deadline: float) -> bool:
+    """Pack best/ into one file and time it in a fresh process (a crash there costs this row its timing,
+    not the benchmark; and the GPU memory is returned). True when the deadline cut it."""
+    name = row.problem.replace("/", "_").removesuffix(".py")
+    packed = settings.work / "packed" / f"{name}.py"
+    packed.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    env = child_env()
+    step = run_step([sys.executable, "-m", "mkevolve", "pack", str(Path(row.run_dir) / "best"), "-o", str(packed)],
+                    settings.work / "logs" / f"{name}.pack.log", deadline - time.monotonic(), env)
+    if step.exit_code is None:
+        return True
+    if step.exit_code != 0:
+        row.note, row.measure_s = f"pack failed: {last_line(step.log)}", round(time.monotonic() - started, 1)
+        return False
+    out = settings.work / "measurements" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--measure", str(problem_path), str(packed),
+               "--measure-out", str(out), "--rounds", str(settings.rounds)]
+    command += ["--eval-mode"] if settings.eval_mode else []
+    step = run_step(command, settings.work / "logs" / f"{name}.measure.log", deadline - time.monotonic(), env)
+    if step.exit_code is None:
+        return True
+    row.measure_s = round(time.monotonic() - started, 1)
+    if step.exit_code != 0 or not out.is_file():
+        row.note = f"timing failed: {last_line(step.log)}"
+        return False
+    measured = json.loads(out.read_text())
+    for field_name in MEASURED:
+        setattr(row, field_name, measured[field_name])
+    if measured["note"]:
+        row.note = f"{row.note} {measured['note']}".strip()
+    return False
+
+
+# ---- parts -----------------------------------------------------------------------------------------------
+
+
+def fits(elapsed_s: float, durations_s: list[float], limit_s: float) -> bool:
+    """Whether a problem of median duration still ends inside the limit; with no history, assume it does."""
+    return not durations_s or elapsed_s + statistics.median(durations_s) <= limit_s
+
+
+SolveFn = Callable[[str, "Row | None", float, bool], "Row | None"]
+
+
+def run_part(problems: list[str], results: Results, limit_s: float, solve: SolveFn, save: Callable[[], None],
+             now: Callable[[], float] = time.monotonic) -> list[str]:
+    """Solve unfinished problems in order until the next would not fit; returns the problems started."""
+    start = now()
+    started: list[str] = []
+    for key in problems:
+        row = results.rows.get(key)
+        if row is not None and row.finished:
+            continue
+        elapsed = now() - start
+        if started and not fits(elapsed, results.durations(), limit_s):
+            median = statistics.median(results.durations())
+            print(f"stopping this part after {elapsed:.0f} s: a problem takes {median:.0f} s (median), "
+                  f"the limit is {limit_s:.0f} s", flush=True)
+            break
+        print(f"[{elapsed:5.0f} s] {key}", flush=True)
+        row = solve(key, row, start + limit_s, not started)
+        started.append(key)
+        if row is not None:
+            results.rows[key] = row
+            save()
+            print(f"        {summary_line(row)}", flush=True)
+        if row is None or not row.finished:
+            print("        stopped at the time limit; the next part goes on from here", flush=True)
+            break
+    return started
+
+
+def summary_line(row: Row) -> str:
+    state = "waiting for its timing" if not row.finished else (
+        f"correct={fmt_bool(row.correct)} all_triton={fmt_bool(row.all_triton)} "
+        f"vs_compile={fmt_speedup(row.speedup_vs_compile)} vs_eager={fmt_speedup(row.speedup_vs_eager)} "
+        f"err={fmt_err(row.err_solution)} (eager {fmt_err(row.err_eager)}) wall={fmt_number(row.wall_s)} s")
+    return f"{state} {row.note}".rstrip()
+
+
+def select_problems(kernelbench: Path, names: list[str]) -> list[str]:
+    """Keys relative to the folder: every level*/*.py by default, else the ones named (relative or absolute)."""
+    if not names:
+        return sorted((str(p.relative_to(kernelbench)) for p in kernelbench.glob("level*/*.py")), key=problem_order)
+    keys = []
+    for name in names:
+        path = Path(name) if Path(name).is_absolute() else kernelbench / name
+        if not path.is_file():
+            raise SystemExit(f"{name}: no such problem in {kernelbench}")
+        keys.append(str(path.resolve().relative_to(kernelbench.resolve())))
+    return keys
+
+
+# ---- rendering -------------------------------------------------------------------------------------------
+
+
+def fmt_bool(value: bool | None) -> str:
+    return UNKNOWN if value is None else ("yes" if value else "no")
+
+
+def fmt_speedup(value: float | None) -> str:
+    return UNKNOWN if value is None else f"{value:.2f}x"
+
+
+def fmt_err(value: float | None) -> str:
+    return UNKNOWN if value is None else f"{value:.1e}"
+
+
+def fmt_number(value: float | None, digits: int = 0) -> str:
+    return UNKNOWN if value is None else f"{value:.{digits}f}"
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
+def markdown_table(data: dict) -> str:
+    rows = [Row(**r) for r in data["rows"]]
+    settings = data.get("settings", {})
+    timed = [r.speedup_vs_compile for r in rows if r.correct and r.speedup_vs_compile is not None]
+    lines = [
+        f"KernelBench, {len(rows)} problems, {data.get('gpu', UNKNOWN)}, {data.get('date', UNKNOWN)}; "
+        f"torch {data.get('torch', UNKNOWN)}, triton {data.get('triton', UNKNOWN)}, "
+        f"python {data.get('python', UNKNOWN)}; "
+        f"`mkevolve run --model {settings.get('model', UNKNOWN)} --iterations {settings.get('iterations', UNKNOWN)} "
+        f"--budget {settings.get('budget', UNKNOWN)}{''.join(' ' + a for a in settings.get('run_args', []))}`.",
+        "",
+        f"Correct end to end: {sum(1 for r in rows if r.correct)}/{len(rows)}; all subkernels in Triton: "
+        f"{sum(1 for r in rows if r.correct and r.all_triton)}/{len(rows)}; geometric mean speedup vs "
+        f"torch.compile over the {len(timed)} timed correct problems: {fmt_speedup(geomean(timed))}.",
+        "",
+        "| problem | correct | all Triton | vs torch.compile | vs eager | max error vs fp64 | eager fp32 error "
+        "| wall s | LLM calls |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.problem.removesuffix('.py')} | {fmt_bool(r.correct)} | {fmt_bool(r.all_triton)} "
+                     f"| {fmt_speedup(r.speedup_vs_compile)} | {fmt_speedup(r.speedup_vs_eager)} "
+                     f"| {fmt_err(r.err_solution)} | {fmt_err(r.err_eager)} | {fmt_number(r.wall_s)} "
+                     f"| {fmt_number(r.llm_calls)} |")
+    notes = [f"- {r.problem.removesuffix('.py')}: {r.note}" for r in rows if r.note]
+    if notes:      # why a value is unknown or a run failed, so "unknown" is never left unexplained
+        lines += ["", "Notes:", "", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def short_label(key: str, width: int = 30) -> str:
+    """'level2/63_Gemm_ReLU_Divide.py' -> 'L2/63 Gemm_ReLU_Divide', cut to `width` characters."""
+    label = key.removesuffix(".py").replace("level", "L").replace("_", " ", 1)
+    return label if len(label) <= width else label[:width - 1] + "…"
+
+
+def speedup_plot(data: dict, path: Path) -> None:
+    """Bars of speedup vs torch.compile and vs eager per problem, log scale, a line at 1.0 (parity).
+    A problem without a timing gets the word 'unknown' instead of a bar; a partial solution (some
+    subkernels run PyTorch code) gets hatched bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    rows = [Row(**r) for r in data["rows"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(rows) + 2), 5.5))
+    width = 0.4
+    for offset, attr, name in ((-width / 2, "speedup_vs_compile", "vs torch.compile"),
+                               (width / 2, "speedup_vs_eager", "vs eager")):
+        timed = [(i, r) for i, r in enumerate(rows) if getattr(r, attr) is not None]
+        bars = ax.bar([i + offset for i, _ in timed], [getattr(r, attr) for _, r in timed], width, label=name)
+        for bar, (_, r) in zip(bars, timed):
+            if r.all_triton is False:
+                bar.set_hatch("//")
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=1)
+    known = [v for r in rows for v in (r.speedup_vs_compile, r.speedup_vs_eager) if v is not None]
+    low, high = min(known + [1.0]) / 1.5, max(known + [1.0]) * 1.5
+    ax.set_ylim(low, high)
+    # Ticks at powers of two, labelled "0.5x", "1x", "2x": matplotlib's own log labels (10^-1 ...) say little here.
+    ticks = [2.0 ** e for e in range(math.floor(math.log2(low)), math.ceil(math.log2(high)) + 1)]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}x")
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    for i, r in enumerate(rows):
+        if r.speedup_vs_compile is None and r.speedup_vs_eager is None:
+            ax.text(i, 1.0, UNKNOWN, rotation=90, ha="center", va="bottom", fontsize=7, color="gray")
+    ax.set_xticks(range(len(rows)), [short_label(r.problem) for r in rows], rotation=70, ha="right", fontsize=7)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel("speedup of the mkevolve solution (log scale)")
+    ax.set_title(f"mkevolve on KernelBench, {data.get('gpu', UNKNOWN)}, {data.get('date', UNKNOWN)}"
+                 + ("; hatched: partial solution" if any(r.all_triton is False for r in rows) else ""), fontsize=9)
+    if known:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="svg")
+    plt.close(fig)
+
+
+def render(results_path: Path, folder: Path) -> tuple[Path, Path]:
+    data = json.loads(results_path.read_text())
+    data["rows"] = [{k: v for k, v in r.items() if k in {f.name for f in fields(Row)}} for r in data["rows"]]
+    table, plot = folder / "kernelbench.md", folder / "kernelbench_speedup.svg"
+    folder.mkdir(parents=True, exist_ok=True)
+    table.write_text(markdown_table(data))
+    speedup_plot(data, plot)
+    return table, plot
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog=__doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("problems", nargs="*", help="problem files relative to --kernelbench "
+                        "(level2/63_Gemm_ReLU_Divide.py); default: every level*/*.py there")
+    parser.add_argument("--kernelbench", type=Path, default=DEFAULT_KERNELBENCH, help="the KernelBench folder")
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK,
+                        help="where runs, packed solutions, timings and logs go")
+    parser.add_argument("--results", type=Path, help="the results JSON, read to resume and rewritten after "
+                        "each problem (default: WORK/results.json)")
+    parser.add_argument("--time-limit", type=float, default=540.0, metavar="SECONDS",
+                        help="length of this part: no problem starts that would not fit, judged from the median "
+                             "so far, and a step still running at the limit is stopped")
+    parser.add_argument("--model", default="builtin", help="mkevolve run --model")
+    parser.add_argument("--iterations", type=int, default=1, help="mkevolve run --iterations")
+    parser.add_argument("--budget", type=int, default=8, help="mkevolve run --budget (LLM calls per iteration)")
+    parser.add_argument("--run-args", default="", metavar="ARGS",
+                        help="more flags for mkevolve run, one string after '=': --run-args='--eval --workers 4'")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help="alternating timing rounds of eager, torch.compile and the solution")
+    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                        help="write a Markdown table and an SVG plot from a results file, and run nothing")
+    parser.add_argument("--render-to", type=Path, metavar="DIR",
+                        help="folder for --render's kernelbench.md and kernelbench_speedup.svg "
+                             "(default: the results file's folder)")
+    parser.add_argument("--measure", nargs=2, type=Path, metavar=("PROBLEM", "SOLUTION"),
+                        help="time one packed solution against its problem, print the JSON, and run nothing else")
+    parser.add_argument("--measure-out", type=Path, metavar="FILE", help="with --measure: also write the JSON here")
+    parser.add_argument("--eval-mode", action="store_true", help="with --measure: compare in eval mode")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        table, plot = render(args.render, args.render_to or args.render.parent)
+        print(f"wrote {table} and {plot}")
+        return 0
+    if args.measure:
+        measured = asdict(measure(*args.measure, eval_mode=args.eval_mode, rounds=args.rounds))
+        print(json.dumps(measured, indent=1))
+        if args.measure_out:
+            args.measure_out.write_text(json.dumps(measured, indent=1))
+        return 0
+
+    settings = Settings(kernelbench=args.kernelbench.resolve(), work=args.work.resolve(), model=args.model,
+                        iterations=args.iterations, budget=args.budget, run_args=shlex.split(args.run_args),
+                        rounds=args.rounds)
+    results_path = args.results or settings.work / "results.json"
+    here = environment()
+    results = Results.load(results_path)
+    if results is None:
+        results = Results(meta={**here, "kernelbench": str(settings.kernelbench), "settings": settings.record(),
+                                "parts": []}, rows={})
+    elif results.meta.get("gpu") != here["gpu"] or results.meta.get("settings") != settings.record():
+        raise SystemExit(f"{results_path} holds results on {results.meta.get('gpu')} with settings "
+                         f"{results.meta.get('settings')}; this is {here['gpu']} with {settings.record()}. "
+                         "Mixing them would make one table of two benchmarks: use another --results.")
+    results.meta.update(here)          # the date and versions of the latest part
+    anchors = read_anchors(settings.kernelbench)
+    problems = select_problems(settings.kernelbench, args.problems)
+
+    def solve(key: str, row: Row | None, deadline: float, whole_part: bool) -> Row | None:
+        row = solve_problem(key, row, deadline, whole_part, settings)
+        if row is not None and key in anchors:
+            row.anchor_eager_ms, row.anchor_compile_ms = anchors[key]["eager_ms"], anchors[key]["compile_ms"]
+        return row
+
+    part_started = time.monotonic()
+    started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path))
+    results.meta.setdefault("parts", []).append({"date": here["date"], "gpu": here["gpu"], "problems": started,
+                                  "wall_s": round(time.monotonic() - part_started, 1)})
+    results.save(results_path)
+    left = [k for k in problems if k not in results.rows or not results.rows[k].finished]
+    print(f"results: {results_path}")
+    print(f"all {len(problems)} problems finished" if not left else
+          f"{len(problems) - len(left)} of {len(problems)} problems finished; run the same command again for the "
+          f"next part ({len(left)} left)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

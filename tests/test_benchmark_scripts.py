@@ -1,0 +1,241 @@
+"""scripts/eval_profile.py and scripts/kernelbench.py: the profile's numbers, and the benchmark's resume,
+time-limit rule, run-directory reader, timing function (CPU: errors yes, speedups null) and rendering."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mkevolve.run_state import IterationRecord, RunState, Step, SubkernelRecord
+from mkevolve.solution import Manifest, SubkernelEntry
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = Path(__file__).resolve().parent / "fixtures" / "kernelbench_small"
+GEMM = "level2/63_Gemm_ReLU_Divide.py"
+
+
+def load_script(name: str):
+    """scripts/ is not a package: import the file as a module."""
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+profile_script = load_script("eval_profile")
+kb = load_script("kernelbench")
+
+
+# ---- eval_profile ----------------------------------------------------------------------------------------
+
+# Two evaluations: 10 s (1 s of it waiting) and 4 s (none waiting), 14 s of wall time together.
+FIRST = {"kind": "verdict", "status": "ok", "wall_s": 10.0,
+         "phases": {"worker_start": 1.0, "load": 0.5, "reference": 0.5, "candidate": 6.0,
+                    "candidate.setup": 1.0, "candidate.first_call": 4.0, "judge": 1.0}}
+SECOND = {"kind": "verdict", "status": "ok", "wall_s": 4.0, "composite": True,
+          "phases": {"worker_start": 0.0, "load": 0.5, "reference": 0.5, "candidate": 2.0,
+                     "candidate.setup": 0.5, "candidate.first_call": 1.0, "judge": 0.5, "baseline": 0.5}}
+
+
+def write_events(path: Path, events: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events) + '{"kind": "verdict", "wall_s"')  # cut short
+    return path
+
+
+def test_profile_of_synthetic_events(tmp_path):
+    events = write_events(tmp_path / "events.jsonl", [{"kind": "llm_call", "wall_s": 99.0}, FIRST, SECOND])
+    out = tmp_path / "profile.json"
+    assert profile_script.main([str(tmp_path), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert (data["evaluations"], data["unprofiled"], data["wall_total_s"]) == (2, 0, 14.0)
+    assert data["wall_median_s"] == pytest.approx(7.0) and data["wall_p90_s"] == pytest.approx(9.4)
+    rows = {r["phase"]: r for r in data["rows"]}
+    assert [r["phase"] for r in data["rows"]] == [
+        "worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.first_call",
+        "candidate.unaccounted", "judge", "baseline", "waiting"]
+    candidate = rows["candidate"]
+    assert (candidate["count"], candidate["total_s"]) == (2, 8.0)
+    assert candidate["median_s"] == pytest.approx(4.0)
+    assert candidate["p90_s"] == pytest.approx(5.6)          # 2 + 0.9 * (6 - 2)
+    assert candidate["share"] == pytest.approx(8 / 14)
+    assert rows["waiting"]["total_s"] == pytest.approx(1.0)   # 10 - 9 and 4 - 4
+    assert rows["waiting"]["p90_s"] == pytest.approx(0.9)
+    assert rows["candidate.unaccounted"]["total_s"] == pytest.approx(1.5)   # 6 - 5 and 2 - 1.5
+    assert (rows["baseline"]["count"], rows["baseline"]["share"]) == (1, pytest.approx(0.5 / 14))
+    table = profile_script.render_table(profile_script.summarize(profile_script.read_verdicts([events])))
+    assert "  candidate.first_call" in table and "waiting" in table
+    assert profile_script.main([str(events), "--composite", "only", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["wall_total_s"] == 4.0
+
+
+def test_profile_with_missing_phases(tmp_path):
+    crashed = {"kind": "verdict", "status": "crashed", "wall_s": 2.0, "phases": {"worker_start": 0.5}}
+    old = {"kind": "verdict", "status": "ok", "speedup": None}        # written before wall_s and phases
+    profile = profile_script.summarize([FIRST, crashed, old])
+    assert (profile.evaluations, profile.unprofiled, profile.wall_total_s) == (2, 1, 12.0)
+    rows = {r.phase: r for r in profile.rows}
+    assert rows["worker_start"].count == 2 and rows["candidate"].count == 1
+    assert rows["waiting"].total_s == pytest.approx(1.0 + 1.5)
+    assert "1 verdict event(s) without wall_s or phases" in profile_script.render_table(profile)
+
+
+# ---- kernelbench: resume and the time limit -------------------------------------------------------------
+
+
+def results_with(rows: list) -> "kb.Results":
+    return kb.Results(meta={"parts": []}, rows={r.problem: r for r in rows})
+
+
+def test_resume_skips_finished_problems(tmp_path):
+    results = results_with([kb.Row("level2/a.py", finished=True, wall_s=30.0)])
+    path = tmp_path / "results.json"
+    results.save(path)
+    calls = []
+
+    def solve(key, row, deadline, whole_part):
+        calls.append((key, row, whole_part))
+        return kb.Row(key, finished=True, wall_s=20.0)
+
+    reloaded = kb.Results.load(path)
+    started = kb.run_part(["level2/a.py", "level2/b.py"], reloaded, 540, solve, lambda: reloaded.save(path))
+    assert started == ["level2/b.py"] and calls == [("level2/b.py", None, True)]
+    assert set(kb.Results.load(path).rows) == {"level2/a.py", "level2/b.py"}
+
+
+def test_resume_times_a_problem_whose_run_finished():
+    """A row left with finished=False (run done, timing cut) is handed back to be finished, not rerun."""
+    pending = kb.Row("level2/a.py", run_dir="/runs/a", exit_code=0, correct=True, run_s=100.0)
+    results = results_with([pending])
+    seen = []
+    kb.run_part(["level2/a.py"], results, 540, lambda k, row, d, whole: seen.append(row) or
+                kb.Row(k, finished=True), lambda: None)
+    assert seen == [pending]
+
+
+def test_time_limit_rule():
+    assert kb.fits(0, [], 10)                      # no history: start
+    assert kb.fits(100, [50, 100, 900], 200)       # median 100: 100 + 100 <= 200
+    assert not kb.fits(101, [50, 100, 900], 200)
+
+    clock = [0.0]
+    results = results_with([kb.Row(f"done{i}", finished=True, wall_s=100.0) for i in range(3)])
+
+    def solve(key, row, deadline, whole_part):
+        assert deadline == 250                     # the part's start (0) plus the limit
+        clock[0] += 100                            # each problem takes 100 s
+        return kb.Row(key, finished=True, wall_s=100.0)
+
+    started = kb.run_part(["p1", "p2", "p3", "p4"], results, 250, solve, lambda: None, now=lambda: clock[0])
+    assert started == ["p1", "p2"]                 # p3 would start at 200 s and end at 300 s > 250 s
+
+
+def test_first_problem_of_a_part_always_starts_and_a_cut_run_stops_the_part():
+    results = results_with([kb.Row("slow", finished=True, wall_s=1000.0)])
+    seen = []
+
+    def solve(key, row, deadline, whole_part):
+        seen.append((key, whole_part))
+        return None                                # cut at the deadline: retried in the next part
+
+    assert kb.run_part(["p1", "p2"], results, 100, solve, lambda: None) == ["p1"]
+    assert seen == [("p1", True)] and "p1" not in results.rows
+
+
+# ---- kernelbench: reading a run directory ----------------------------------------------------------------
+
+
+def fake_run(folder: Path, pytorch: list[str], correct: bool = True) -> Path:
+    """A run directory as `mkevolve run` leaves one: state.json, best/manifest.yaml, events.jsonl."""
+    folder.mkdir(parents=True)
+    names = ["linear", "relu_truediv"]
+    record = IterationRecord(index=1, refinement="none", subproblems=names, budget={n: 4 for n in names},
+                             subkernels={n: SubkernelRecord(status="ok") for n in names},
+                             e2e_status="ok" if correct else "incorrect",
+                             e2e_reason="" if correct else "output 0 differs at 3 places", e2e_speedup=None,
+                             pytorch=pytorch)
+    RunState(problem="p.py", run_id="r", iteration=1, step=Step.FINISHED, history=[record],
+             best_iteration=1 if correct else None).save(folder)
+    if correct:
+        (folder / "best").mkdir()
+        Manifest(problem="p.py", device="cpu", status="ok", speedup=1.5, iteration=1,
+                 subkernels={n: SubkernelEntry(origin="pytorch" if n in pytorch else "builtin")
+                             for n in names}).write(folder / "best")
+    tokens = {"kind": "llm_tokens", "total": {"prompt": 10, "completion": 5, "reasoning": 1}}
+    events = [{"kind": "llm_call", "cached": False}] * 3 + [{**tokens, "calls": 6}, {**tokens, "calls": 2}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def test_read_run_of_a_partial_solution(tmp_path):
+    info = kb.read_run(fake_run(tmp_path / "run", pytorch=["relu_truediv"]))
+    assert info.correct and info.all_triton is False and info.subkernels == 2
+    assert info.pytorch_subkernels == ["relu_truediv"] and info.run_speedup == 1.5
+    assert (info.llm_calls, info.tokens) == (8, 32)        # two clients' totals added up
+
+
+def test_read_run_without_best(tmp_path):
+    run = fake_run(tmp_path / "run", pytorch=[], correct=False)
+    (run / "events.jsonl").write_text('{"kind": "llm_call", "cached": false, "prompt_tokens": 7}\n'
+                                      '{"kind": "llm_call", "cached": true, "prompt_tokens": 7}\n')
+    info = kb.read_run(run)
+    assert not info.correct and info.all_triton is None
+    assert "output 0 differs" in info.note
+    assert (info.llm_calls, info.tokens) == (1, 7)         # no totals event: the paid calls counted
+
+
+# ---- kernelbench: timing and rendering -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path: no timing without CUDA")
+def test_measure_on_cpu_gives_errors_but_no_speedups():
+    result = kb.measure(SMALL / GEMM, SMALL / "packed" / "level2_63_Gemm_ReLU_Divide.py", rounds=1)
+    assert result.device == "cpu" and result.note == "no CUDA: not timed"
+    assert result.speedup_vs_compile is None and result.speedup_vs_eager is None and result.solution_ms is None
+    assert 0 < result.err_eager < 1e-5 and 0 <= result.err_solution < 1e-5
+
+
+def test_render_writes_unknown_and_an_svg(tmp_path):
+    measured = kb.Row(GEMM, finished=True, correct=True, all_triton=True, speedup_vs_compile=1.25,
+                      speedup_vs_eager=2.0, err_solution=3e-7, err_eager=2e-7, wall_s=61.0, llm_calls=8)
+    unknown = kb.Row("level3/2_ShallowWideMLP.py", finished=True, correct=True, all_triton=False)
+    results = kb.Results(meta={"date": "2026-12-01", "gpu": "cpu", "settings": {"model": "builtin"}},
+                         rows={r.problem: r for r in (measured, unknown)})
+    results.save(tmp_path / "results.json")
+    assert kb.main(["--render", str(tmp_path / "results.json"), "--render-to", str(tmp_path / "out")]) == 0
+    table = (tmp_path / "out" / "kernelbench.md").read_text()
+    gemm_line = next(line for line in table.splitlines() if line.startswith("| level2/63"))
+    mlp_line = next(line for line in table.splitlines() if line.startswith("| level3/2_"))
+    assert "1.25x" in gemm_line and "2.00x" in gemm_line and "3.0e-07" in gemm_line
+    assert mlp_line.count("unknown") == 6 and " 0 " not in mlp_line and "| no |" in mlp_line
+    assert "geometric mean speedup vs torch.compile over the 1 timed correct problems: 1.25x" in table
+    svg = (tmp_path / "out" / "kernelbench_speedup.svg").read_text()
+    assert "<svg" in svg and "unknown" in svg
+
+
+# ---- kernelbench: one real problem, end to end -----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kernelbench_end_to_end_on_a_shrunk_problem(tmp_path):
+    """A shrunk level 2 problem through `mkevolve run`, pack and timing (about 70 s on a CPU); the second
+    call finds it finished and starts nothing."""
+    args = [GEMM, "--kernelbench", str(SMALL), "--work", str(tmp_path), "--budget", "2", "--rounds", "1"]
+    assert kb.main(args) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    [row] = data["rows"]
+    assert row["problem"] == GEMM and row["finished"] and row["correct"] and row["all_triton"]
+    assert row["exit_code"] == 0 and row["llm_calls"] >= 1 and row["run_s"] > 0
+    assert row["err_solution"] is not None and row["err_eager"] is not None
+    if not torch.cuda.is_available():
+        assert row["speedup_vs_compile"] is None and row["speedup_vs_eager"] is None
+    assert (tmp_path / "packed" / "level2_63_Gemm_ReLU_Divide.py").is_file()
+    assert kb.main(args) == 0
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["parts"][-1]["problems"] == [] and again["rows"] == data["rows"]
