@@ -13,68 +13,87 @@ from mkevolve.problem import ProblemError
 # Exit codes shared by every command.
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 
-VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "workers", "seed"]
+VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "atol", "rtol", "workers", "seed"]
 SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_parallel", "llm_timeout"]
+
+# Settings that mean something else per command, so each command's --help says what they do there.
+# --out is always a parent folder, as it has always been for `run`: one YAML `out:` serves every command
+# and every problem, and each command names its own folder under OUT/<problem>/.
+SOLVE_HELP = {
+    "budget": "LLM calls in total, all for the one kernel of the whole problem",
+    "beam_width": "beam width of the one search",
+    "search": "search for the whole problem's kernel: beam search or parallel sampling",
+    "out": "parent folder: solution.py and the candidates go to OUT/<problem>/solve-<search>-<time>/",
+}
+RUN_HELP = {"out": "parent folder: the run directory is OUT/<problem>/<run-id>/"}
+PORT_HELP = {
+    "budget": "LLM calls for the one iteration that evolves the subproblems not reused, shared among them",
+    "out": "parent folder: the ported run directory is OUT/<variant>/<run-id>/",
+}
+DECOMPOSE_HELP = {"out": "parent folder: the decomposition is written to OUT/<problem>/decomposition/"}
+
+PROBLEM_HELP = "KernelBench-style problem file (a Model, get_inputs and get_init_inputs)"
+SOLUTION_DIR_HELP = "a solution folder: a run's best/ or a copy of it"
 
 
 def _subcommands(sub) -> None:
     p = sub.add_parser("check", help="verify one KernelBench-style solution (ModelNew in one file)")
-    p.add_argument("problem")
-    p.add_argument("solution")
+    p.add_argument("problem", help=PROBLEM_HELP)
+    p.add_argument("solution", help="the solution file: a ModelNew and its Triton kernels")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(p, VERIFY_FLAGS)
     p.set_defaults(handler="mkevolve.verify.verifier:check_command")
 
     p = sub.add_parser("decompose", help="decompose a problem into subproblems and check the result")
-    p.add_argument("problem")
+    p.add_argument("problem", help=PROBLEM_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--dir", dest="out_dir", default=None, help="write the decomposition here")
-    add_config_flags(p, ["model", "api_base", "decompose_attempts", "retries"] + VERIFY_FLAGS)
+    add_config_flags(p, ["model", "api_base", "decompose_attempts", "retries", "out"] + VERIFY_FLAGS,
+                     DECOMPOSE_HELP)
     p.set_defaults(handler="mkevolve.agents.decompose:decompose_command")
 
     p = sub.add_parser("solve", help="monolithic baseline: search one kernel for the whole problem")
-    p.add_argument("problem")
-    p.add_argument("--dir", dest="out_dir", default=None, help="write solution.py and candidates here")
-    add_config_flags(p, SEARCH_FLAGS + ["search"] + VERIFY_FLAGS)
+    p.add_argument("problem", help=PROBLEM_HELP)
+    add_config_flags(p, SEARCH_FLAGS + ["search", "out"] + VERIFY_FLAGS, SOLVE_HELP)
     p.set_defaults(handler="mkevolve.search.solve:solve_command")
 
     p = sub.add_parser("run", help="MKEvolve end to end: decompose, evolve subkernels, compose the best")
-    p.add_argument("problem", nargs="?", help="KernelBench-style problem file")
-    p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run")
-    p.add_argument("--config", metavar="FILE.yaml", default=None, help="config file (CLI flags override it)")
+    p.add_argument("problem", nargs="?", help=PROBLEM_HELP + "; with --resume, optional and checked "
+                                              "against the run's")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue an interrupted or finished run; flags given change its saved config")
     add_config_flags(p, ["model", "api_base", "iterations", "budget", "beam_width", "expansion",
                          "refine_every", "fuse", "swap", "tau", "search", "decompose_attempts", "retries",
-                         "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS)
+                         "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS, RUN_HELP)
     p.set_defaults(handler="mkevolve.orchestrator:run_command")
 
     p = sub.add_parser("eval", help="re-verify and profile a solution folder, per subkernel and end to end")
-    p.add_argument("solution_dir")
+    p.add_argument("solution_dir", help=SOLUTION_DIR_HELP)
     p.add_argument("--problem", default=None, help="the original problem (default: the manifest's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(p, VERIFY_FLAGS)
     p.set_defaults(handler="mkevolve.evaluate:eval_command")
 
     p = sub.add_parser("swap", help="replace one subkernel: a file, 'pytorch', or a candidate id")
-    p.add_argument("solution_dir")
-    p.add_argument("subkernel")
+    p.add_argument("solution_dir", help=SOLUTION_DIR_HELP)
+    p.add_argument("subkernel", help="the subkernel to replace, as named in manifest.yaml")
     p.add_argument("replacement", help="a kernel file, 'pytorch', or a candidate id from the run")
     p.add_argument("--problem", default=None, help="the original problem (default: the manifest's)")
     add_config_flags(p, VERIFY_FLAGS)
     p.set_defaults(handler="mkevolve.swap:swap_command")
 
     p = sub.add_parser("port", help="adapt a solution to an architecture variant, reusing matching subkernels")
-    p.add_argument("solution_dir")
-    p.add_argument("variant_problem")
-    add_config_flags(p, SEARCH_FLAGS + ["out", "decompose_attempts", "retries"] + VERIFY_FLAGS)
+    p.add_argument("solution_dir", help=SOLUTION_DIR_HELP)
+    p.add_argument("variant_problem", help="the variant's problem file (the same network, changed in places)")
+    add_config_flags(p, SEARCH_FLAGS + ["out", "decompose_attempts", "retries"] + VERIFY_FLAGS, PORT_HELP)
     p.set_defaults(handler="mkevolve.port:port_command")
 
     p = sub.add_parser("pack", help="flatten a solution folder into one KernelBench-compatible file")
-    p.add_argument("solution_dir")
-    p.add_argument("-o", "--output", required=True, help="the file to write")
+    p.add_argument("solution_dir", help=SOLUTION_DIR_HELP)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the one file to write")
     p.set_defaults(handler="mkevolve.pack:pack_command")
 
     p = sub.add_parser("report", help="write report.html for a run directory")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory, OUT/<problem>/<run-id>/")
     p.set_defaults(handler="mkevolve.report:report_command")
 
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
+
+
+# atol = rtol for every comparison against PyTorch (fp32, TF32 off): the verifier's default, the
+# decomposition checks' fixed value, and the figure the prompts state. KernelBench's own checks use 1e-2.
+TOLERANCE = 1e-4
 
 
 class ConfigError(ValueError):
@@ -15,6 +21,8 @@ class ConfigError(ValueError):
 
 
 def _opt(default, help: str, **meta):
+    """A setting; meta may carry `choices`, and `key` where its public name (YAML key and flag) is not the
+    field's own (the field keeps its name so the code that reads it need not change)."""
     return field(default=default, metadata={"help": help, **meta})
 
 
@@ -32,20 +40,23 @@ class RunConfig:
     fuse: bool = _opt(False, "let the refinement step fuse subproblems")
     swap: bool = _opt(False, "swap subkernels slower than tau x torch.compile for their PyTorch code")
     tau: float = _opt(0.9, "swap threshold, as a fraction of torch.compile's speed")
-    search: str = _opt("beam", "kernel search: beam or parallel", choices=("beam", "parallel"))
+    search: str = _opt("beam", "kernel search: beam search or parallel sampling", choices=("beam", "parallel"))
     decompose_attempts: int = _opt(3, "parallel decomposition attempts before the fallback")
     retries: int = _opt(2, "retries of a failed decomposition agent, each told why the last failed")
     # The verifier.
     trials: int = _opt(5, "random input sets per correctness check")
     timeout: float = _opt(300.0, "seconds one evaluation may take before its worker is killed")
     memory_limit_gb: float = _opt(16.0, "host memory (GiB) one candidate process may use before it is killed")
-    eval_mode: bool = _opt(False, "compare modules in eval mode (running stats, no dropout)", flag="--eval")
+    eval_mode: bool = _opt(False, "compare modules in eval mode (running stats, no dropout)", key="eval")
+    atol: float = _opt(TOLERANCE, "absolute tolerance of the output comparison (KernelBench's own: 1e-2)")
+    rtol: float = _opt(TOLERANCE, "relative tolerance of the output comparison (KernelBench's own: 1e-2)")
     workers: int = _opt(0, "evaluation workers (0: one per GPU, or 2 on CPU); several per GPU share it")
-    executor: str = _opt("local", "where evaluations run: local or ray", choices=("local", "ray"))
+    executor: str = _opt("local", "where evaluations run: local worker processes or a Ray cluster",
+                         choices=("local", "ray"))
     llm_parallel: int = _opt(8, "LLM calls in flight at once")
     llm_timeout: float = _opt(600.0, "seconds one LLM call may take")
     # The run.
-    out: str = _opt("outputs", "folder that holds run directories")
+    out: str = _opt("outputs", "parent folder: the output goes to OUT/<problem>/<folder>")
     seed: int = _opt(0, "seed for inputs, weights and the search")
 
     @classmethod
@@ -53,11 +64,25 @@ class RunConfig:
         return {f.name for f in fields(cls)}
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
+        return yaml.safe_dump({key_of(f): getattr(self, f.name) for f in fields(self)}, sort_keys=False)
+
+
+# Old YAML keys still read as the new ones: every config.yaml a run wrote before the rename says
+# `eval_mode`, and `run --resume` and `swap` read those files.
+OLD_KEYS = {"eval_mode": "eval"}
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """A setting's public name: its YAML key, and with dashes its flag (`beam_width`, `--beam-width`)."""
+    return f.metadata.get("key", f.name)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return "--" + key_of(f).replace("_", "-")
 
 
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML config file; every key must be a RunConfig field."""
+    """Read a YAML config file into {field name: value}; each key is a flag's name, with `_` or `-`."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -67,40 +92,48 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
-    unknown = sorted(set(data) - RunConfig.field_names())
+    by_key = {key_of(f): f for f in fields(RunConfig)}
+    values, given, unknown = {}, {}, []  # given: the key as written, per setting
+    for raw, value in data.items():
+        key = str(raw).replace("-", "_")
+        key = OLD_KEYS.get(key, key)
+        if key not in by_key:
+            unknown.append(str(raw))
+            continue
+        if key in given:
+            raise ConfigError(f"{path}: '{given[key]}' and '{raw}' name the same setting; keep one")
+        given[key] = raw
+        values[by_key[key].name] = _coerce(by_key[key], value, str(path))
     if unknown:
-        raise ConfigError(f"{path}: unknown config key(s): {', '.join(unknown)}")
-    return data
+        raise ConfigError(f"{path}: unknown config key(s): {', '.join(sorted(unknown))}")
+    return values
 
 
-def _coerce(name: str, value, default, source: str):
+def _coerce(f: dataclasses.Field, value, source: str):
+    default = f.default
     if default is None or value is None:
         return value
     kind = type(default)
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{source}: '{name}' must be true or false, got {value!r}")
+        raise ConfigError(f"{source}: '{key_of(f)}' must be true or false, got {value!r}")
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{source}: '{name}' must be {kind.__name__}, got {value!r}") from None
+        raise ConfigError(f"{source}: '{key_of(f)}' must be {kind.__name__}, got {value!r}") from None
 
 
 def build_config(yaml_path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
-    """Defaults, then the YAML file, then explicit overrides (the CLI): later wins."""
+    """Defaults, then the YAML file, then explicit overrides (the CLI, by field name): later wins."""
     values: dict = {}
     if yaml_path is not None:
         values.update(load_yaml(yaml_path))
     unknown = sorted(set(overrides or {}) - RunConfig.field_names())
     if unknown:
         raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    defaults = RunConfig()
-    source = str(yaml_path) if yaml_path else "config"
-    for f in fields(RunConfig):
-        if f.name in values:
-            values[f.name] = _coerce(f.name, values[f.name], getattr(defaults, f.name), source)
+    by_name = {f.name: f for f in fields(RunConfig)}
+    values.update({k: _coerce(by_name[k], v, "config") for k, v in (overrides or {}).items() if v is not None})
     config = RunConfig(**values)
     validate(config)
     return config
@@ -123,25 +156,42 @@ def validate(config: RunConfig) -> None:
     for f in fields(RunConfig):
         choices = f.metadata.get("choices")
         if choices and getattr(config, f.name) not in choices:
-            raise ConfigError(f"config: '{f.name}' must be one of {', '.join(choices)}")
+            raise ConfigError(f"config: '{key_of(f)}' must be one of {', '.join(choices)}")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, names: list[str]) -> None:
-    """Add one flag per named RunConfig field; defaults stay None so YAML values are not masked."""
+def require_installed(config: RunConfig) -> None:
+    """What the config needs must be installed: found out before a command creates anything, not after a run
+    directory exists and the first evaluation fails with an ImportError."""
+    if config.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("--executor ray needs Ray, which is not installed: pip install 'mkevolve[ray]', "
+                          "or use --executor local")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, names: list[str], helps: dict[str, str] | None = None) -> None:
+    """`--config FILE.yaml` and one flag per named RunConfig field; defaults stay None so YAML values are not
+    masked. `helps` replaces a field's help where the command gives the setting another meaning."""
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                        help="read settings from a YAML file whose keys are these flags' names "
+                             "(beam_width or beam-width); flags given here override it")
     by_name = {f.name: f for f in fields(RunConfig)}
     defaults = RunConfig()
     for name in names:
-        f = by_name[name]
-        flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
-        help_text = f"{f.metadata['help']} (default: {getattr(defaults, name)})"
-        if isinstance(getattr(defaults, name), bool):
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
-        else:
-            kind = type(getattr(defaults, name)) if getattr(defaults, name) is not None else str
-            parser.add_argument(flag, dest=name, type=kind, default=None, metavar=name.upper(),
-                                choices=f.metadata.get("choices"), help=help_text)
+        f, default = by_name[name], getattr(defaults, name)
+        help_text = f"{(helps or {}).get(name, f.metadata['help'])} (default: {default})"
+        if isinstance(default, bool):
+            # --fuse/--no-fuse: a YAML file's true can be turned off for one command.
+            parser.add_argument(flag_of(f), dest=name, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+            continue
+        choices = f.metadata.get("choices")
+        parser.add_argument(flag_of(f), dest=name, type=type(default) if default is not None else str,
+                            default=None, choices=choices, metavar=None if choices else key_of(f).upper(),
+                            help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The config a command runs with: defaults, then --config, then flags; checked before anything is written."""
     overrides = {k: v for k, v in vars(args).items() if k in RunConfig.field_names()}
-    return build_config(getattr(args, "config", None), overrides)
+    config = build_config(getattr(args, "config", None), overrides)
+    require_installed(config)
+    return config

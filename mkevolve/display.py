@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -13,9 +14,12 @@ from rich.table import Table
 
 @dataclass
 class SubproblemRow:
-    status: str = "waiting"
-    calls: int = 0
+    status: str = "waiting"      # waiting | evolving | passing | failing | declined | new
+    calls: int = 0               # LLM calls this iteration's budget gives it
     speedup: float | None = None
+    done: int = 0                # candidates evaluated this iteration
+    pending: int = 0             # candidates still to come this iteration
+    passing: bool = False        # it has a passing kernel
 
 
 @dataclass
@@ -31,6 +35,7 @@ class RunView:
 
 # Wide enough that no line of a log or summary written to a pipe or file is ever folded.
 PLAIN_WIDTH = 10_000
+_STYLES = {"evolving": "bold yellow", "passing": "green", "failing": "red", "declined": "red"}
 
 
 def make_console() -> Console:
@@ -48,8 +53,21 @@ def _speed(value: float | None) -> str:
     return "unknown" if value is None else f"{value:.2f}x"
 
 
+def elapsed_text(seconds: float) -> str:
+    """"42s", "3m 05s", "1h 02m": what a person reads at a glance."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
 class RunDisplay:
-    """Call `update()` after changing `view`; on a terminal it redraws, elsewhere it logs the phase."""
+    """Call `update()` after changing `view`; on a terminal it redraws, elsewhere it logs the phase.
+
+    On a terminal the table is redrawn four times a second from another thread (so the elapsed time moves
+    while a kernel compiles); rows change through `set_row`/`set_rows`, under the lock the redraw takes."""
 
     def __init__(self, view: RunView, console: Console | None = None):
         self.view = view
@@ -57,43 +75,67 @@ class RunDisplay:
         self._live: Live | None = None
         self._last_line = ""
         self._start = time.monotonic()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> "RunDisplay":
         if self.console.is_terminal:
-            self._live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self._live = Live(console=self.console, refresh_per_second=4, get_renderable=self._table)
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._live is not None:
-            self._live.update(self._table())
+            self._live.refresh()
             self._live.__exit__(*exc)
             self._live = None
 
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._start
+
+    def set_row(self, name: str, row: SubproblemRow) -> None:
+        with self._lock:
+            self.view.rows[name] = row
+
+    def set_rows(self, rows: dict[str, SubproblemRow]) -> None:
+        """This iteration's subproblems, in order; rows of subproblems no longer there go."""
+        with self._lock:
+            self.view.rows = dict(rows)
+
     def update(self) -> None:
         if self._live is not None:
-            self._live.update(self._table())
+            self._live.refresh()
             return
-        v = self.view
-        line = f"iteration {v.iteration}/{v.iterations}: {v.phase} | best {v.best} | tokens {v.tokens}"
+        line = self.phase_line()
         if line != self._last_line:
-            self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {escape(line)}", highlight=False,
-                               soft_wrap=True)
+            self.console.print(f"[{self.elapsed_s:7.1f}s] {escape(line)}", highlight=False, soft_wrap=True)
             self._last_line = line
+
+    def phase_line(self) -> str:
+        """The plain-output progress line: the phase, and the candidates of the subproblem at work."""
+        v = self.view
+        with self._lock:
+            at_work = [row for row in v.rows.values() if row.status == "evolving"]
+        progress = f": {at_work[0].done} done, {at_work[0].pending} pending" if at_work else ""
+        return f"iteration {v.iteration}/{v.iterations}: {v.phase}{progress} | best {v.best} | tokens {v.tokens}"
 
     def log(self, message: str) -> None:
         """A line that stays (decisions: split, fuse, swap, kept best)."""
-        self.console.print(f"[{time.monotonic() - self._start:7.1f}s] {escape(message)}", highlight=False,
-                           soft_wrap=True)
+        self.console.print(f"[{self.elapsed_s:7.1f}s] {escape(message)}", highlight=False, soft_wrap=True)
 
     def _table(self) -> Table:
         v = self.view
         table = Table(title=f"mkevolve run {v.problem}: iteration {v.iteration}/{v.iterations}, {v.phase}",
-                      caption=f"best end to end: {v.best}   tokens: {v.tokens}")
-        for column in ("subproblem", "status", "LLM calls", "best speedup"):
+                      caption=f"elapsed {elapsed_text(self.elapsed_s)}   best end to end: {v.best}   "
+                              f"tokens: {v.tokens}")
+        for column in ("subproblem", "status", "candidates done", "pending", "best speedup"):
             table.add_column(column)
-        for name, row in v.rows.items():
-            table.add_row(name, row.status, str(row.calls), _speed(row.speedup))
+        with self._lock:
+            rows = list(v.rows.items())
+        for name, row in rows:
+            style = _STYLES.get(row.status)
+            table.add_row(name, row.status, str(row.done), str(row.pending) if row.pending else "",
+                          _speed(row.speedup) if row.passing else "-", style=style)
         return table
 
 

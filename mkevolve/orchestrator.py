@@ -12,24 +12,27 @@ from rich.markup import escape
 from mkevolve.agents import decompose as decompose_agent
 from mkevolve.agents import fuse as fuse_agent
 from mkevolve.agents import split as split_agent
-from mkevolve.agents.evolve import RefineContext, evolve_kernel
+from mkevolve.agents.evolve import UNTIMED_NOTE, RefineContext, SearchProgress, evolve_kernel, times_kernels
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
-from mkevolve.config import RunConfig, build_config, config_from_args
+from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
 from mkevolve.display import RunDisplay, RunView, SubproblemRow, final_table
 from mkevolve.events import EventLog
 from mkevolve.fsutil import write_atomic
+from mkevolve.llm.providers import ProviderError
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.search.beam import Beam
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
                                pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
-from mkevolve.verify.result import Status
+from mkevolve.verify.result import EvalResult, Status
 from mkevolve.workers.pool import Job
 
 BEST = "best"
 STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
+# What verify/candidate_run.py says when the candidate process never started: the composite did not run.
+NOT_STARTED = "the candidate process could not be run"
 
 
 @dataclass
@@ -40,6 +43,20 @@ class RunOutcome:
     iterations: int
     coverage: Coverage | None = None  # how much of best/ runs in Triton; None without best/
     failure: str = ""                 # without best/: why the last iteration's composite did not pass
+    last: IterationRecord | None = None   # the last iteration: every subproblem's outcome and reason
+    stop: str = ""                    # why the search ended before its last iteration
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """A refinement agent to ask, and for what. Asked again of the same decomposition it gives the same answer:
+    the builtin agent is deterministic, and a model's reply to the same prompt comes from the response cache."""
+
+    agent: str                        # split | fuse | total_fuse
+    failing: tuple[str, ...] = ()     # what a split is asked to split
+
+    def __str__(self) -> str:
+        return f"{self.agent} {', '.join(self.failing)}" if self.failing else self.agent
 
 
 def new_run_dir(out: str | Path, problem_path: Path) -> Path:
@@ -82,6 +99,7 @@ class Orchestrator:
         recover_solution(self.run_dir / BEST)
         if self.state.step is Step.FINISHED and self.state.iteration < self.config.iterations:
             self.state.step = Step.EVALUATED  # resumed with more --iterations: carry on from the last one
+            self.state.stop = ""              # another model or budget may change what stopped it early
         if self.state.step is Step.STARTED:
             self._initial_decomposition()
         while not self._loop_done():
@@ -94,12 +112,13 @@ class Orchestrator:
 
     def _loop_done(self) -> bool:
         at_end = self.state.iteration >= self.config.iterations and self.state.step is Step.EVALUATED
-        return at_end or self.state.step in (Step.SWAPPED, Step.FINISHED)
+        stopped = bool(self.state.stop) and self.state.step is Step.EVALUATED
+        return at_end or stopped or self.state.step in (Step.SWAPPED, Step.FINISHED)
 
     def _iteration(self) -> None:
         if self.state.step in (Step.DECOMPOSED, Step.EVALUATED):
             self.state.iteration += 1
-            self.state.evolved = []
+            self.state.evolved, self.state.made = [], {}
             self._refine()
         t = self.state.iteration
         started = time.monotonic()
@@ -110,11 +129,45 @@ class Orchestrator:
         record = self._evaluate(t, decomposition)
         record.seconds = time.monotonic() - started
         overhead = record.seconds - (self.verifier.clock.busy_s - busy_before)
-        self.events.emit("iteration", index=t, seconds=round(record.seconds, 3),
-                         overhead_s=round(overhead, 3), e2e=record.e2e_status, speedup=record.e2e_speedup)
+        self._emit_iteration(record, overhead)
         self._keep_if_best(record)
         self.state.history.append(record)
+        self.state.stop = self._nothing_can_change(record, decomposition) or ""
         self._checkpoint(Step.EVALUATED)
+        if self.state.stop:
+            self.events.emit("stopped", iteration=t, iterations=self.config.iterations, reason=self.state.stop)
+            self.display.log(f"stopped after iteration {t} of {self.config.iterations}: {self.state.stop}")
+
+    def _emit_iteration(self, record: IterationRecord, overhead: float) -> None:
+        """The iteration's end-to-end verdict, and each subproblem's outcome with its reason, in the log."""
+        for name, sub in record.subkernels.items():
+            self.events.emit("subproblem_outcome", iteration=record.index, subproblem=name,
+                             outcome=ORIGIN_PYTORCH if sub.candidate is None else "triton", candidate=sub.candidate,
+                             status=sub.status, speedup=sub.speedup, candidates=sub.candidates,
+                             reason=sub.reason, summary=sub.outcome())
+        self.events.emit("iteration", index=record.index, seconds=round(record.seconds, 3),
+                         overhead_s=round(overhead, 3), e2e=record.e2e_status, e2e_reason=record.e2e_reason,
+                         e2e_ran=record.e2e_ran, e2e_not_run=record.e2e_not_run, speedup=record.e2e_speedup,
+                         candidates=sum(sub.candidates for sub in record.subkernels.values()),
+                         refinement=record.refinement, asked=record.asked)
+
+    def _nothing_can_change(self, record: IterationRecord, decomposition: Decomposition) -> str | None:
+        """Why no later iteration can differ from this one, or None. Nothing changes when no subproblem got a
+        new candidate, the decomposition stayed, and the next refinement any later iteration would ask for is
+        none, or the one this iteration asked for and got no change from (the same question, the same answer)."""
+        t = record.index
+        if t >= self.config.iterations or record.refinement != "none":
+            return None
+        if any(sub.candidates for sub in record.subkernels.values()):
+            return None
+        plans = (self._plan(u, decomposition) for u in range(t + 1, self.config.iterations + 1))
+        pending = next((plan for plan in plans if plan is not None), None)
+        quiet = "no subproblem got a new candidate and the decomposition is unchanged"
+        if pending is None:
+            return f"nothing can change: {quiet}, and no later iteration would split or fuse"
+        if str(pending) == record.asked:
+            return f"nothing can change: {quiet}, and {pending} was asked this iteration and left it as it was"
+        return None
 
     def _checkpoint(self, step: Step) -> None:
         self.state.step = step
@@ -148,28 +201,42 @@ class Orchestrator:
         self.state.needs_total_fuse = False
         decomposition.write(iteration_dir(self.run_dir, t))
         self._reconcile_beams(decomposition)
-        how = "decomposition unchanged" if refinement == "none" else refinement.replace("_", " ")
+        how = refinement.replace("_", " ")
+        if refinement == "none":
+            asked = f" ({self.state.asked}: no answer passed the checks)" if self.state.asked else ""
+            how = f"decomposition unchanged{asked}"
         self.display.log(f"iteration {t}: {how}: {', '.join(decomposition.names)}")
         self.events.emit("decomposition", iteration=t, refinement=refinement, subproblems=decomposition.names,
-                         fallback=decomposition.fallback)
+                         fallback=decomposition.fallback, asked=self.state.asked)
         self.state.refinement = refinement
         self._checkpoint(Step.REFINED)
 
-    def _refined(self, t: int, decomposition: Decomposition) -> tuple[Decomposition, str]:
-        """TotalFuse supersedes the periodic step: a Split or Fuse it would replace is not paid for."""
+    def _plan(self, t: int, decomposition: Decomposition) -> Refinement | None:
+        """The refinement iteration t asks for, if any. TotalFuse supersedes the periodic step: a Split or Fuse
+        it would replace is not paid for."""
         if self.state.needs_total_fuse and len(decomposition.names) > 1:
+            return Refinement("total_fuse")
+        if t % self.config.refine_every != 0:
+            return None
+        failing = tuple(n for n in decomposition.names if self._failing(n))
+        if failing:
+            return Refinement("split", failing)
+        return Refinement("fuse") if self.config.fuse else None
+
+    def _refined(self, t: int, decomposition: Decomposition) -> tuple[Decomposition, str]:
+        plan = self._plan(t, decomposition)
+        self.state.asked = str(plan) if plan is not None else ""
+        if plan is None:
+            return decomposition, "none"
+        if plan.agent == "total_fuse":
             self._phase(t, "total fuse: subkernels pass locally but not end to end")
             return fuse_agent.total_fuse(self.problem_path, decomposition, **self._agent_args()), "total_fuse"
-        if t % self.config.refine_every != 0:
-            return decomposition, "none"
-        failing = [n for n in decomposition.names if self._failing(n)]
-        if failing:
-            self._phase(t, f"splitting {', '.join(failing)}")
-            return split_agent.split(self.problem_path, decomposition, failing, **self._agent_args()), "split"
-        if self.config.fuse:
-            self._phase(t, "fusing")
-            return fuse_agent.fuse(self.problem_path, decomposition, **self._agent_args()), "fuse"
-        return decomposition, "none"
+        if plan.agent == "split":
+            self._phase(t, f"splitting {', '.join(plan.failing)}")
+            split = split_agent.split(self.problem_path, decomposition, list(plan.failing), **self._agent_args())
+            return split, "split"
+        self._phase(t, "fusing")
+        return fuse_agent.fuse(self.problem_path, decomposition, **self._agent_args()), "fuse"
 
     def _reconcile_beams(self, decomposition: Decomposition) -> None:
         """A subproblem whose source is unchanged keeps its beam; new or changed ones start empty."""
@@ -201,42 +268,99 @@ class Orchestrator:
         beam = self._beam(name)
         return (beam.next_seq > 0 or self._exhausted(name) is not None) and beam.best is None
 
-    def _budget(self, decomposition: Decomposition) -> dict[str, int]:
+    def _settled(self, decomposition: Decomposition) -> list[str]:
+        """Subproblems with an accepted kernel where kernels are not timed: a refined kernel could only tie with
+        theirs, so they get no call (refine needs timings to rank)."""
+        if times_kernels(self.verifier.device_name):
+            return []
+        return [n for n in decomposition.names if self._best_of(n) is not None]
+
+    def _budget(self, t: int, decomposition: Decomposition) -> dict[str, int]:
         needs_work = {n for n in decomposition.names if self._best_of(n) is None}
         exhausted = {n for n in decomposition.names if self._exhausted(n) is not None}
+        settled = self._settled(decomposition)
+        if settled:
+            self.events.emit("refine_skipped", iteration=t, subproblems=settled, reason=UNTIMED_NOTE)
+            self.display.log(f"iteration {t}: refine skipped for {', '.join(settled)}: {UNTIMED_NOTE}")
         last = self.state.history[-1].runtime_ms if self.state.history else {}
-        return allocate_budget(self.config.budget, decomposition.names, needs_work, last, exhausted)
+        return allocate_budget(self.config.budget, decomposition.names, needs_work, last, exhausted | set(settled))
 
     def _evolve_all(self, t: int, decomposition: Decomposition) -> None:
-        folder = iteration_dir(self.run_dir, t)
         if not self.state.evolved:
-            self.state.budget = self._budget(decomposition)
+            self.state.budget = self._budget(t, decomposition)
             self.events.emit("budget", iteration=t, calls=self.state.budget)
-        budget = self.state.budget
+        self._show_rows(decomposition)
+        for name in decomposition.names:
+            if name not in self.state.evolved:
+                self._evolve_one(t, name)
+        self._checkpoint(Step.EVOLVED)
+
+    def _evolve_one(self, t: int, name: str) -> None:
+        folder = iteration_dir(self.run_dir, t)
+        calls = self.state.budget[name]
         shares = self.state.history[-1].runtime_ms if self.state.history else {}
         total_ms = sum(shares.values()) or None
+        if calls > 0:  # a subproblem without calls makes no candidate: nothing to watch
+            # Shown by the search's first progress report, which knows how many of the calls it will make.
+            self._phase(t, f"evolving {name} ({calls} calls)", show=False)
+            self.display.set_row(name, SubproblemRow(status="evolving", calls=calls, pending=calls))
+        context = RefineContext(share=(shares.get(name, 0.0) / total_ms) if total_ms else None,
+                                end_to_end_ms=total_ms)
+        before = self._beam(name)
+        beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
+                             self.client, self.config, folder / "candidates", context, progress=self._progress)
+        self.state.beams[name] = beam.to_dict()
+        self.state.evolved.append(name)
+        self.state.made[name] = beam.next_seq - before.next_seq
+        self.display.set_row(name, self._row(name, done=self.state.made[name]))
+        self.display.view.tokens = self.client.tokens().total.total
+        self._log_evolved(t, name, before)
+        self.state.save(self.run_dir)
+
+    def _progress(self, progress: SearchProgress) -> None:
+        self.display.set_row(progress.subproblem, SubproblemRow(
+            status="evolving", calls=progress.planned, done=progress.done, pending=progress.pending,
+            passing=progress.passing))
+        self.display.update()
+
+    def _row(self, name: str, done: int = 0) -> SubproblemRow:
+        """A subproblem's row between searches: whether it has a kernel, or why not in a word."""
+        best = self._best_of(name)
+        if best is not None:
+            status = "passing"
+        else:
+            status = "declined" if self._exhausted(name) is not None else ("failing" if self._failing(name) else "new")
+        return SubproblemRow(status=status, calls=self.state.budget.get(name, 0), done=done,
+                             speedup=best.result.speedup if best else None, passing=best is not None)
+
+    def _show_rows(self, decomposition: Decomposition) -> None:
+        """Every subproblem of this iteration in the live view, those still to evolve as waiting."""
+        rows = {}
         for name in decomposition.names:
-            if name in self.state.evolved:
-                continue
-            self._phase(t, f"evolving {name} ({budget[name]} calls)")
-            self.display.view.rows[name] = SubproblemRow(status="evolving", calls=budget[name])
-            context = RefineContext(share=(shares.get(name, 0.0) / total_ms) if total_ms else None,
-                                    end_to_end_ms=total_ms)
-            before = self._beam(name)
-            beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before,
-                                 budget[name], self.verifier, self.client, self.config,
-                                 folder / "candidates", context)
-            self.state.beams[name] = beam.to_dict()
-            self.state.evolved.append(name)
-            best = beam.best
-            self.display.view.rows[name] = SubproblemRow(status="passing" if best else "failing",
-                                                         calls=beam.next_seq - before.next_seq,
-                                                         speedup=best.result.speedup if best else None)
-            if beam.exhausted is not None and before.exhausted is None:
-                self.display.log(f"iteration {t}: {name}: {beam.exhausted.reason}; no further call for it")
-            self.display.view.tokens = self.client.tokens().total.total
-            self.state.save(self.run_dir)
-        self._checkpoint(Step.EVOLVED)
+            row = self._row(name, done=self.state.made.get(name, 0))
+            if name not in self.state.evolved and self.state.budget.get(name, 0) > 0:
+                row.status, row.pending = "waiting", self.state.budget[name]
+            rows[name] = row
+        self.display.set_rows(rows)
+
+    def _log_evolved(self, t: int, name: str, before: Beam) -> None:
+        """One line per search: what it made, and the subproblem's kernel or why it has none."""
+        beam, made = self._beam(name), self.state.made[name]
+        newly_exhausted = beam.exhausted is not None and before.exhausted is None
+        if made == 0 and not newly_exhausted:
+            return
+        best, unspent = beam.best, self.state.budget.get(name, 0) - made
+        if best is not None:
+            speed = "speedup unknown" if best.result.speedup is None else f"speedup {best.result.speedup:.2f}x"
+            line = f"kernel {best.id} passes ({speed})"
+            if newly_exhausted:
+                line += f"; {beam.exhausted.reason}"
+            elif unspent > 0 and not times_kernels(self.verifier.device_name):
+                line += f"; {unspent} call(s) not made: no GPU to time a faster kernel"
+        else:
+            line = self._no_kernel(name)
+        stop = "; no further call for it" if newly_exhausted else ""
+        self.display.log(f"iteration {t}: {name}: {made} new candidate(s); {line}{stop}")
 
     # -- Evaluate ------------------------------------------------------------------------------
 
@@ -244,7 +368,9 @@ class Orchestrator:
         self._phase(t, "evaluating end to end")
         folder = iteration_dir(self.run_dir, t)
         subkernels = {n: self._subkernel_record(n) for n in decomposition.names}
-        record = IterationRecord(index=t, refinement=self.state.refinement,
+        for name, sub in subkernels.items():
+            sub.candidates = self.state.made.get(name, 0)
+        record = IterationRecord(index=t, refinement=self.state.refinement, asked=self.state.asked,
                                  subproblems=decomposition.names, budget=dict(self.state.budget),
                                  subkernels=subkernels)
         missing = [n for n, r in subkernels.items() if r.candidate is None]
@@ -259,15 +385,20 @@ class Orchestrator:
         write_solution(folder, decomposition, kernels)
         result = self.verifier.check_composite(self.problem_path, folder, pytorch=frozenset(missing))
         record.e2e_status, record.e2e_reason, record.e2e_speedup = result.status.value, result.reason, result.speedup
+        record.e2e_not_run = composite_not_run(result)
+        record.e2e_ran = not record.e2e_not_run
         if result.passed:
             record.runtime_ms = self._profile(folder)
             for name, ms in record.runtime_ms.items():
                 record.subkernels[name].runtime_ms = ms
-        else:
-            self.state.needs_total_fuse = True  # every Triton subkernel passed locally, end to end did not
+            return record
+        self.state.needs_total_fuse = True  # every Triton subkernel passed locally, end to end did not
+        if record.e2e_ran:
             which = "every Triton subkernel passes" if missing else "subkernels pass"
             self.display.log(f"iteration {t}: {which} locally but the composite fails end to end: "
                              f"{result.status.value}: {result.reason}")
+        else:
+            self.display.log(f"iteration {t}: the end-to-end check did not run: {record.e2e_not_run}")
         return record
 
     def _no_kernel(self, name: str) -> str:
@@ -279,7 +410,8 @@ class Orchestrator:
         if beam.next_seq == 0:
             return "no kernel requested yet (its budget this iteration was 0 calls)"
         if not beam.members:
-            return f"none of its {beam.next_seq} candidate(s) had code"
+            last = f"; the last: {beam.codeless[:300]}" if beam.codeless else ""
+            return f"none of its {beam.next_seq} candidate(s) had code{last}"
         closest = beam.members[0]
         return (f"no accepted kernel among {beam.next_seq} candidate(s); the closest, {closest.id}: "
                 f"{closest.result.status.value}: {closest.result.reason[:200]}")
@@ -403,20 +535,37 @@ class Orchestrator:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _phase(self, t: int, phase: str) -> None:
+    def _phase(self, t: int, phase: str, show: bool = True) -> None:
         self.display.view.iteration, self.display.view.phase = t, phase
-        self.display.update()
+        if show:
+            self.display.update()
 
     def _outcome(self) -> RunOutcome:
         outcome = RunOutcome(run_dir=self.run_dir, passed=self.state.best_iteration is not None, speedup=None,
-                             iterations=self.state.iteration)
+                             iterations=self.state.iteration, stop=self.state.stop,
+                             last=self.state.history[-1] if self.state.history else None)
         if outcome.passed:
             manifest = Manifest.read(self.run_dir / BEST)  # after --swap, best/ is what the manifest says
             outcome.speedup, outcome.coverage = manifest.speedup, manifest.coverage
-        elif self.state.history:
-            last = self.state.history[-1]
-            outcome.failure = f"iteration {last.index}: {last.e2e_status}: {last.e2e_reason}"
+        elif outcome.last is not None:
+            last = outcome.last
+            verdict = f"not run: {last.e2e_not_run}" if last.e2e_not_run else f"{last.e2e_status}: {last.e2e_reason}"
+            outcome.failure = f"iteration {last.index}: {verdict}"
         return outcome
+
+
+def composite_not_run(result: EvalResult) -> str:
+    """Why the verifier did not run the composed solution, or "" when it did (whatever the verdict). A static
+    rejection returns before any job, so it has no phases; a candidate process that never started says so."""
+    if result.passed:
+        return ""
+    if not result.phases:
+        return f"the static checks rejected the composed solution before it ran ({result.status.value}): " \
+               f"{result.reason}"
+    if result.reason.startswith(NOT_STARTED):
+        cause = result.reason.removeprefix(NOT_STARTED).lstrip(": ") or "no cause given"
+        return f"the verifier could not start the candidate process ({cause})"
+    return ""
 
 
 def solution_rank(record: IterationRecord) -> tuple[bool, float] | None:
@@ -436,15 +585,10 @@ def _fmt(value: float | None) -> str:
 
 
 def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
-    """A new run directory with its config and first checkpoint, or the one --resume names."""
+    """A new run directory with its config and first checkpoint, or the one --resume names. Everything is
+    checked before a directory is made, so a bad flag leaves nothing behind."""
     if args.resume:
-        run_dir = Path(args.resume)
-        state = RunState.load(run_dir)
-        # Flags given with --resume change the saved config (e.g. more --iterations); the rest stays.
-        overrides = {k: v for k, v in vars(args).items() if k in RunConfig.field_names() and v is not None}
-        config = build_config(run_dir / "config.yaml", overrides)
-        write_atomic(run_dir / "config.yaml", config.to_yaml())
-        return Path(state.problem), config, run_dir, state
+        return _resume(args)
     if not args.problem:
         raise ProblemError("<problem>", "give a problem file, or --resume RUN_DIR")
     config = config_from_args(args)
@@ -455,6 +599,33 @@ def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
     state = RunState(problem=str(problem_path.resolve()), run_id=run_dir.name)
     state.save(run_dir)
     return problem_path, config, run_dir, state
+
+
+def _resume(args) -> tuple[Path, RunConfig, Path, RunState]:
+    run_dir = Path(args.resume)
+    state = RunState.load(run_dir)
+    if args.problem:
+        _require_same_problem(Path(args.problem), Path(state.problem), run_dir)
+    # The saved config, then --config, then flags: flags given with --resume change the saved config (e.g.
+    # more --iterations); the rest stays.
+    overrides = load_yaml(args.config) if args.config else {}
+    overrides.update({k: v for k, v in vars(args).items() if k in RunConfig.field_names() and v is not None})
+    config = build_config(run_dir / "config.yaml", overrides)
+    require_installed(config)
+    write_atomic(run_dir / "config.yaml", config.to_yaml())
+    return Path(state.problem), config, run_dir, state
+
+
+def _require_same_problem(given: Path, recorded: Path, run_dir: Path) -> None:
+    """`run PROBLEM --resume DIR` resumes DIR's own problem; another PROBLEM would silently be ignored."""
+    if given.resolve() == recorded.resolve():
+        return
+    # The same file at another path (the tree was moved or copied) is still the same problem.
+    if given.is_file() and recorded.is_file() and sha256_of(given.read_text(encoding="utf-8")) == \
+            sha256_of(recorded.read_text(encoding="utf-8")):
+        return
+    raise ProblemError(given, f"not the problem of run {run_dir}, which is {recorded}; "
+                              "give that file, or no problem, with --resume")
 
 
 def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition,
@@ -488,6 +659,11 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
         display.console.print(f"interrupted; best/ is consistent. Continue with: "
                               f"python -m mkevolve run --resume {run_dir}")
         raise
+    except ProviderError as err:
+        # Every further call would fail the same way: stop here, at the last checkpoint, resumable.
+        client.emit_totals()
+        raise err.with_note(f"the run stopped; once the provider answers, continue it with: "
+                            f"python -m mkevolve run --resume {run_dir}") from err
     client.emit_totals()
     _write_report(run_dir, display)
     _print_summary(outcome, display)
@@ -520,10 +696,7 @@ def _write_report(run_dir: Path, display: RunDisplay) -> None:
 
 def _print_summary(outcome: RunOutcome, display: RunDisplay) -> None:
     if not outcome.passed:
-        why = f" ({outcome.failure})" if outcome.failure else ""
-        display.console.print(f"[red]no end-to-end solution passed[/red] after {outcome.iterations} iteration(s)"
-                              f"{escape(why)}; candidates and verdicts are in {outcome.run_dir / 'iterations'}",
-                              soft_wrap=True)
+        _print_failure(outcome, display)
         return
     manifest = Manifest.read(outcome.run_dir / BEST)
     rows = [(name, e.status, "n/a (PyTorch)" if name in outcome.coverage.pytorch else _fmt(e.speedup),
@@ -538,3 +711,16 @@ def _print_summary(outcome: RunOutcome, display: RunDisplay) -> None:
     # The last line says what the user got; a partial solution says so loudly (its exit status is still 0).
     style = "green" if outcome.coverage.complete else "bold yellow"
     display.console.print(f"[{style}]{escape(outcome.coverage.line())}[/{style}]", soft_wrap=True)
+
+
+def _print_failure(outcome: RunOutcome, display: RunDisplay) -> None:
+    """Why no end-to-end solution passed: the last composite's verdict (or why it did not run), then every
+    subproblem's outcome with its reason, in the agent's own words where it declined."""
+    why = f" ({outcome.failure})" if outcome.failure else ""
+    display.console.print(f"[red]no end-to-end solution passed[/red] after {outcome.iterations} iteration(s)"
+                          f"{escape(why)}", soft_wrap=True)
+    if outcome.last is not None:
+        for name, sub in outcome.last.subkernels.items():
+            display.console.print(f"  {name}: {sub.outcome()}", markup=False, highlight=False, soft_wrap=True)
+    display.console.print(f"candidates and verdicts are in {outcome.run_dir / 'iterations'}", markup=False,
+                          highlight=False, soft_wrap=True)

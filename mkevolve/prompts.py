@@ -14,6 +14,8 @@ from pathlib import Path
 
 import jinja2
 
+from mkevolve.config import TOLERANCE
+
 PACKAGED_DIR = "prompt_templates"
 
 
@@ -31,7 +33,7 @@ PROMPTS_DIR = _prompts_dir()
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     # StrictUndefined: a variable the caller forgot is an error, never an empty hole in a prompt.
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(PROMPTS_DIR),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -39,6 +41,10 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    # The default tolerance, from the one place the verifier takes it too (a looser --atol/--rtol
+    # is the user's choice; the prompts keep asking for the strict one).
+    env.globals["tolerance"] = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # "1e-4"
+    return env
 
 
 def render(template_name: str, **variables) -> str:

@@ -39,6 +39,14 @@ class SubkernelRecord:
     origin: str = ""
     precision: str | None = None
     reason: str = ""                  # why it has no accepted kernel (and its PyTorch code stands in)
+    candidates: int = 0               # candidates made for it in this iteration (0 in older state files)
+
+    def outcome(self) -> str:
+        """What the composed solution runs for it, and why, in one line."""
+        if self.candidate is None:
+            return f"PyTorch code: {self.reason or 'no accepted kernel'}"
+        speed = "speedup unknown" if self.speedup is None else f"speedup {self.speedup:.2f}x"
+        return f"Triton kernel {self.candidate} ({self.status}, {speed})"
 
 
 @dataclass
@@ -55,6 +63,11 @@ class IterationRecord:
     seconds: float = 0.0
     kept: bool = False
     pytorch: list[str] = field(default_factory=list)   # composed with their PyTorch code: no accepted kernel
+    # Whether the verifier ran the composed solution (False: rejected before it ran, e2e_not_run says why);
+    # None in state files written before this field, whose readers must infer it.
+    e2e_ran: bool | None = None
+    e2e_not_run: str = ""
+    asked: str = ""   # the refinement agent asked this iteration and for what, even if its answer was rejected
 
     @classmethod
     def from_dict(cls, data: dict) -> "IterationRecord":
@@ -77,7 +90,10 @@ class RunState:
     best_score: float | None = None
     needs_total_fuse: bool = False
     refinement: str = "initial"        # how the iteration in progress got its decomposition
+    asked: str = ""                    # the refinement agent the iteration in progress asked (IterationRecord.asked)
     budget: dict[str, int] = field(default_factory=dict)       # calls per subproblem, this iteration
+    made: dict[str, int] = field(default_factory=dict)         # candidates made per subproblem, this iteration
+    stop: str = ""                     # why the search ended before its last iteration (nothing could change)
     version: int = STATE_VERSION
 
     def save(self, run_dir: Path) -> None:

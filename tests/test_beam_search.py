@@ -122,12 +122,36 @@ def test_a_resumed_run_in_the_same_folder_keeps_saved_verdicts_of_the_same_probl
     assert verifier.checked == ["broken", "debugged", "cheating", "refined"]
 
 
-def test_on_cpu_correct_beats_incorrect_and_ties_keep_the_older(tmp_path):
+def test_on_cpu_the_search_stops_at_the_first_passing_kernel(tmp_path):
+    """Without timings a refined kernel could only tie with its parent (and the older wins): no refine call."""
     cpu_verdicts = {**GPU_VERDICTS, "debugged": EvalResult(status=Status.OK),
                     "refined": EvalResult(status=Status.OK)}
-    beam, _, _ = run_script(tmp_path, SCRIPT, FakeVerifier(cpu_verdicts, device_name="cpu"))
-    assert [m.id for m in beam.members] == ["c0001"]  # c0003 passed too, but is younger
-    assert beam.best.id == "c0001"
+    verifier = FakeVerifier(cpu_verdicts, device_name="cpu")
+    beam, client, events = run_script(tmp_path, SCRIPT, verifier)
+    assert verifier.checked == ["broken", "debugged"] and client.provider_calls == 2
+    assert [m.id for m in beam.members] == ["c0001"] and beam.best.id == "c0001"
+    (event,) = events.of_kind("beam")
+    assert (event["calls"], event["made"]) == (4, 2) and "no GPU to time kernels" in event["settled"]
+    again, client, _ = run_script(tmp_path / "again", SCRIPT, verifier, beam=beam)
+    assert client.provider_calls == 0 and again.next_seq == 2  # a passing beam on CPU costs no call at all
+
+
+def test_ties_on_cpu_keep_the_older_kernel():
+    older, younger = (Candidate(id=candidate_id(i), subproblem="s", parent=None, kind=PromptKind.GENERATE,
+                                source="# code", result=EvalResult(status=Status.OK)) for i in (3, 7))
+    beam = Beam(width=1)
+    beam.select([younger, older])
+    assert [m.id for m in beam.members] == ["c0003"]
+
+
+def test_the_progress_hook_hears_of_every_batch(tmp_path):
+    config = RunConfig(model=f"replay:{SCRIPT}", beam_width=1)
+    heard = []
+    evolve_kernel("relu_shift", PROBLEM, Beam(width=1), 4, FakeVerifier(), make_client(config, retry=NO_RETRY_WAIT),
+                  config, tmp_path / "candidates", progress=heard.append)
+    assert [(p.done, p.pending, p.passing) for p in heard] == [(0, 4, False), (1, 3, False), (2, 2, True),
+                                                              (3, 1, True), (4, 0, True)]
+    assert {p.subproblem for p in heard} == {"relu_shift"}
 
 
 def test_ranking_orders_by_speedup_then_correctness_then_age():
@@ -173,6 +197,20 @@ def test_beam_search_spends_exactly_the_budget_in_steps():
     assert calls[0] == [None] * 4 and all(p is not None for p in calls[1])
 
 
+def test_beam_search_stops_once_settled():
+    calls: list[list] = []
+
+    def propose(parents):
+        calls.append(parents)
+        return [Candidate(id=candidate_id(len(calls) * 10 + i), subproblem="s", parent=None,
+                          kind=PromptKind.GENERATE, source="# code", result=EvalResult(status=Status.OK))
+                for i in range(len(parents))]
+
+    beam = beam_search(Beam(width=2), budget=10, expansion=1, propose=propose,
+                       settled=lambda b: any(m.passed for m in b.members))
+    assert [len(step) for step in calls] == [2] and len(beam.members) == 2
+
+
 def test_replies_without_code_become_failed_candidates_with_the_reason(tmp_path):
     beam, client, _ = run_script(tmp_path, FIXTURES / "bad_replies.yaml", FakeVerifier(), width=2, budget=2)
     no_code, timed_out = saved(tmp_path, "c0000"), saved(tmp_path, "c0001")
@@ -181,6 +219,8 @@ def test_replies_without_code_become_failed_candidates_with_the_reason(tmp_path)
     assert "fuse the ReLU" in no_code["reply_excerpt"]
     assert "timed out (gave up after 2 attempts)" in timed_out["result"]["reason"]
     assert beam.members == [] and beam.best is None
+    assert beam.codeless == timed_out["result"]["reason"]  # kept in the beam, for the subproblem's outcome
+    assert Beam.from_dict(json.loads(json.dumps(beam.to_dict()))).codeless == beam.codeless
     assert client.provider_calls == 3  # the timed-out call was tried twice
     assert not (tmp_path / "candidates" / "relu_shift" / "c0000.py").exists()
 
@@ -275,8 +315,9 @@ def test_builtin_task_explains_an_unsupported_subproblem_in_prose(monkeypatch):
 def test_builtin_model_gives_each_request_the_next_variant_and_stops_at_the_last(tmp_path):
     """The real generator, answered in a worker: relu_shift has three CPU variants, so of a budget of four
     only three calls are made, and a later search on the same beam makes none."""
-    verdicts = {"cpu-single-block-rows": EvalResult(status=Status.INCORRECT, max_abs_err=1.0, max_rel_err=1.0),
-                "cpu-looped-rows": EvalResult(status=Status.OK), "cpu-split-rows": EvalResult(status=Status.OK)}
+    wrong = EvalResult(status=Status.INCORRECT, max_abs_err=1.0, max_rel_err=1.0)
+    verdicts = {"cpu-single-block-rows": wrong, "cpu-looped-rows": wrong,
+                "cpu-split-rows": EvalResult(status=Status.OK)}
     config = RunConfig(model="builtin", beam_width=2)
     events = EventLog()
     client = make_client(config, events, cache_dir=tmp_path / "cache")
@@ -284,8 +325,8 @@ def test_builtin_model_gives_each_request_the_next_variant_and_stops_at_the_last
     beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 4, verifier, client, config,
                          tmp_path / "candidates")
     assert verifier.checked == ["cpu-single-block-rows", "cpu-looped-rows", "cpu-split-rows"]
-    assert [m.id for m in beam.members] == ["c0001", "c0002"]  # passing, older first on CPU
-    assert saved(tmp_path, "c0002")["kind"] == "refine" and beam.next_seq == 3
+    assert [m.id for m in beam.members] == ["c0002", "c0000"]  # the passing one first, then the older
+    assert saved(tmp_path, "c0002")["kind"] == "debug" and beam.next_seq == 3
     assert not (tmp_path / "candidates" / "relu_shift" / "c0003.json").exists()
     assert beam.exhausted_for("builtin") == ("the builtin generator has no further kernel for this subproblem: "
                                              "all 3 of its variants have been tried")
@@ -332,12 +373,13 @@ def test_scripted_sequence_through_the_real_verifier(tmp_path):
         beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=1), 4, verifier, client, config,
                              tmp_path / "candidates")
         device = verifier.device_name
-    statuses = [saved(tmp_path, candidate_id(i))["result"]["status"] for i in range(4)]
-    assert statuses == ["compile_error", "ok", "cheating", "ok"]
-    assert saved(tmp_path, "c0002")["result"]["rule"] == "torch-compute"
+    statuses = [saved(tmp_path, candidate_id(i))["result"]["status"] for i in range(beam.next_seq)]
     assert beam.best.accepted is True
-    if device == "cpu":  # no speed on CPU: the refined kernel ties with its parent, and the older one stays
+    if device == "cpu":  # no speed on CPU: a refined kernel could only tie, so the search stops at the first pass
+        assert statuses == ["compile_error", "ok"]
         assert [m.id for m in beam.members] == ["c0001"] and beam.best.result.speedup is None
     else:
+        assert statuses == ["compile_error", "ok", "cheating", "ok"]
+        assert saved(tmp_path, "c0002")["result"]["rule"] == "torch-compute"
         speedups = {cid: saved(tmp_path, cid)["result"]["speedup"] for cid in ("c0001", "c0003")}
         assert beam.best.id == max(speedups, key=lambda cid: (speedups[cid], cid == "c0001"))

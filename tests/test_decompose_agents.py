@@ -189,17 +189,17 @@ def test_replayed_fuse_and_total_fuse(tmp_path, pool):
 
 
 def test_cli_decompose_prints_json_and_exits_by_outcome(tmp_path, capsys):
-    out = tmp_path / "gemm"
-    code = main(["decompose", str(PROBLEMS / "gemm_scale_batchnorm.py"), "--dir", str(out), "--json",
+    code = main(["decompose", str(PROBLEMS / "gemm_scale_batchnorm.py"), "--out", str(tmp_path), "--json",
                  "--workers", "1", "--trials", "2"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 0
     assert summary["fallback"] is False
     assert [(s["name"], s["instances"]) for s in summary["subproblems"]] == [("linear_mul", 1), ("batchnorm1d", 1)]
     assert all(c["passed"] for c in summary["checks"]) and len(summary["checks"]) == 6
-    assert Decomposition.read(out).names == ["linear_mul", "batchnorm1d"]
+    out = tmp_path / "gemm_scale_batchnorm" / "decomposition"  # --out is the parent: OUT/<problem>/decomposition
+    assert summary["dir"] == str(out) and Decomposition.read(out).names == ["linear_mul", "batchnorm1d"]
 
-    code = main(["decompose", str(UNTRACEABLE), "--dir", str(tmp_path / "u"), "--workers", "1", "--trials", "1"])
+    code = main(["decompose", str(UNTRACEABLE), "--out", str(tmp_path / "u"), "--workers", "1", "--trials", "1"])
     assert code == 1
     assert "fallback" in capsys.readouterr().out
 

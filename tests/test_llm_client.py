@@ -15,7 +15,8 @@ from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.cache import ResponseCache, request_key
 from mkevolve.llm.client import LLMClient, LLMConfigError, RetryPolicy, make_client
-from mkevolve.llm.providers import ExchangeProvider, ReplayProvider, TransientLLMError
+from mkevolve.llm.providers import (ExchangeProvider, ProviderError, ProviderFailure, ReplayProvider,
+                                    TransientLLMError)
 from mkevolve.llm.tokens import TokenLedger
 from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
 from mkevolve.prompts import render
@@ -337,7 +338,7 @@ def test_litellm_replies_usage_and_errors_are_mapped(monkeypatch):
     outcomes = [errors.RateLimitError(message="slow down", llm_provider="anthropic", model="m"),
                 litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "a kernel"}}],
                                       usage=usage),
-                errors.AuthenticationError(message="bad key", llm_provider="anthropic", model="m")]
+                errors.BadRequestError(message="prompt too long", llm_provider="anthropic", model="m")]
     seen = []
 
     def fake_completion(**kwargs):
@@ -353,5 +354,112 @@ def test_litellm_replies_usage_and_errors_are_mapped(monkeypatch):
     assert seen[0]["messages"] == [{"role": "user", "content": "the prompt"}]
     assert (seen[0]["timeout"], seen[0]["api_key"], seen[0]["num_retries"]) == (7, "sk-test", 0)
     refused = client.complete(LLMRequest("generate", "again", "s"))
-    assert refused.error == "AuthenticationError: litellm.AuthenticationError: bad key"
+    assert refused.error == "BadRequestError: litellm.BadRequestError: prompt too long"  # this call's failure only
     assert client.provider_calls == 3
+
+
+def _litellm_error(name: str):
+    import litellm
+
+    errors = litellm.exceptions
+    if name in ("refused", "unknown_host"):
+        # As litellm raises it for an openai endpoint that cannot be reached: a 500 whose cause is httpx's.
+        import httpx
+
+        err = errors.InternalServerError(message="OpenAIException - Connection error.", llm_provider="openai",
+                                         model="m")
+        cause = "[Errno 111] Connection refused" if name == "refused" else "[Errno -2] Name or service not known"
+        err.__cause__ = httpx.ConnectError(cause)
+        return err
+    if name == "APIConnectionError":  # litellm's class for whatever it could not map
+        return errors.APIConnectionError(message="could not parse the reply", llm_provider="openai", model="m")
+    if name == "Timeout":
+        return errors.Timeout(message="no reply", model="m", llm_provider="openai")
+    if name == "PermissionDeniedError":
+        import httpx
+
+        response = httpx.Response(403, request=httpx.Request("POST", "http://127.0.0.1:9"))
+        return errors.PermissionDeniedError(message="forbidden", llm_provider="openai", model="m", response=response)
+    return getattr(errors, name)(message=f"{name} from the server", llm_provider="openai", model="m")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # raised inside litellm's own imports
+@pytest.mark.parametrize("error, failure", [
+    ("refused", ProviderFailure.CONNECTION),
+    ("unknown_host", ProviderFailure.CONNECTION),
+    ("AuthenticationError", ProviderFailure.AUTHENTICATION),
+    ("PermissionDeniedError", ProviderFailure.AUTHENTICATION),
+    ("NotFoundError", ProviderFailure.MODEL_NOT_FOUND),
+])
+def test_a_provider_that_can_answer_no_call_stops_at_the_first_one(monkeypatch, error, failure):
+    if importlib.util.find_spec("litellm") is None:
+        pytest.skip("litellm is not installed")
+    monkeypatch.setenv("MKEVOLVE_API_KEY", "sk-test")
+    events = EventLog()
+    # One call at a time, so that the queued ones come after the first failure for certain.
+    config = RunConfig(model="openai/gpt-4o", api_base="http://127.0.0.1:9", llm_parallel=1)
+    client = make_client(config, events, retry=FAST)
+    import litellm
+
+    calls = []
+    monkeypatch.setattr(litellm, "completion", lambda **kwargs: calls.append(kwargs) or _raise(_litellm_error(error)))
+    with pytest.raises(ProviderError) as info:
+        client.complete_many([LLMRequest("generate", "p", "s", sample=i) for i in range(3)])
+    message = str(info.value)
+    assert info.value.failure is failure and message.startswith(f"openai/gpt-4o: {failure.value} (")
+    assert "\n" not in message
+    if failure is ProviderFailure.CONNECTION:  # the cause under litellm's class is what the user needs
+        assert "at http://127.0.0.1:9: ConnectError: [Errno" in message
+    else:
+        assert error in message
+    with pytest.raises(ProviderError):  # a later call is not tried: the provider is known to be broken
+        client.complete(LLMRequest("generate", "later", "s"))
+    assert len(calls) == 1 and client.provider_calls == 1  # no retry, and the queued calls never went out
+    (event,) = events.of_kind("provider_error")
+    assert (event["model"], event["failure"]) == ("openai/gpt-4o", failure.name.lower())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # raised inside litellm's own imports
+def test_timeouts_and_rate_limits_stay_retried(monkeypatch):
+    if importlib.util.find_spec("litellm") is None:
+        pytest.skip("litellm is not installed")
+    monkeypatch.setenv("MKEVOLVE_API_KEY", "sk-test")
+    client = make_client(RunConfig(model="openai/gpt-4o"), retry=FAST)
+    import litellm
+
+    failures = [_litellm_error("Timeout"), _litellm_error("RateLimitError"), _litellm_error("APIConnectionError"),
+                _litellm_error("InternalServerError"), _litellm_error("InternalServerError"),
+                _litellm_error("InternalServerError")]
+    monkeypatch.setattr(litellm, "completion", lambda **kwargs: _raise(failures.pop(0)))
+    response = client.complete(LLMRequest("generate", "p", "s"))
+    assert "gave up after 3 attempts" in response.error and "APIConnectionError" in response.error
+    second = client.complete(LLMRequest("generate", "p", "t"))  # a plain 500 is the server's, not the network's
+    assert "InternalServerError" in second.error and client.provider_calls == 6 and not failures
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # raised inside litellm's own imports
+def test_an_endpoint_that_refuses_connections_stops_at_the_first_call(monkeypatch):
+    """The real litellm against a closed local port (no network needed): the first call raises."""
+    if importlib.util.find_spec("litellm") is None:
+        pytest.skip("litellm is not installed")
+    monkeypatch.setenv("MKEVOLVE_API_KEY", "sk-test")
+    client = make_client(RunConfig(model="openai/gpt-4o", api_base="http://127.0.0.1:9", llm_timeout=20), retry=FAST)
+    expected = r"^openai/gpt-4o: cannot connect to the provider \(at http://127.0.0.1:9: "
+    with pytest.raises(ProviderError, match=expected):
+        client.complete(LLMRequest("generate", "p", "s"))
+    assert client.provider_calls == 1
+
+
+def _raise(err: Exception):
+    raise err
+
+
+@pytest.mark.parametrize("fail, failure", [("connection_error", ProviderFailure.CONNECTION),
+                                           ("authentication_error", ProviderFailure.AUTHENTICATION),
+                                           ("model_not_found", ProviderFailure.MODEL_NOT_FOUND)])
+def test_replay_can_play_a_provider_that_answers_nothing(tmp_path, fail, failure):
+    client = replay_client(tmp_path, f"replies:\n  - {{fail: {fail}}}\n  - {{reply: never}}\n")
+    with pytest.raises(ProviderError) as info:
+        client.complete(LLMRequest("generate", "p"))
+    assert info.value.failure is failure and info.value.provider.startswith("replay:")
+    assert client.provider.remaining == 1 and client.provider_calls == 1

@@ -12,13 +12,15 @@ split run (split_total_fuse.yaml; --refine-every 3, 4 iterations, budget 2, no -
      its own randn inputs never exceed, so every subkernel passes alone, but the composite feeds it 20 x
      and fails end to end
   4  TotalFuse (not a refinement step: 4 % 3 != 0) into one subproblem, whole, whose kernel passes: the
-     first solution entirely in Triton, which replaces the partial best/
+     first solution entirely in Triton, which replaces the partial best/; with no GPU to time a refined
+     kernel, the second call of its budget is not made
 
 fuse run (fuse.yaml; --fuse --refine-every 2, 2 iterations, budget 3)
   0  Decompose: scale, squash, halve
   1  three new subproblems, one call each; all pass; end to end passes
   2  refinement with nothing failing: Fuse squash and halve into squash_halve; scale keeps its beam and
-     gets no call; squash_halve gets all three (generate fails, debug fixes it, refine)
+     gets no call; squash_halve gets all three, of which two are made (generate fails, debug fixes it; no
+     refine call without a GPU to time it)
 
 Every recorded reply is pinned by agent, subproblem and sample. The test checks state.json, events.jsonl,
 the iteration folders, and that best/ verifies again from its own folder. Last, the Split agent alone is
@@ -26,6 +28,7 @@ given a reply that replaces the failing subproblem by one renamed subproblem, wh
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -153,8 +156,7 @@ def test_split_run_calls_the_agents_in_order_and_uses_every_reply_once(split_run
         ("generate", "halve", 0),
         ("total_fuse", None, 0),
         ("decomposition", 4, "total_fuse"),
-        ("generate", "whole", 0),
-        ("refine", "whole", 1),
+        ("generate", "whole", 0),              # passes: no refine call without a GPU to time it
     ]
     calls = events(split_run, "llm_call")
     assert all(call["error"] is None for call in calls), [c["error"] for c in calls if c["error"]]
@@ -179,7 +181,8 @@ def test_split_run_history(split_run):
     assert state.step is Step.FINISHED and state.best_iteration == 4 and not state.needs_total_fuse
     # scale's one kernel, from iteration 1, is the one every later iteration uses.
     assert first.subkernels["scale"].candidate == "c0000"
-    assert second.subkernels["scale"] == first.subkernels["scale"] == third.subkernels["scale"]
+    assert second.subkernels["scale"] == replace(first.subkernels["scale"], candidates=0) == third.subkernels["scale"]
+    assert [r.subkernels["scale"].candidates for r in state.history[:3]] == [1, 0, 0]  # one call, in iteration 1
     assert first.subkernels["squash_halve"].status == second.subkernels["squash_halve"].status == "failing"
 
 
@@ -238,8 +241,7 @@ def test_fuse_run_calls_the_agents_in_order_and_uses_every_reply_once(fuse_run):
         ("fuse", None, 0),
         ("decomposition", 2, "fuse"),
         ("generate", "squash_halve", 0),       # scale keeps its beam: no call
-        ("debug", "squash_halve", 1),
-        ("refine", "squash_halve", 2),
+        ("debug", "squash_halve", 1),          # passes: no refine call without a GPU to time it
     ]
     calls = events(fuse_run, "llm_call")
     assert all(call["error"] is None for call in calls), [c["error"] for c in calls if c["error"]]
@@ -254,14 +256,16 @@ def test_fuse_run_history_and_beams(fuse_run):
     state = RunState.load(fuse_run)
     first, second = state.history
     assert first.kept and second.kept and state.best_iteration == 2
-    assert second.subkernels["scale"] == first.subkernels["scale"]
-    assert second.subkernels["squash_halve"].candidate == "c0001"  # the debugged kernel; refine tied, older wins
-    assert candidates(fuse_run, 2) == {"squash_halve": ["c0000", "c0001", "c0002"]}
-    assert [verdict(fuse_run, 2, "squash_halve", c)["result"]["status"] for c in ("c0000", "c0001", "c0002")] \
-        == ["incorrect", "ok", "ok"]
+    assert second.subkernels["scale"] == replace(first.subkernels["scale"], candidates=0)
+    assert second.subkernels["squash_halve"].candidate == "c0001"  # the debugged kernel
+    assert candidates(fuse_run, 2) == {"squash_halve": ["c0000", "c0001"]}
+    assert [verdict(fuse_run, 2, "squash_halve", c)["result"]["status"] for c in ("c0000", "c0001")] \
+        == ["incorrect", "ok"]
+    assert [(r.subkernels["scale"].candidates, r.subkernels["squash_halve"].candidates)
+            for r in state.history[1:]] == [(0, 2)]
     assert sorted(state.beams) == ["scale", "squash_halve"]
     assert state.beams["scale"]["next_seq"] == 1 and [m["id"] for m in state.beams["scale"]["members"]] == ["c0000"]
-    assert state.beams["squash_halve"]["next_seq"] == 3
+    assert state.beams["squash_halve"]["next_seq"] == 2
 
 
 def test_fuse_run_fusion_was_applied(fuse_run):

@@ -68,43 +68,49 @@ def test_a_problem_the_verifier_cannot_use_is_the_users_error(tmp_path):
         solve(PROBLEM, config, tmp_path / "run", verifier=verifier)
 
 
+def _solve_dir(outputs: Path) -> Path:
+    """The one folder `solve --out OUTPUTS` wrote: OUTPUTS/<problem>/solve-<search>-<time>/."""
+    (folder,) = (outputs / PROBLEM.stem).glob("solve-beam-*")
+    return folder
+
+
 def test_cli_solves_with_the_real_verifier(tmp_path, capsys):
-    out = tmp_path / "run"
     code = main(["solve", str(PROBLEM), "--model", f"replay:{SCRIPT}", "--budget", "2", "--beam-width", "1",
-                 "--workers", "1", "--dir", str(out)])
+                 "--workers", "1", "--out", str(tmp_path / "outputs")])
     printed = capsys.readouterr().out
     assert code == 0, printed
+    out = _solve_dir(tmp_path / "outputs")
     assert "solved: c0001" in printed and "2 LLM call(s)" in printed
     assert "# fixture: debugged" in (out / "solution.py").read_text()
     assert json.loads((out / "candidates" / "relu_shift" / "c0000.json").read_text())["result"]["status"] == \
         "compile_error"
 
 
-def test_cli_exits_1_when_no_kernel_passes_and_leaves_no_solution(tmp_path, capsys):
+def test_cli_exits_1_when_no_kernel_passes_and_leaves_no_solution(tmp_path, capsys, monkeypatch):
     script = tmp_path / "prose.yaml"
     script.write_text(f"replies:\n  - {{reply_file: {FIXTURES / 'no_code.md'}}}\n"
                       f"  - {{reply_file: {FIXTURES / 'no_code.md'}}}\n")
     out = tmp_path / "run"
     out.mkdir()
     (out / "solution.py").write_text("# left by an earlier run\n")
-    code = main(["solve", str(PROBLEM), "--model", f"replay:{script}", "--budget", "2", "--workers", "1",
-                 "--dir", str(out)])
+    monkeypatch.setattr("mkevolve.search.solve.default_out_dir", lambda config, problem: out)
+    code = main(["solve", str(PROBLEM), "--model", f"replay:{script}", "--budget", "2", "--workers", "1"])
     assert code == 1
-    assert "no kernel passed every check" in capsys.readouterr().out
+    assert f"no kernel passed every check; candidates are in {out / 'candidates'}" in capsys.readouterr().out
     assert not (out / "solution.py").exists()
     assert len(list((out / "candidates" / "relu_shift").glob("*.json"))) == 2
 
 
 def test_cli_rejects_an_unusable_model_in_one_line_before_writing_anything(tmp_path, capsys):
-    out = tmp_path / "run"
-    code = main(["solve", str(PROBLEM), "--model", f"replay:{tmp_path / 'absent.yaml'}", "--dir", str(out)])
+    out = tmp_path / "outputs"
+    code = main(["solve", str(PROBLEM), "--model", f"replay:{tmp_path / 'absent.yaml'}", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "absent.yaml does not exist" in err
     assert not out.exists()
 
 
 def test_cli_rejects_a_missing_problem(tmp_path, capsys):
-    code = main(["solve", str(tmp_path / "nope.py"), "--dir", str(tmp_path / "run")])
+    code = main(["solve", str(tmp_path / "nope.py"), "--out", str(tmp_path / "outputs")])
     assert code == 2 and "no such file" in capsys.readouterr().err
 
 
@@ -120,10 +126,10 @@ def test_cli_solves_offline_with_the_builtin_agent(tmp_path, capsys):
     kernels = pytest.importorskip("mkevolve.llm.builtin.kernels")
     if not hasattr(kernels, "generate_kernel"):
         pytest.skip("the builtin kernel generator is not present")
-    out = tmp_path / "run"
     code = main(["solve", str(PROBLEM), "--model", "builtin", "--budget", "2", "--beam-width", "2",
-                 "--workers", "1", "--dir", str(out)])
+                 "--workers", "1", "--out", str(tmp_path / "outputs")])
     assert code == 0, capsys.readouterr().out
+    out = _solve_dir(tmp_path / "outputs")
     assert "@triton.jit" in (out / "solution.py").read_text()
     first = json.loads((out / "candidates" / "relu_shift" / "c0000.json").read_text())
     assert first["kind"] == "generate" and first["result"]["status"] == "ok"

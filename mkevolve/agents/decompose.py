@@ -76,7 +76,7 @@ def decompose_command(args) -> int:
     if not report.passed:
         raise ProblemError(problem.path, "the original module fails the checks even as its own only subproblem: "
                            + "; ".join(report.reasons()))
-    folder = Path(args.out_dir) if args.out_dir else Path(config.out) / problem.name / "decomposition"
+    folder = Path(config.out) / problem.name / "decomposition"
     decomposition.write(folder)
     if args.json:
         print(json.dumps(_summary(decomposition, report, folder), indent=2))

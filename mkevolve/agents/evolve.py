@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +24,14 @@ from mkevolve.workers.pool import Job, JobOutcome
 
 REPLY_EXCERPT_CHARS = 2000
 REPLY_QUOTE_CHARS = 300   # of a reply without code, quoted in the candidate's reason
+# Why a search stops at its first passing kernel where nothing is timed.
+UNTIMED_NOTE = ("no GPU to time kernels: a passing kernel cannot be told from a faster one, so no refine call "
+                "is made for it")
+
+
+def times_kernels(device: str) -> bool:
+    """Whether the verifier measures speedups on this device; only then can refined kernels be ranked."""
+    return device not in ("cpu", "unknown")
 
 
 class KernelVerifier(Protocol):
@@ -43,6 +52,23 @@ class RefineContext:
 
     share: float | None = None          # fraction of the end-to-end time this subproblem takes
     end_to_end_ms: float | None = None  # the whole model's time with the current kernels
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """How far one subproblem's search is, for the live view: candidates evaluated and still to come."""
+
+    subproblem: str
+    done: int
+    planned: int
+    passing: bool          # some candidate of the beam passes
+
+    @property
+    def pending(self) -> int:
+        return max(0, self.planned - self.done)
+
+
+ProgressHook = Callable[[SearchProgress], None]
 
 
 @dataclass(frozen=True)
@@ -177,8 +203,7 @@ class KernelAgent:
         if self.beam.input_shapes is None:  # found once, at the first prompt: no job for a subproblem never asked
             self.beam.input_shapes = self._input_shapes()
         variables = {"subproblem": self.subproblem, "problem_source": self.problem_source,
-                     "shapes": self.beam.input_shapes, "device": self.device,
-                     "on_gpu": self.device not in ("cpu", "unknown")}
+                     "shapes": self.beam.input_shapes, "device": self.device, "on_gpu": times_kernels(self.device)}
         if parent is not None:
             variables.update(code=parent.source, verdict=parent.result, share=self.context.share,
                              end_to_end_ms=self.context.end_to_end_ms)
@@ -214,6 +239,11 @@ class KernelAgent:
         if repertoire is None:
             return budget
         return max(0, min(budget, repertoire.replies - self.beam.next_seq))
+
+    def settled(self, beam: Beam) -> bool:
+        """Without timings a passing kernel can only tie with any later one (the older wins), so calls past
+        the first passing kernel would buy nothing."""
+        return not times_kernels(self.device) and any(member.passed for member in beam.members)
 
     def mark_exhausted(self, repertoire: Repertoire | None) -> None:
         """Record in the beam whether the agent has any reply left for this subproblem."""
@@ -300,11 +330,13 @@ class KernelAgent:
 
 def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: int, verifier: KernelVerifier,
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
-                  context: RefineContext | None = None) -> Beam:
+                  context: RefineContext | None = None, progress: ProgressHook | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`) or parallel
     sampling (independent generations). Candidates are saved under `candidates_dir/<subproblem_name>/`.
+    Where kernels are not timed (no GPU), beam search stops at the first passing kernel. `progress` hears
+    of every evaluated batch. Raises ProviderError when the provider can answer no call.
     """
     evolved = beam.copy()
     evolved.width = config.beam_width
@@ -314,16 +346,35 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
                         Path(candidates_dir), context)
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
+    propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
     if calls > 0 and config.search == "parallel":
-        parallel_sampling(evolved, calls, agent.propose)
+        parallel_sampling(evolved, calls, propose)
     elif calls > 0:
-        beam_search(evolved, calls, config.expansion, agent.propose)
+        beam_search(evolved, calls, config.expansion, propose, settled=agent.settled)
     agent.accept_members()
     agent.mark_exhausted(repertoire)
+    made = evolved.next_seq - beam.next_seq
     if agent.events is not None:
         best = evolved.best
-        agent.events.emit("beam", subproblem=subproblem_name, calls=calls, budget=budget,
+        agent.events.emit("beam", subproblem=subproblem_name, calls=calls, budget=budget, made=made,
                           members=[c.id for c in evolved.members], best=best.id if best else None,
                           best_speedup=best.result.speedup if best else None,
-                          exhausted=evolved.exhausted.reason if evolved.exhausted else None)
+                          exhausted=evolved.exhausted.reason if evolved.exhausted else None,
+                          settled=UNTIMED_NOTE if made < calls and agent.settled(evolved) else None)
     return evolved
+
+
+def _reporting(agent: KernelAgent, planned: int, progress: ProgressHook):
+    """agent.propose, telling `progress` before the first batch and after each one."""
+    done = 0
+    progress(SearchProgress(agent.subproblem, done, planned, passing=False))
+
+    def propose(parents: list[Candidate | None]) -> list[Candidate]:
+        nonlocal done
+        children = agent.propose(parents)
+        done += len(children)
+        passing = any(c.passed for c in children + agent.beam.members)  # the beam takes the children after this
+        progress(SearchProgress(agent.subproblem, done, planned, passing=passing))
+        return children
+
+    return propose

@@ -13,11 +13,12 @@ from mkevolve.busy import BusyClock
 from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.cache import ResponseCache
-from mkevolve.llm.providers import LLMCallError, LLMConfigError, Provider, TransientLLMError, make_provider
+from mkevolve.llm.providers import (LLMCallError, LLMConfigError, Provider, ProviderError, TransientLLMError,
+                                    make_provider)
 from mkevolve.llm.tokens import TokenLedger, TokenReport
 from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
 
-__all__ = ["LLMClient", "LLMConfigError", "RetryPolicy", "make_client"]
+__all__ = ["LLMClient", "LLMConfigError", "ProviderError", "RetryPolicy", "make_client"]
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,17 @@ class LLMClient:
         self.clock = BusyClock()  # shared with the verifier by a run, to measure its own overhead
         self._slots = threading.BoundedSemaphore(parallel)
         self._count_lock = threading.Lock()
+        self._broken: ProviderError | None = None  # once the provider failed for good, no call is tried again
 
     def complete(self, request: LLMRequest) -> LLMResponse:
-        """The reply, or a response whose `error` says why there is none; never raises for a failed call."""
+        """The reply, or a response whose `error` says why there is none. Raises ProviderError only, when the
+        provider can answer no call at all (unreachable, credentials refused, model unknown)."""
         start = time.monotonic()
         response = self.cache.get(request) if self.cache is not None else None
         attempts = 0
         if response is None:
             with self._slots, self.clock.busy():
-                response, attempts = self._call_with_retries(request)
+                response, attempts = self._call_or_stop(request)
             if self.cache is not None:
                 self.cache.put(request, response)
         self.ledger.record(request, response)
@@ -89,6 +92,18 @@ class LLMClient:
             self.events.emit("llm_tokens", model=self.provider.name, **report.to_dict())
         return report
 
+    def _call_or_stop(self, request: LLMRequest) -> tuple[LLMResponse, int]:
+        """Calls queued beside the one that found the provider broken (complete_many) fail at once with the
+        same error instead of each waiting for its own connection error."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return self._call_with_retries(request)
+        except ProviderError as err:
+            self._broken = err
+            self._emit_provider_error(request, err)
+            raise
+
     def _call_with_retries(self, request: LLMRequest) -> tuple[LLMResponse, int]:
         last: TransientLLMError | None = None
         for attempt in range(1, self.retry.attempts + 1):
@@ -104,6 +119,12 @@ class LLMClient:
                 return LLMResponse(text="", error=str(err)), attempt
         gave_up = LLMResponse(text="", error=f"{last} (gave up after {self.retry.attempts} attempts)")
         return gave_up, self.retry.attempts
+
+    def _emit_provider_error(self, request: LLMRequest, err: ProviderError) -> None:
+        if self.events is not None:
+            self.events.emit("provider_error", model=self.provider.name, agent=request.agent,
+                             subproblem=request.subproblem, sample=request.sample, failure=err.failure.name.lower(),
+                             cause=err.cause)
 
     def _emit_call(self, request: LLMRequest, response: LLMResponse, attempts: int, wall_s: float) -> None:
         if self.events is None:

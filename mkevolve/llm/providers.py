@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
@@ -34,7 +35,30 @@ class LLMCallError(Exception):
 
 
 class TransientLLMError(LLMCallError):
-    """A call that may succeed when tried again: rate limit, server error, timeout, lost connection."""
+    """A call that may succeed when tried again: rate limit, server error, timeout."""
+
+
+class ProviderFailure(str, Enum):
+    """Why a provider can answer no call at all."""
+
+    CONNECTION = "cannot connect to the provider"
+    AUTHENTICATION = "the provider refused the credentials"
+    MODEL_NOT_FOUND = "the provider does not know the model"
+
+
+class ProviderError(LLMConfigError):
+    """The provider can answer no call (endpoint unreachable, credentials refused, model unknown).
+
+    Not an LLMCallError: every further call would fail the same way, and filing each as a failed candidate
+    would spend the whole run on nothing. It stops the command (exit 2) at its first occurrence instead."""
+
+    def __init__(self, provider: str, failure: ProviderFailure, cause: str, note: str = ""):
+        self.provider, self.failure, self.cause, self.note = provider, failure, cause, note
+        super().__init__(f"{provider}: {failure.value} ({cause})" + (f"; {note}" if note else ""))
+
+    def with_note(self, note: str) -> "ProviderError":
+        """The same error with what the command did about it (e.g. how to resume the run) after the cause."""
+        return ProviderError(self.provider, self.failure, self.cause, note)
 
 
 class Provider(Protocol):
@@ -103,6 +127,12 @@ _FAILURES = {
     "timeout": (TransientLLMError, "timed out"),
     "bad_request": (LLMCallError, "bad request (400)"),
 }
+# Replayed failures of the provider itself, which stop the run as the real ones do.
+_PROVIDER_FAILURES = {
+    "connection_error": (ProviderFailure.CONNECTION, "connection refused"),
+    "authentication_error": (ProviderFailure.AUTHENTICATION, "invalid API key (401)"),
+    "model_not_found": (ProviderFailure.MODEL_NOT_FOUND, "model not found (404)"),
+}
 
 
 @dataclass
@@ -157,8 +187,8 @@ def _replay_entry(path: Path, index: int, raw) -> ReplayEntry:
         values["reply"] = reply_path.read_text(encoding="utf-8")
     if not isinstance(values.get("reply", ""), str):
         raise LLMConfigError(f"{where}: 'reply' must be text")
-    if values.get("fail") is not None and values["fail"] not in _FAILURES:
-        raise LLMConfigError(f"{where}: 'fail' must be one of {', '.join(_FAILURES)}")
+    if values.get("fail") is not None and values["fail"] not in (_FAILURES | _PROVIDER_FAILURES):
+        raise LLMConfigError(f"{where}: 'fail' must be one of {', '.join(_FAILURES | _PROVIDER_FAILURES)}")
     if "usage" in values:
         try:
             values["usage"] = TokenUsage(**values["usage"])
@@ -174,7 +204,8 @@ class ReplayProvider:
     or `reply_file` (a path relative to the file), and optionally: the filters `agent`, `subproblem`,
     `sample` (an evolve request's sample is its candidate's number) and `prompt_contains`; `usage`
     (`prompt`, `completion`, `reasoning` token counts); `fail` (rate_limit, server_error or timeout, which
-    the client retries, or bad_request, which it does not); `delay_s` (a delay longer than the call timeout
+    the client retries; bad_request, which it does not; connection_error, authentication_error or
+    model_not_found, which stop the run as a ProviderError); `delay_s` (a delay longer than the call timeout
     fails as a timeout). A request that no unused entry matches fails for good, naming its agent and sample.
     """
 
@@ -211,6 +242,9 @@ class ReplayProvider:
             time.sleep(timeout)
             raise TransientLLMError(f"no reply within the {timeout:g} s call timeout")
         time.sleep(entry.delay_s)
+        if entry.fail in _PROVIDER_FAILURES:
+            failure, cause = _PROVIDER_FAILURES[entry.fail]
+            raise ProviderError(self.name, failure, f"replayed failure: {cause}")
         if entry.fail is not None:
             error, message = _FAILURES[entry.fail]
             raise error(f"replayed failure: {message}")
@@ -325,24 +359,56 @@ class LiteLLMProvider:
         litellm = self._litellm()
         import openai  # installed with litellm
 
-        transient = (litellm.exceptions.RateLimitError, litellm.exceptions.InternalServerError,
-                     litellm.exceptions.ServiceUnavailableError, litellm.exceptions.BadGatewayError,
-                     litellm.exceptions.APIConnectionError, litellm.exceptions.Timeout)
         try:
             reply = litellm.completion(
                 model=self.model, messages=[{"role": "user", "content": request.prompt}],
                 api_base=self.api_base, api_key=self.api_key, timeout=timeout, num_retries=0)
-        except transient as err:
-            raise TransientLLMError(f"{type(err).__name__}: {_first_line(err)}") from err
         except openai.OpenAIError as err:  # litellm's exception classes all derive from it
-            raise LLMCallError(f"{type(err).__name__}: {_first_line(err)}") from err
+            raise self._classify(err, litellm.exceptions) from err
         return LLMResponse(text=reply.choices[0].message.content or "", usage=_usage(reply.usage))
+
+    def _classify(self, err: Exception, errors) -> Exception:
+        """What a failed call means: ProviderError when no call can succeed, TransientLLMError when another
+        try may, LLMCallError when only this call failed."""
+        unreachable = _connect_failure(err)
+        if unreachable is not None:
+            # Found by cause, not by class: litellm files a refused connection to some providers (openai) under
+            # InternalServerError, and uses APIConnectionError for any exception it could not map.
+            where = f"at {self.api_base}: " if self.api_base else ""
+            return ProviderError(self.name, ProviderFailure.CONNECTION,
+                                 f"{where}{type(unreachable).__name__}: {_first_line(unreachable)}")
+        said = f"{type(err).__name__}: {_first_line(err)}"
+        if isinstance(err, (errors.AuthenticationError, errors.PermissionDeniedError)):
+            return ProviderError(self.name, ProviderFailure.AUTHENTICATION, said)
+        if isinstance(err, errors.NotFoundError):
+            return ProviderError(self.name, ProviderFailure.MODEL_NOT_FOUND, said)
+        transient = (errors.Timeout, errors.RateLimitError, errors.InternalServerError,
+                     errors.ServiceUnavailableError, errors.BadGatewayError, errors.APIConnectionError)
+        return TransientLLMError(said) if isinstance(err, transient) else LLMCallError(said)
 
     def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
         return None  # a model (or a person) can always be asked again
 
 
-def _first_line(err: Exception) -> str:
+def _connect_failure(err: BaseException) -> BaseException | None:
+    """The exception in err's chain saying the endpoint could not be reached at all (refused, unknown host, no
+    such scheme), or None. A timeout, or a connection lost mid-reply, is not one: another try may work."""
+    import socket
+
+    import httpx  # installed with litellm
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (httpx.ConnectError, httpx.UnsupportedProtocol, ConnectionRefusedError,
+                                socket.gaierror)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0][:300]
 
 

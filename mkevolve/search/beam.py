@@ -90,6 +90,9 @@ class Beam:
     next_seq: int = 0                        # candidate ids (and request samples) continue from here
     input_shapes: list[str] | None = None    # how the subproblem is called, for prompts; found once
     exhausted: Exhausted | None = None       # set when the agent said it has nothing (more) for it
+    # Why the newest reply without code had none: such candidates never join the beam, and without this the
+    # reason would live only in their candidate files.
+    codeless: str = ""
 
     def exhausted_for(self, model: str) -> str | None:
         """Why `model` has nothing more for this subproblem, or None when it may still be asked."""
@@ -102,6 +105,9 @@ class Beam:
     def select(self, children: list[Candidate]) -> None:
         """Keep the best `width` of the members and the children; a child with no code cannot be expanded."""
         self.members = ranked(self.members + [c for c in children if c.source])[: self.width]
+        codeless = [c for c in children if not c.source]
+        if codeless:
+            self.codeless = codeless[-1].result.reason
 
     @property
     def best(self) -> Candidate | None:
@@ -111,14 +117,14 @@ class Beam:
     def to_dict(self) -> dict:
         return {"width": self.width, "members": [c.to_dict() for c in self.members],
                 "next_seq": self.next_seq, "input_shapes": self.input_shapes,
-                "exhausted": asdict(self.exhausted) if self.exhausted else None}
+                "exhausted": asdict(self.exhausted) if self.exhausted else None, "codeless": self.codeless}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Beam":
         exhausted = data.get("exhausted")  # absent from the checkpoints of earlier versions
         return cls(width=data["width"], members=[Candidate.from_dict(c) for c in data["members"]],
                    next_seq=data["next_seq"], input_shapes=data["input_shapes"],
-                   exhausted=Exhausted(**exhausted) if exhausted else None)
+                   exhausted=Exhausted(**exhausted) if exhausted else None, codeless=data.get("codeless", ""))
 
     def copy(self) -> "Beam":
         return Beam.from_dict(self.to_dict())
@@ -126,6 +132,12 @@ class Beam:
 
 # Turns a list of parents (None: a fresh generation) into evaluated children, one per entry, in order.
 Propose = Callable[[list[Candidate | None]], list[Candidate]]
+# Whether the search has nothing left to gain (e.g. a kernel passed where speed cannot be measured).
+Settled = Callable[[Beam], bool]
+
+
+def never_settled(beam: Beam) -> bool:
+    return False
 
 
 def plan_step(beam: Beam, expansion: int, remaining: int) -> list[Candidate | None]:
@@ -136,10 +148,12 @@ def plan_step(beam: Beam, expansion: int, remaining: int) -> list[Candidate | No
     return (expansions + fresh)[:remaining]
 
 
-def beam_search(beam: Beam, budget: int, expansion: int, propose: Propose) -> Beam:
-    """Spend `budget` proposals in steps: expand the beam, evaluate the children, keep the best `width`."""
+def beam_search(beam: Beam, budget: int, expansion: int, propose: Propose,
+                settled: Settled = never_settled) -> Beam:
+    """Spend `budget` proposals in steps: expand the beam, evaluate the children, keep the best `width`; stop
+    early once `settled(beam)`."""
     remaining = budget
-    while remaining > 0:
+    while remaining > 0 and not settled(beam):
         parents = plan_step(beam, expansion, remaining)
         beam.select(propose(parents))
         remaining -= len(parents)

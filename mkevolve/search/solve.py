@@ -34,7 +34,13 @@ class SolveOutcome:
 
 
 def default_out_dir(config: RunConfig, problem_path: Path) -> Path:
-    return Path(config.out) / problem_path.stem / f"solve-{config.search}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """OUT/<problem>/solve-<search>-<time>, with -2, -3... when two solves start in the same second."""
+    base = Path(config.out) / problem_path.stem / f"solve-{config.search}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir, n = base, 1
+    while out_dir.exists():
+        n += 1
+        out_dir = base.with_name(f"{base.name}-{n}")
+    return out_dir
 
 
 def solve(problem_path: Path, config: RunConfig, out_dir: Path, verifier: KernelVerifier | None = None,
@@ -94,14 +100,13 @@ def _report(outcome: SolveOutcome) -> str:
         return f"solved: {best.id} {best.result.summary()} -> {outcome.solution_path}\n{spent}"
     nearest = outcome.beam.members[0] if outcome.beam.members else None
     detail = f"; best attempt {nearest.id}: {nearest.result.summary()}" if nearest else ""
-    return f"no kernel passed every check{detail}\n{spent}"
+    return f"no kernel passed every check{detail}; candidates are in {outcome.out_dir / 'candidates'}\n{spent}"
 
 
 def solve_command(args) -> int:
     """`mkevolve solve PROBLEM`: 0 when a kernel passed every check, 1 when none did."""
     config = config_from_args(args)
     problem_path = Path(args.problem)
-    out_dir = Path(args.out_dir) if args.out_dir else default_out_dir(config, problem_path)
-    outcome = solve(problem_path, config, out_dir)
+    outcome = solve(problem_path, config, default_out_dir(config, problem_path))
     print(_report(outcome))
     return EXIT_SOLVED if outcome.best is not None else EXIT_UNSOLVED
