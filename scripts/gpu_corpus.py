@@ -37,7 +37,7 @@ from mkevolve.verify.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
-REPEATS = 3  # checks of one solution per tree; the first pays for references, baseline and compilation
+REPEATS = 4  # checks of one solution per tree; the first pays for references, baseline and compilation
 
 
 def constants(path: Path) -> dict[str, object]:
@@ -126,10 +126,9 @@ def checks_with_tree(tree: Path, problem: Path, solutions: list[Path], cache: Pa
 
 def builtin_solution(problem: Path, out: Path) -> Path | None:
     subprocess.run([sys.executable, "-m", "mkevolve", "solve", str(problem), "--model", "builtin",
-                    "--budget", "2", "--dir", str(out)], cwd=ROOT, capture_output=True, text=True,
+                    "--budget", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                    timeout=1200)
-    solution = out / "solution.py"
-    return solution if solution.exists() else None
+    return next(out.glob("*/solve-*/solution.py"), None)  # solve writes OUT/<problem>/solve-<search>-<time>/
 
 
 def fresh_variants(solution: Path, folder: Path, count: int) -> list[Path]:
@@ -150,12 +149,12 @@ def fresh_variants(solution: Path, folder: Path, count: int) -> list[Path]:
 
 
 def measure_overhead(kernelbench: Path, problems: list[str], old_tree: Path | None, record: dict,
-                     out: Path) -> list[dict]:
+                     out: Path, given: Path | None = None) -> list[dict]:
     rows = record.setdefault("overhead", [])
     for name in problems:
         problem = (kernelbench / name).resolve()
         with tempfile.TemporaryDirectory() as scratch:
-            solution = builtin_solution(problem, Path(scratch) / "solve")
+            solution = given or builtin_solution(problem, Path(scratch) / "solve")
             if solution is None:
                 rows.append({"problem": name, "error": "the builtin agent wrote no passing solution"})
                 continue
@@ -183,6 +182,8 @@ def main() -> None:
     parser.add_argument("--kernelbench", type=Path)
     parser.add_argument("--problems", nargs="*", default=[])
     parser.add_argument("--old-tree", type=Path)
+    parser.add_argument("--solution", type=Path, help="check this solution instead of having the builtin "
+                                                      "agent write one (one problem only)")
     args = parser.parse_args()
     record = {"date": date.today().isoformat(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -192,7 +193,7 @@ def main() -> None:
         record["corpus"] = run_corpus(args.workers)
         Path(args.out).write_text(json.dumps(record, indent=1))
     if args.problems:
-        measure_overhead(args.kernelbench, args.problems, args.old_tree, record, Path(args.out))
+        measure_overhead(args.kernelbench, args.problems, args.old_tree, record, Path(args.out), args.solution)
     Path(args.out).write_text(json.dumps(record, indent=1))
 
 

@@ -38,9 +38,40 @@ def test_digest_matches_the_file(tmp_path):
     assert digest == wire.file_digest(tmp_path / "v.mkv")
 
 
+def test_tensors_are_aligned_and_read_without_a_second_copy(tmp_path):
+    values = [torch.ones(3, dtype=torch.int8), torch.randn(5, dtype=torch.float64), torch.randn(7)]
+    wire.write_values(tmp_path / "v.mkv", values)
+    back = wire.read_values(tmp_path / "v.mkv")
+    offsets = [t.data_ptr() - back[0].data_ptr() for t in back]
+    assert offsets == [0, 64, 128]  # one buffer: each tensor starts on its own 64-byte boundary
+    assert all(torch.equal(a, b) for a, b in zip(values, back))
+
+
+def test_an_unaligned_file_is_still_read(tmp_path):
+    tensor = {"t": "tensor", "dtype": "float32", "shape": [2], "offset": 1, "nbytes": 8}
+    header = {"value": {"t": "list", "items": [tensor]}}
+    path = _file(tmp_path, header, b"\0" + struct.pack("<2f", 1.5, -2.0))
+    assert wire.read_values(path)[0].tolist() == [1.5, -2.0]
+
+
+def test_meta_reads_shapes_from_the_header_alone(tmp_path):
+    wire.write_values(tmp_path / "v.mkv", [torch.zeros(2, 3), 4, torch.zeros(5, dtype=torch.int64)])
+    meta = wire.read_values(tmp_path / "v.mkv", "meta")
+    assert [v.shape if isinstance(v, torch.Tensor) else v for v in meta] == [(2, 3), 4, (5,)]
+    assert meta[0].device.type == "meta" and meta[2].dtype == torch.int64
+    truncated = tmp_path / "short.mkv"
+    truncated.write_bytes((tmp_path / "v.mkv").read_bytes()[:-40])  # the last tensor's bytes cut off
+    with pytest.raises(wire.WireError, match="do not match"):
+        wire.read_values(truncated, "meta")
+
+
 def test_objects_other_than_plain_values_cannot_be_sent(tmp_path):
-    with pytest.raises(wire.WireError, match="cannot be sent"):
-        wire.write_values(tmp_path / "v.mkv", [object()])
+    class Sneaky(torch.Tensor):
+        pass
+
+    for value in (object(), torch.ones(2).as_subclass(Sneaky), (1, [2, {"a": 1}])):
+        with pytest.raises(wire.WireError, match="can be sent"):
+            wire.write_values(tmp_path / "v.mkv", [value])
 
 
 def _file(tmp_path, header: dict, body: bytes = b"") -> str:
@@ -88,7 +119,8 @@ def test_a_report_verifies_only_with_its_key_and_unchanged():
     assert wire.verify_report(signed, key) == {"launches": 3, "times_ms": [[1.5]]}
     with pytest.raises(wire.WireError, match="signature"):
         wire.verify_report(signed, b"x" * 32)
-    tampered = signed.replace(b'"launches": 3', b'"launches": 4')
+    tampered = signed.replace(b'"launches":3', b'"launches":4')
+    assert tampered != signed
     with pytest.raises(wire.WireError, match="signature"):
         wire.verify_report(tampered, key)
     forged = json.dumps({"body": {"launches": 3}, "mac": "0" * 64}).encode()
@@ -218,3 +250,99 @@ def test_timed_plan_hides_trials_among_timed_calls_and_checks_two_timed_outputs(
         assert [c.guard for c in plan.calls] == [c.inputs.startswith("trial") for c in plan.calls]
         positions.add(tuple(i for i, c in enumerate(plan.calls) if c.inputs.startswith("trial")))
     assert len(positions) > 10  # the trials move: a call counter cannot know which calls are read
+
+
+# ---- the harness after the candidate's import: only what it bound before -----------------------------------
+
+def test_harness_copies_ignore_patched_tensor_methods_and_modes(monkeypatch):
+    from torch.overrides import TorchFunctionMode
+
+    from mkevolve.verify import harness
+
+    called = []
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: called.append("clone") or self)
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            called.append(getattr(func, "__name__", "?"))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.arange(4.0)
+    with Spy():
+        copy = harness._copies([x, 3])
+        kept = harness._snapshot([x], {"violations": []}, already_checked=False)
+    assert called == []
+    assert torch.equal(copy[0], x) and copy[0].data_ptr() != x.data_ptr() and copy[1] == 3
+    assert kept[0].data_ptr() not in (x.data_ptr(), copy[0].data_ptr())
+
+
+def test_harness_reports_a_tensor_subclass_output_without_calling_it():
+    from mkevolve.verify import harness
+
+    class Sneaky(torch.Tensor):
+        def clone(self, *args, **kwargs):
+            raise AssertionError("the harness ran the candidate's method")
+
+    report = {"violations": []}
+    kept = harness._snapshot([torch.ones(2).as_subclass(Sneaky), 5], report, already_checked=False)
+    assert kept == [5]
+    assert [v["rule"] for v in report["violations"]] == ["tensor-subclass"]
+
+
+def test_value_files_ignore_a_patched_tensor_property(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "dtype", property(lambda self: torch.float64), raising=False)
+    wire.write_values(tmp_path / "v.mkv", [torch.ones(3, dtype=torch.float16)])
+    monkeypatch.undo()
+    assert wire.read_values(tmp_path / "v.mkv")[0].dtype == torch.float16
+
+
+def test_own_builtins_survive_a_patched_builtin():
+    import builtins
+
+    from mkevolve.workers import harden
+
+    namespace = {"len": "mine"}
+    harden.own_builtins(namespace)
+    original = builtins.isinstance
+    builtins.isinstance = lambda *args: True  # restored at once: pytest itself needs the real one
+    try:
+        answer = namespace["isinstance"](1, str)
+    finally:
+        builtins.isinstance = original
+    assert answer is False and namespace["len"] == "mine"
+
+
+def test_harness_drops_the_package_from_sys_modules_before_the_import():
+    import subprocess
+    import sys
+
+    code = ("import sys; from mkevolve.verify import harness; harness._forget_trusted_modules(); "
+            "print(sorted(m for m in sys.modules if m == 'mkevolve' or m.startswith('mkevolve.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---- the torch.compile baseline: measured once per key ------------------------------------------------------
+
+def test_concurrent_baselines_measure_once(tmp_path):
+    """Four processes ask for one key at the same moment: one measures, the others read its result."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from mkevolve.verify.result import Timing\n"
+        "from mkevolve.verify.timing import cached_baseline\n"
+        "cache = Path(sys.argv[1])\n"
+        "def measure():\n"
+        "    with open(cache / 'measured', 'a') as log: log.write('x')\n"
+        "    time.sleep(0.5)\n"
+        "    return Timing(median_ms=2.0, p10_ms=1.0, p20_ms=1.5, p80_ms=2.5, p90_ms=3.0, runs=100)\n"
+        "print(cached_baseline(cache, 'k', measure).median_ms)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outputs == ["2.0"] * 4
+    assert (tmp_path / "measured").read_text() == "x"

@@ -110,6 +110,25 @@ def test_tolerance_share_of_a_known_small_error():
     assert error_line(result).startswith("5% of the tolerance")
 
 
+def test_a_looser_tolerance_is_used_and_named():
+    ref, out = torch.tensor([1.0, 0.0]), torch.tensor([1.001, 0.0])
+    assert "atol=rtol=0.0001" in _compare_values("output", ref, out, _Errors())
+    loose = _Errors(atol=1e-2, rtol=1e-2)
+    assert _compare_values("output", ref, out, loose) == ""
+    result = EvalResult(status=Status.OK, max_abs_err=loose.max_abs, tolerance_used=loose.tolerance_used,
+                        atol=1e-2, rtol=1e-3)
+    assert "(atol=0.01, rtol=0.001;" in error_line(result)
+
+
+def test_tolerance_flags_reach_the_config():
+    from mkevolve.cli import build_parser
+    from mkevolve.config import TOLERANCE, config_from_args
+
+    args = build_parser().parse_args(["check", "p.py", "s.py", "--atol", "1e-2"])
+    config = config_from_args(args)
+    assert (config.atol, config.rtol) == (1e-2, TOLERANCE)
+
+
 def test_tolerance_share_above_one_fails_and_keeps_the_max():
     errors = _Errors()
     _compare_values("output", torch.tensor([1.0]), torch.tensor([1.0 + 1e-5]), errors)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import secrets
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,17 +18,16 @@ from pathlib import Path
 
 import torch
 
+from mkevolve.config import TOLERANCE
 from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, load_problem)
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
-                                           plan_calls, run_candidate_process)
+                                           plan_calls, run_candidate_process, scratch_folder)
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import ReferenceSet, cache_root, reference_set
 from mkevolve.verify.result import EvalResult, Rejected, Status, Timing
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
 from mkevolve.workers import wire
-
-ATOL = RTOL = 1e-4
 
 _checked_references: set[tuple[str, bool]] = set()
 
@@ -48,10 +46,14 @@ class KernelEvalRequest:
     code_files: tuple[str, ...] = ()      # files whose @triton.jit kernels may run (default: the solution)
     timeout_s: float = 300.0
     memory_limit_gb: float = 16.0
+    atol: float = TOLERANCE
+    rtol: float = TOLERANCE
 
 
 @dataclass
 class _Errors:
+    atol: float = TOLERANCE
+    rtol: float = TOLERANCE
     max_abs: float = 0.0
     max_rel: float = 0.0
     tolerance_used: float = 0.0
@@ -82,7 +84,7 @@ def fp32_strict() -> None:
 def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     """The whole check of one ModelNew against one problem; never raises for a bad candidate."""
     fp32_strict()
-    errors = _Errors()
+    errors = _Errors(request.atol, request.rtol)
     try:
         with _phase(errors, "load"):
             problem = _load_checked_problem(request)
@@ -92,6 +94,7 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
         result.tolerance_used = errors.tolerance_used
+        result.atol, result.rtol = request.atol, request.rtol
         result.failed_trial = errors.failed_trial
     result.phases = errors.phases
     result.authority = "gpu" if device().type == "cuda" else "cpu"
@@ -122,7 +125,7 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                       for i in range(len(problem.configs))]
         for reference, plan in zip(references, plans):
             reference.ensure(plan.set_names())
-    with tempfile.TemporaryDirectory(prefix="mkevolve-candidate-") as scratch:
+    with scratch_folder("mkevolve-candidate-") as scratch:
         with _phase(errors, "candidate"):
             report = run_candidate_process(request, references, plans, Path(scratch), device())
         errors.phases.update({f"candidate.{name}": seconds for name, seconds in report.phases.items()})
@@ -198,13 +201,8 @@ def _raise_violations(violations: list[Violation]) -> None:
 
 def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
                 report: CandidateReport, result: EvalResult) -> None:
-    timings, baselines = [], []
-    for index, (config, reference) in enumerate(zip(problem.configs, references)):
-        timings.append(summarize(report.times_ms[index]))
-        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-        model = build_model(problem.path, problem.model_cls, init, request.seed, device(), request.eval_mode)
-        inputs = wire.read_values(reference.inputs_file(TIMING_SETS[0]), device())
-        baselines.append(_baseline(problem, model, inputs, request))
+    timings = [summarize(times) for times in report.times_ms]
+    baselines = [_baseline(problem, index, reference, request) for index, reference in enumerate(references)]
     result.runtime, result.baseline = combine(timings), combine(baselines)
     result.speedup = result.baseline.median_ms / result.runtime.median_ms
 
@@ -237,30 +235,40 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
     rel = diff / ref64.abs().clamp_min(1e-12)
     errors.max_abs = max(errors.max_abs, float(diff.max()) if diff.numel() else 0.0)
     errors.max_rel = max(errors.max_rel, float(rel.max()) if rel.numel() else 0.0)
-    errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff))
-    if torch.allclose(out, ref, atol=ATOL, rtol=RTOL, equal_nan=True):
+    errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff, errors.atol, errors.rtol))
+    if torch.allclose(out, ref, atol=errors.atol, rtol=errors.rtol, equal_nan=True):
         return ""
     worst = int(diff.argmax())
     return (f"{label} mismatch: max abs error {float(diff.max()):.3g}, max rel error "
-            f"{float(rel.max()):.3g} (atol=rtol={ATOL:g}); worst at flat index {worst}")
+            f"{float(rel.max()):.3g} ({tolerance_text(errors.atol, errors.rtol)}); worst at flat index {worst}")
 
 
-def tolerance_used(ref: torch.Tensor, diff: torch.Tensor) -> float:
+def tolerance_text(atol: float, rtol: float) -> str:
+    return f"atol=rtol={atol:g}" if atol == rtol else f"atol={atol:g}, rtol={rtol:g}"
+
+
+def tolerance_used(ref: torch.Tensor, diff: torch.Tensor, atol: float, rtol: float) -> float:
     """The worst |out - ref| / (atol + rtol*|ref|): the share of allclose's tolerance the outputs use
     (above 1 fails). `diff` is |out - ref| with non-finite entries already zeroed."""
     if not diff.numel():
         return 0.0
     # NaN only where the reference is NaN, and those entries matched (equal_nan) or were refused before.
-    return float(torch.nan_to_num(diff / (ATOL + RTOL * ref.abs()), nan=0.0).max())
+    return float(torch.nan_to_num(diff / (atol + rtol * ref.abs()), nan=0.0).max())
 
 
-def _baseline(problem: Problem, reference, inputs: list, request: KernelEvalRequest) -> Timing:
-    shapes = [list(v.shape) if isinstance(v, torch.Tensor) else repr(v) for v in inputs]
+def _baseline(problem: Problem, index: int, reference: ReferenceSet, request: KernelEvalRequest) -> Timing:
+    """torch.compile's time on the first timing set; the model is built only when it is not cached yet."""
+    inputs_file = reference.inputs_file(TIMING_SETS[0])
+    shapes = [list(v.shape) if isinstance(v, torch.Tensor) else repr(v)
+              for v in wire.read_values(inputs_file, "meta")]  # the header only
     key = baseline_key(problem.source, shapes, request.eval_mode)
     cache = Path(request.baseline_cache_dir) if request.baseline_cache_dir else default_cache_dir()
 
     def measure() -> Timing:
-        compiled = torch.compile(reference)
+        init = call_inputs(problem.path, problem.configs[index].get_init_inputs, "get_init_inputs")
+        model = build_model(problem.path, problem.model_cls, init, request.seed, device(), request.eval_mode)
+        inputs = wire.read_values(inputs_file, device())
+        compiled = torch.compile(model)
         return time_forward(lambda: compiled(*inputs))
 
     return cached_baseline(cache, key, measure)

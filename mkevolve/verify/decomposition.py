@@ -30,7 +30,7 @@ from mkevolve.codebase import (
     is_valid_name,
     referenced_subproblems,
 )
-from mkevolve.config import RunConfig
+from mkevolve.config import TOLERANCE, RunConfig
 from mkevolve.problem import (
     ProblemError,
     build_model,
@@ -48,7 +48,7 @@ from mkevolve.workers.pool import Job, JobOutcome
 STRUCTURE, PURITY, STANDALONE = "structure", "purity", "standalone"
 EQUIVALENCE, FORWARD_COVERAGE, INIT_COVERAGE = "equivalence", "forward_coverage", "init_coverage"
 CHECKS = (STRUCTURE, PURITY, STANDALONE, EQUIVALENCE, FORWARD_COVERAGE, INIT_COVERAGE)
-ATOL = RTOL = 1e-4
+ATOL = RTOL = TOLERANCE  # fixed: a decomposition must match its original as strictly as the default
 
 # Tensor methods and torch functions a top-level may use: views, reshapes and shape queries.
 VIEW_METHODS = frozenset({"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",

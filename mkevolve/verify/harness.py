@@ -3,38 +3,57 @@
 The trusted side decides everything: which inputs, in which order, which outputs to keep. This side
 never sees a reference output, never writes a verdict and never sends a pickle: it saves outputs as
 raw bytes in its scratch folder and writes a report signed with a key that stays in this module's
-local variables. Everything it relies on after the candidate is imported (the profiler, the clock,
-the file writer) is bound before the import, so a candidate that monkeypatches torch changes
-nothing the harness uses; the confinement (workers/harden.py) denies the frame and gc access that
-could reach the key.
+local variables; the confinement (workers/harden.py) denies the frame and gc access that could reach it.
+
+Candidate code shares this interpreter, and Python lets it change almost anything: any module's
+attributes (`sys.modules` is a dict it can read), any Python class's methods (torch.Tensor's among
+them), the builtins, and the torch function and dispatch modes that run code inside every tensor call.
+A harness that called `out.clone()` or `wire.write_values` after the import would run whatever the
+candidate put there, between the timed calls and the saved outputs. So from the import on, the
+harness reaches only what it captured before: C functions and the methods of torch's immutable
+`TensorBase`, called with Python-level overrides switched off, from modules that are gone from
+`sys.modules` by then and that carry their own copies of the builtins (`harden.own_builtins`).
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
-from contextlib import ExitStack, contextmanager, nullcontext
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from mkevolve.problem import ProblemError, clone_values, flatten_outputs, import_file, seed_everything
+from mkevolve.problem import ProblemError, import_file, seed_everything
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
 from mkevolve.verify.kernel_audit import ActivityRecorder
 from mkevolve.workers import gpu_share, harden, wire
 from mkevolve.workers.pool import SHARERS_ENV
 
 REPORT_FILE = "report.json"
-_perf_counter = time.perf_counter          # bound before any candidate code can replace them
-_Event = torch.cuda.Event
-_event_record, _event_elapsed, _event_sync = _Event.record, _Event.elapsed_time, _Event.synchronize
-_synchronize = torch.cuda.synchronize
 _FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (60 MB on an H200)
+# Everything the harness calls after the candidate is imported, bound before (see the docstring).
+_perf_counter = time.perf_counter
+_Tensor = torch.Tensor
+_TensorBase = torch._C.TensorBase          # an immutable type: its methods cannot be replaced
+_clone, _detach, _cpu, _zero_ = _TensorBase.clone, _TensorBase.detach, _TensorBase.cpu, _TensorBase.zero_
+_no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
+_set_grad_enabled = torch._C._set_grad_enabled
+_EventBase = torch._C._CudaEventBase       # C methods: record(stream), synchronize(), elapsed_time(end)
+_event_record, _event_sync, _event_elapsed = (getattr(_EventBase, name, None)  # None in CPU builds
+                                              for name in ("record", "synchronize", "elapsed_time"))
+_cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU builds
+_TRUSTED_PACKAGE = __name__.partition(".")[0]   # "mkevolve": dropped from sys.modules before the import
+_SUBCLASS_RULE = Rule.TENSOR_SUBCLASS.value
+_start_thread, _allocate_lock = _thread.start_new_thread, _thread.allocate_lock
+_SAVERS = 8  # threads that write kept outputs at once
 # Triton's cache as the zygote left it (its CUDA helper module, compiled once); each child starts from a copy.
 _WARM_TRITON_CACHE = Path(tempfile.gettempdir()) / f"mkevolve-triton-warm-{os.getuid()}-{os.getpid()}"
 
@@ -135,36 +154,45 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     request = CandidateRequest.from_json(payload)
     key = bytes.fromhex(request.key)
     request.key = ""
-    scratch = Path(request.scratch)
     report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
                     "activities": [], "denials": [], "phases": {}}
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
         denials = prepare_and_confine(request)
+    clock = _GpuClock() if request.device == "cuda" else None
     saved: dict[str, list] = {}
     try:
         with _phase(report, "import"):
+            _forget_trusted_modules()
             model_cls = import_candidate(request.solution)
         for config, (init, inputs) in zip(request.configs, loaded):
-            _run_config(request, model_cls, config, init, inputs, report, saved)
+            _run_config(request, model_cls, config, init, inputs, clock, report, saved)
         if prepared.recorder is not None:
             with _phase(report, "profiler_stop"):
                 prepared.recorder.__exit__(None, None, None)
-            # Autotuning alone launches thousands of identical cache-clearing fills: keep each activity once.
-            report["activities"] = [a.to_json() for a in dict.fromkeys(prepared.recorder.activities)]
+            # Autotuning alone launches thousands of identical cache-clearing fills: keep each name once.
+            report["activities"] = list(dict.fromkeys(prepared.recorder.names))
     except CandidateFailure as failure:
         report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
     with _phase(report, "save"):
-        report["outputs"] = {name: _save(scratch, name, values) for name, values in saved.items()}
+        report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()
     write_report(request, report, key)
     return 0
 
 
+def _forget_trusted_modules() -> None:
+    """Drop this package's modules from sys.modules: what the harness still calls stays reachable from
+    its own frames only, and a candidate that imports them gets fresh copies nobody here uses."""
+    for name in [n for n in sys.modules if n == _TRUSTED_PACKAGE or n.startswith(_TRUSTED_PACKAGE + ".")]:
+        del sys.modules[name]
+
+
 def write_report(request: CandidateRequest, body: dict, key: bytes) -> None:
     """The only channel back: the body, signed with the key the trusted side sent, in the scratch folder."""
-    (Path(request.scratch) / REPORT_FILE).write_bytes(wire.sign_report(body, key))
+    with open(request.scratch + "/" + REPORT_FILE, "wb") as out:
+        out.write(wire.sign_report(body, key))
 
 
 def prepare_and_confine(request: CandidateRequest):
@@ -202,33 +230,40 @@ def import_candidate(path: str) -> type:
 
 
 def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
-    """The constructor's arguments and every input set of one config, read while nothing foreign runs."""
+    """The constructor's arguments and every input set of one config, read while nothing foreign runs
+    (so a thread pool is safe here), several at once: reading and copying to the GPU let go of the GIL."""
     init = wire.read_values(Path(config.init))
-    inputs = {path: wire.read_values(Path(path), device) for path in {c.inputs for c in config.calls}}
+    paths = list(dict.fromkeys(c.inputs for c in config.calls))
+    with ThreadPoolExecutor(max_workers=_SAVERS) as pool:
+        inputs = dict(zip(paths, pool.map(lambda path: wire.read_values(Path(path), device), paths)))
     return init, inputs
 
 
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
-                inputs: dict[str, list], report: dict, saved: dict[str, list]) -> None:
+                inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list]) -> None:
     device = torch.device(request.device)
     with _phase(report, "build"):
         model = build(model_cls, init, request, device)
-    clock = _GpuClock() if device.type == "cuda" else None
     report["times_ms"].append([])  # this config's timed calls, in order
     # The first call compiles and autotunes beside other workers' jobs; the rest have the GPU alone.
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
         _run_calls(request, model, first, inputs, clock, report, saved)
-    with _phase(report, "other_calls"), gpu_share.gpu_alone() if clock is not None else nullcontext():
-        _run_calls(request, model, rest, inputs, clock, report, saved)
+    with _phase(report, "other_calls"):
+        if clock is None:
+            _run_calls(request, model, rest, inputs, clock, report, saved)
+        else:
+            with gpu_share.gpu_alone():
+                _run_calls(request, model, rest, inputs, clock, report, saved)
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
                clock: "_GpuClock | None", report: dict, saved: dict[str, list]) -> None:
     for call in calls:
-        args = clone_values(inputs[call.inputs])
-        guard = RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
-        out, ms = _forward(model, args, guard if call.guard else None, clock, request.solution)
+        args = _copies(inputs[call.inputs])
+        guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
+                 if call.guard else None)
+        out, ms = _forward(model, args, guard, clock, request.solution)
         if call.guard:
             report["launches"] = max(report["launches"], guard.launches)
             report["violations"] += [_violation_json(v) for v in guard.violations]
@@ -237,7 +272,25 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
             report["times_ms"][-1].append(ms)
         if call.save:
             # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
-            saved[call.save] = [v.clone() if isinstance(v, torch.Tensor) else v for v in out]
+            saved[call.save] = _snapshot(out, report, already_checked=call.guard)
+
+
+def _copies(values: list) -> list:
+    """Fresh copies of plain tensors (so a call that writes into its inputs harms no other), made by
+    TensorBase.clone with torch function and dispatch modes off: no candidate code runs here."""
+    with _no_torch_function(), _no_torch_dispatch():
+        return [_clone(v) if type(v) is _Tensor else v for v in values]
+
+
+def _snapshot(out: list, report: dict, already_checked: bool) -> list:
+    """Copies of a call's outputs, as `_copies`. A tensor subclass is not copied (its methods are the
+    candidate's code) and is reported, unless the guard's output rules already did."""
+    for index, value in enumerate(out):
+        if isinstance(value, _Tensor) and type(value) is not _Tensor and not already_checked:
+            report["violations"].append({"rule": _SUBCLASS_RULE, "line": None, "message":
+                                         f"output {index} is a torch.Tensor subclass, not a plain tensor; "
+                                         "return the tensor your kernel wrote"})
+    return _copies([v for v in out if not isinstance(v, _Tensor) or type(v) is _Tensor])
 
 
 def build(model_cls: type, init: list, request: CandidateRequest, device: torch.device) -> torch.nn.Module:
@@ -252,44 +305,71 @@ def build(model_cls: type, init: list, request: CandidateRequest, device: torch.
 
 def _forward(model, args: list, guard: RuntimeGuard | None, clock: "_GpuClock | None",
              solution: str) -> tuple[list, float | None]:
+    """One call, timed on a GPU. The outputs are flattened before the clock stops, so nothing the
+    candidate left behind runs after the timing and before the snapshot."""
     try:
-        with torch.no_grad(), ExitStack() as stack:
-            if guard is not None:
-                stack.enter_context(guard)
+        _set_grad_enabled(False)
+        if guard is not None:
+            guard.__enter__()
+        try:
             if clock is None:
-                return flatten_outputs(model(*args)), None
+                return _flatten(model(*args)), None
             clock.start()
-            out = model(*args)
-            return flatten_outputs(out), clock.stop()
+            out = _flatten(model(*args))
+            return out, clock.stop()
+        finally:
+            if guard is not None:
+                guard.__exit__(None, None, None)
     except Exception as err:
         kind = "compile" if _is_compile_error(err) else "runtime"
         raise CandidateFailure(kind, _describe(err), _solution_line(solution, err)) from None
 
 
-@contextmanager
-def _phase(report: dict, name: str):
-    """Seconds this process spent in `name`, for the evaluation's profile (added up over configs)."""
-    start = _perf_counter()
-    try:
-        yield
-    finally:
-        report["phases"][name] = report["phases"].get(name, 0.0) + _perf_counter() - start
+def _flatten(out) -> list:
+    """A forward's result as a flat list: a value, or a tuple/list of them (nested allowed). Exact
+    types only: a subclass's iteration would be candidate code."""
+    if type(out) is tuple or type(out) is list:
+        return [x for item in out for x in _flatten(item)]
+    return [out]
+
+
+class _phase:
+    """Seconds this process spent in `name`, for the evaluation's profile (added up over configs).
+    A class of this module rather than a contextlib generator: contextlib's classes can be patched."""
+
+    def __init__(self, report: dict, name: str):
+        self.report, self.name = report, name
+
+    def __enter__(self) -> None:
+        self.start = _perf_counter()
+
+    def __exit__(self, *exc) -> bool:
+        phases = self.report["phases"]
+        phases[self.name] = phases.get(self.name, 0.0) + _perf_counter() - self.start
+        return False
 
 
 class _GpuClock:
-    """Per-call GPU time: L2 flushed before, every stream joined before the end event."""
+    """Per-call GPU time: L2 flushed before, the whole device synchronised before the begin and the end
+    event (so work on any stream counts, and only once it is called), events recorded on the default
+    stream by torch's C methods."""
 
     def __init__(self):
         self.flush = torch.empty(_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+        self.stream = torch.cuda.default_stream()
 
     def start(self) -> None:
-        self.flush.zero_()
-        self.begin, self.end = _Event(enable_timing=True), _Event(enable_timing=True)
-        _event_record(self.begin)
+        with _no_torch_function(), _no_torch_dispatch():
+            _zero_(self.flush)
+        self.begin, self.end = _EventBase(enable_timing=True), _EventBase(enable_timing=True)
+        # An idle device when the clock starts: work the candidate puts on a stream of its own, which
+        # waits for nothing, cannot start under the flush (or the input copies) before the begin event.
+        _cuda_synchronize()
+        _event_record(self.begin, self.stream)
 
     def stop(self) -> float:
-        _synchronize()
-        _event_record(self.end)
+        _cuda_synchronize()
+        _event_record(self.end, self.stream)
         _event_sync(self.end)
         return _event_elapsed(self.begin, self.end)
 
@@ -297,14 +377,43 @@ class _GpuClock:
 # ---- what goes back ------------------------------------------------------------------------------------
 
 
-def _save(scratch: Path, name: str, values: list) -> dict:
-    path = scratch / f"{name}.out"
-    host = [v.detach().cpu() if isinstance(v, torch.Tensor) else v for v in values]
+def _save_all(scratch: str, saved: dict[str, list]) -> dict[str, dict]:
+    """Every kept output, written by up to _SAVERS threads at once: the copy to the host, the file write
+    and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after another on an H200 host).
+    Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
+    patch, and it would hand the outputs to whatever it was patched with."""
+    entries: dict[str, dict] = {}
+    names = list(saved)
+    for start in range(0, len(names), _SAVERS):
+        waits = []
+        for name in names[start:start + _SAVERS]:
+            finished = _allocate_lock()
+            finished.acquire()
+            _start_thread(_save_into, (scratch, name, saved[name], entries, finished))
+            waits.append(finished)
+        for finished in waits:
+            finished.acquire()
+    return {name: entries[name] for name in names}
+
+
+def _save_into(scratch: str, name: str, values: list, entries: dict, finished) -> None:
     try:
-        digest = wire.write_values(path, host)
+        entries[name] = _save(scratch, name, values)
+    except Exception as err:  # reported as this output's error; the trusted side rejects the verdict
+        entries[name] = {"error": f"{type(err).__name__} while saving"}
+    finally:
+        finished.release()
+
+
+def _save(scratch: str, name: str, values: list) -> dict:
+    file_name = f"{name}.out"
+    with _no_torch_function(), _no_torch_dispatch():
+        host = [_cpu(_detach(v)) if type(v) is _Tensor else v for v in values]
+    try:
+        digest = wire.write_values(scratch + "/" + file_name, host)
     except wire.WireError as err:
         return {"error": str(err)}
-    return {"file": path.name, "sha256": digest}
+    return {"file": file_name, "sha256": digest}
 
 
 def _violation_json(v: Violation) -> dict:
@@ -340,3 +449,6 @@ def violation_from_json(data: dict) -> Violation:
     """The trusted side's reading of one reported violation; unknown rules are not trusted."""
     return Violation(Rule(data["rule"]), str(data["message"])[:1000],
                      data["line"] if isinstance(data.get("line"), int) else None)
+
+
+harden.own_builtins(globals())

@@ -33,15 +33,15 @@ from mkevolve.verify.cheating.rules import KERNEL_ADVICE, Rule, Violation
 from mkevolve.verify.cheating.static import _parse_executed
 
 # Taken once, when the trusted harness imports this module and before any candidate code runs:
-# candidate code imported later may rebind these names (torch.profiler.profile = Fake), and
-# the recorder keeps using the originals. This does not protect against patching attributes
-# *inside* these objects (a method of the profile class, torch._C); the static MONKEYPATCH rule
-# and the candidate's confinement are what stop that.
+# candidate code imported later may rebind these names (torch.profiler.profile = Fake) or patch the
+# profiler's Python classes, so the recording is stopped and read through torch's C functions only
+# (`_disable_profiler`, and the C methods of the events it returns).
 _PROFILE = torch.profiler.profile
 _CUDA_ACTIVITY = torch.profiler.ProfilerActivity.CUDA
 _CUDA_DEVICE = torch.autograd.DeviceType.CUDA
 _cuda_available = torch.cuda.is_available
-_synchronize = torch.cuda.synchronize
+_disable_profiler = torch.autograd.profiler._disable_profiler
+_cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU builds
 
 KINDS = ("kernel", "memcpy", "memset")
 DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "")
@@ -65,34 +65,13 @@ class DeviceActivity:
     kind: str        # "kernel" | "memcpy" | "memset"
     direction: str = ""   # memcpy only: "HtoD" | "DtoH" | "DtoD" | "HtoH" | "" (unknown)
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "direction": self.direction}
-
     @classmethod
-    def from_json(cls, data: object) -> "DeviceActivity":
-        """Parse one entry of a candidate's report; raises ValueError on anything malformed.
-
-        The report comes from an untrusted process, so nothing is coerced: exact keys, exact
-        types, bounded names, and the kind and direction the name itself implies.
-        """
-        if not isinstance(data, dict):
-            raise ValueError(f"a device activity is a JSON object, not {type(data).__name__}")
-        unknown = set(data) - {"name", "kind", "direction"}
-        if unknown:
-            raise ValueError(f"a device activity has {len(unknown)} unknown key(s)")
-        name, kind, direction = data.get("name"), data.get("kind"), data.get("direction", "")
+    def from_report(cls, name: object) -> "DeviceActivity":
+        """One entry of a candidate's report: the profiler's name of a device event, classified here,
+        on the trusted side. Raises ValueError on anything but a name of bounded length."""
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
-            raise ValueError(f"a device activity name is a string of 1 to {MAX_NAME_CHARS} characters")
-        if not isinstance(kind, str) or kind not in KINDS:
-            raise ValueError(f"device activity kind must be one of {KINDS}")
-        if not isinstance(direction, str) or direction not in DIRECTIONS:
-            raise ValueError(f"memcpy direction must be one of {DIRECTIONS}")
-        activity = cls(name, kind, direction)
-        # The kind and direction follow from the name; a report that disagrees (a cuBLAS kernel
-        # sent as a "memset", a DtoH copy sent as "HtoD") was not made by the recorder.
-        if activity != activity_from_profiler_name(name):
-            raise ValueError("a device activity's kind or direction does not match its name")
-        return activity
+            raise ValueError(f"a device activity is a name of 1 to {MAX_NAME_CHARS} characters")
+        return activity_from_profiler_name(name)
 
 
 # kineto labels copies "Memcpy HtoD (Pageable -> Device)" and memsets "Memset (Device)" (CUPTI's
@@ -140,16 +119,20 @@ def activities_from_profiler_names(names: Iterable[str]) -> list[DeviceActivity]
 class ActivityRecorder:
     """Records every GPU activity inside the block: `with ActivityRecorder() as rec: model(*x)`.
 
-    After a block that completes, `rec.activities` lists the kernels, copies and memsets the GPU
-    ran, in order (repeats included). The device is synchronised on entry and exit, so work
-    queued before the block stays out and work queued inside it is in. When the block raises,
-    the profiler is stopped and `activities` stays empty: the exception is the verdict.
+    After a block that completes, `rec.names` lists what the GPU ran (kernels, copies, memsets), in
+    order, repeats included, and `rec.activities` classifies them. The device is synchronised on
+    entry and exit, so work queued before the block stays out and work queued inside it is in. When
+    the block raises, recording stops and both stay empty: the exception is the verdict.
     CUDA only; entering it without CUDA raises RuntimeError.
     """
 
     def __init__(self) -> None:
-        self.activities: list[DeviceActivity] = []
+        self.names: list[str] = []
         self._profiler = None
+
+    @property
+    def activities(self) -> list[DeviceActivity]:
+        return activities_from_profiler_names(self.names)
 
     def __enter__(self) -> "ActivityRecorder":
         if not _cuda_available():
@@ -157,24 +140,23 @@ class ActivityRecorder:
                                "profiler, and this machine has no CUDA device")
         if self._profiler is not None:
             raise RuntimeError("this ActivityRecorder is already recording")
-        self.activities = []
-        _synchronize()
+        self.names = []
+        _cuda_synchronize()
         self._profiler = _PROFILE(activities=[_CUDA_ACTIVITY])
         self._profiler.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        profiler, self._profiler = self._profiler, None
+        """Stops through C functions only: the profiler's Python side may have been patched since."""
+        self._profiler = None
         try:
             if exc_type is None:
-                _synchronize()  # kernels still queued would otherwise miss the record
+                _cuda_synchronize()  # kernels still queued would otherwise miss the record
         finally:
-            profiler.__exit__(exc_type, exc, tb)
+            result = _disable_profiler()
         if exc_type is None:
-            names = [event.name for event in profiler.events() if event.device_type == _CUDA_DEVICE]
-            self.activities = activities_from_profiler_names(names)
+            self.names = [event.name() for event in result.events() if event.device_type() == _CUDA_DEVICE]
         return False
-
 
 # ---------------------------------------------------------------------------------------------
 # Which kernels a candidate may run

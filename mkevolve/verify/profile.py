@@ -10,7 +10,6 @@ from __future__ import annotations
 import secrets
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ import torch
 
 from mkevolve.problem import load_problem
 from mkevolve.verify import harness
-from mkevolve.verify.candidate_run import candidate_triton_cache, read_signed_report, start_candidate
+from mkevolve.verify.candidate_run import (candidate_triton_cache, read_signed_report, scratch_folder,
+                                          start_candidate)
 from mkevolve.verify.reference import cache_root, reference_set
 from mkevolve.verify.result import Rejected
 from mkevolve.workers.gpu_share import gpu_alone
@@ -56,7 +56,7 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0, eva
         triton_cache="",
         configs=[harness.ConfigRun(str(reference.init_file),
                                    [harness.Call(str(reference.inputs_file(_INPUT_SET)))] * runs)])
-    with tempfile.TemporaryDirectory(prefix="mkevolve-profile-") as scratch:
+    with scratch_folder("mkevolve-profile-") as scratch:
         request.scratch, request.triton_cache = scratch, str(candidate_triton_cache(Path(scratch)))
         try:
             start_candidate("mkevolve.verify.profile:profile_in_candidate", request, Path(scratch), timeout_s)

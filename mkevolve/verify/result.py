@@ -40,6 +40,8 @@ class EvalResult:
     # The worst |out - ref| / (atol + rtol*|ref|) over every output and trial: what the verdict used.
     # Below 1 passes; unlike max_rel_err it does not explode where the reference is near zero.
     tolerance_used: float | None = None
+    atol: float | None = None        # the tolerance the outputs were compared with
+    rtol: float | None = None
     failed_trial: int | None = None  # first trial (0-based) whose outputs did not match
     trials: int = 0
     launches: int | None = None      # Triton launches seen during one forward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -87,10 +88,19 @@ def baseline_key(problem_source: str, shapes: list, eval_mode: bool) -> str:
 
 
 def cached_baseline(cache_dir: Path, key: str, measure: Callable[[], Timing]) -> Timing:
-    """torch.compile's time for this (problem, shapes, GPU, versions), measured once."""
+    """torch.compile's time for this (problem, shapes, GPU, versions), measured once.
+
+    Once even when several workers or runs ask at the same moment: the first takes the key's lock file
+    and measures, the others wait for it and read its result (a torch.compile of a KernelBench model
+    takes 10 to 30 s of CPU and GPU that every duplicate would spend again)."""
     path = Path(cache_dir) / f"{key}.json"
     if path.exists():
         return Timing(**json.loads(path.read_text()))
-    timing = measure()
-    write_atomic(path, json.dumps(timing.__dict__))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if path.exists():
+            return Timing(**json.loads(path.read_text()))
+        timing = measure()
+        write_atomic(path, json.dumps(timing.__dict__))
     return timing

@@ -17,7 +17,7 @@ from mkevolve.problem import ProblemError, read_source
 from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER
 from mkevolve.verify.cheating import Rule, headline, static_violations
 from mkevolve.verify.decomposition import top_level_violations
-from mkevolve.verify.correctness import ATOL, KernelEvalRequest
+from mkevolve.verify.correctness import KernelEvalRequest, tolerance_text
 from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.workers.pool import Job, JobOutcome
@@ -79,8 +79,7 @@ class Verifier:
         for slot, outcome in zip(slots, self.run_jobs(jobs)):
             results[slot] = _to_result(outcome)
         for (problem_path, solution_path), result in zip(pairs, results):
-            self.events.emit("verdict", problem=str(problem_path), solution=str(solution_path),
-                             status=result.status.value, reason=result.reason, speedup=result.speedup)
+            self._emit_verdict(problem_path, solution_path, result)
         return results
 
     def check_composite(self, problem_path: Path, folder: Path, pytorch: frozenset[str] = frozenset(),
@@ -109,9 +108,16 @@ class Verifier:
         code = [str(top.resolve())] + [str(p.resolve()) for p in sorted((folder / KERNELS_DIR).glob("*.py"))]
         job = self._kernel_job(problem_path, top, timed, trusted, code)
         result = _to_result(self.run_jobs([job])[0])
-        self.events.emit("verdict", problem=str(problem_path), solution=str(top), composite=True,
-                         status=result.status.value, reason=result.reason, speedup=result.speedup)
+        self._emit_verdict(problem_path, top, result, composite=True)
         return result
+
+    def _emit_verdict(self, problem_path: Path, solution_path: Path, result: EvalResult, **extra) -> None:
+        """One event per verdict, with the evaluation's profile: seconds per phase (worker start, load,
+        reference, candidate.*, judge, baseline) and the wall time the job took, queueing included."""
+        self.events.emit("verdict", problem=str(problem_path), solution=str(solution_path),
+                         status=result.status.value, reason=result.reason, speedup=result.speedup,
+                         wall_s=round(result.wall_s, 3),
+                         phases={name: round(seconds, 3) for name, seconds in result.phases.items()}, **extra)
 
     def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]:
         if not jobs:
@@ -128,6 +134,7 @@ class Verifier:
             timed=timed, trusted_files=tuple(trusted_files or ()), code_files=tuple(code_files or ()),
             baseline_cache_dir=str(self.baseline_cache_dir) if self.baseline_cache_dir else None,
             timeout_s=self.config.timeout, memory_limit_gb=self.config.memory_limit_gb,
+            atol=self.config.atol, rtol=self.config.rtol,
         )
         # The candidate process gets the configured limit; the trusted worker around it, room for the
         # references and the baseline on top.
@@ -262,7 +269,8 @@ def error_line(result: EvalResult) -> str:
         return f"abs {result.max_abs_err:.3g}"
     percent = 100 * result.tolerance_used
     shown = f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"  # two digits even for a tiny share
-    return f"{shown} of the tolerance (atol=rtol={ATOL:g}; max abs error {result.max_abs_err:.3g})"
+    tolerance = tolerance_text(result.atol, result.rtol) if result.atol is not None else "tolerance"
+    return f"{shown} of the tolerance ({tolerance}; max abs error {result.max_abs_err:.3g})"
 
 
 def _print_result(result: EvalResult, seconds: float) -> None:

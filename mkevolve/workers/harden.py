@@ -210,6 +210,17 @@ def confine(c: Confinement) -> Callable[[], list[str]]:
     return lambda: list(denials)
 
 
+def own_builtins(namespace: dict) -> None:
+    """Give a module its own references to the builtins (`isinstance`, `open`, `len`, ...).
+
+    A function finds a name in its module's globals before `builtins`, so candidate code that later
+    replaces `builtins.isinstance` does not reach the code of a module that called this at import.
+    Names the module defines itself are kept."""
+    for name, value in vars(builtins).items():
+        if not name.startswith("_"):
+            namespace.setdefault(name, value)
+
+
 def _places(c: Confinement) -> types.SimpleNamespace:
     """Every root and tool the policy needs, resolved once. (A SimpleNamespace: its type is built in,
     so candidate code cannot put a property on it.)"""

@@ -9,27 +9,41 @@ tensors as {"t": "tensor", "dtype", "shape", "offset", "nbytes"} pointing into t
 Every field is checked before a byte is trusted, so a file from a candidate process can be wrong but
 cannot run code or make the reader allocate more than the file holds.
 
+The writing side runs in a candidate process after its code was imported, so it calls only what it
+bound at import: torch's C tensor methods (with Python overrides off), OpenSSL's hashes, the C JSON
+encoder, and its own copies of the builtins (see verify/harness.py for why).
+
+The writer pads the header and every tensor to 64 bytes, so the reader makes tensors that point into
+the one buffer it read the file into: a KernelBench output of 32 MB is copied once from the page cache,
+then once to the GPU.
+
 A candidate's report is JSON signed with an HMAC key the candidate's code never sees: a report that
 code forged on its own does not verify.
 """
 
 from __future__ import annotations
 
-import hashlib
+import _hashlib
+import _json
 import hmac
 import json
 import math
+import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from mkevolve.workers.harden import own_builtins
 
 MAGIC = b"MKV1"
 _LENGTH = struct.Struct("!I")
 MAX_HEADER_BYTES = 4 << 20
 MAX_REPORT_BYTES = 16 << 20
 _MAX_DEPTH = 8
+_ALIGN = 64  # bytes; the data section and every tensor start on this boundary
 
 # dtype names on the wire: torch's own, limited to those a KernelBench-style model passes around.
 DTYPES = {name: getattr(torch, name) for name in (
@@ -37,6 +51,27 @@ DTYPES = {name: getattr(torch, name) for name in (
     "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
 ) if hasattr(torch, name)}
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+# Bound at import, before any candidate code runs (see the module docstring).
+_Tensor, _TensorBase, _UINT8 = torch.Tensor, torch._C.TensorBase, torch.uint8
+_dtype_of, _shape_of = _TensorBase.__dict__["dtype"].__get__, _TensorBase.__dict__["shape"].__get__
+_numel, _element_size = _TensorBase.numel, _TensorBase.element_size
+_detach, _contiguous, _cpu, _view, _reshape, _numpy = (_TensorBase.detach, _TensorBase.contiguous, _TensorBase.cpu,
+                                                       _TensorBase.view, _TensorBase.reshape, _TensorBase.numpy)
+_no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
+_sha256, _hmac_digest, _compare_digest = _hashlib.openssl_sha256, _hashlib.hmac_digest, hmac.compare_digest
+
+
+def _unencodable(value: Any) -> Any:
+    raise WireError("only JSON values can be written")  # never names the value: its methods are foreign
+
+
+_encode_json = _json.make_encoder(None, _unencodable, _json.encode_basestring_ascii, None, ":", ",",
+                                  True, False, True)  # sorted keys, compact, NaN allowed: one canonical form
+
+
+def _dumps(value: Any) -> bytes:
+    return "".join(_encode_json(value, 0)).encode()
 
 
 class WireError(ValueError):
@@ -46,64 +81,103 @@ class WireError(ValueError):
 # ---- value files --------------------------------------------------------------------------------------
 
 
-def write_values(path: Path, values: Any) -> str:
+def write_values(path: str | Path, values: Any) -> str:
     """Write a value tree (tensors are copied to the host); returns the file's sha256."""
-    tensors: list[torch.Tensor] = []
+    tensors: list = []
     header = {"value": _describe(values, tensors, [0])}
-    blob = json.dumps(header, allow_nan=True).encode()
-    digest = hashlib.sha256()
+    blob = _dumps(header)
+    blob += b" " * (-(8 + len(blob)) % _ALIGN)  # JSON allows trailing spaces; the data starts aligned
+    digest = _sha256()
     with open(path, "wb") as out:
         for chunk in (MAGIC, _LENGTH.pack(len(blob)), blob):
             out.write(chunk)
             digest.update(chunk)
         for tensor in tensors:
-            data = tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().data
-            out.write(data)
-            digest.update(data)
+            with _no_torch_function(), _no_torch_dispatch():
+                host = _cpu(_contiguous(_detach(tensor)))
+                data = _numpy(_reshape(_view(host, _UINT8), (-1,))).data
+            padding = b"\0" * (-len(data) % _ALIGN)
+            for chunk in (data, padding):
+                out.write(chunk)
+                digest.update(chunk)
     return digest.hexdigest()
 
 
-def _describe(value: Any, tensors: list[torch.Tensor], offset: list[int]) -> dict:
-    if isinstance(value, torch.Tensor):
-        if value.dtype not in _DTYPE_NAMES:
-            raise WireError(f"tensor dtype {value.dtype} cannot be sent")
-        nbytes = value.numel() * value.element_size()
-        spec = {"t": "tensor", "dtype": _DTYPE_NAMES[value.dtype], "shape": list(value.shape),
+def _describe(value: Any, tensors: list, offset: list[int]) -> dict:
+    """The header entry of one value; exact types only (a subclass's methods are foreign code)."""
+    kind = type(value)
+    if kind is _Tensor:
+        dtype = _dtype_of(value)
+        if dtype not in _DTYPE_NAMES:
+            raise WireError(f"tensor dtype {dtype} cannot be sent")
+        nbytes = _numel(value) * _element_size(value)
+        spec = {"t": "tensor", "dtype": _DTYPE_NAMES[dtype], "shape": list(_shape_of(value)),
                 "offset": offset[0], "nbytes": nbytes}
         tensors.append(value)
-        offset[0] += nbytes
+        offset[0] += nbytes + (-nbytes % _ALIGN)
         return spec
-    if isinstance(value, (list, tuple)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        return {"t": kind, "items": [_describe(v, tensors, offset) for v in value]}
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if kind is list or kind is tuple:
+        return {"t": "list" if kind is list else "tuple", "items": [_describe(v, tensors, offset) for v in value]}
+    if value is None or kind in (bool, int, float, str):
         return {"t": "scalar", "v": value}
-    if isinstance(value, torch.dtype) and value in _DTYPE_NAMES:
+    if kind is torch.dtype and value in _DTYPE_NAMES:
         return {"t": "dtype", "v": _DTYPE_NAMES[value]}
-    raise WireError(f"a {type(value).__name__} cannot be sent; only tensors, scalars, strings, None, "
-                    "dtypes and lists or tuples of them")
+    raise WireError("only plain tensors, scalars, strings, None, dtypes and lists or tuples of them can "
+                    "be sent")
 
 
 def read_values(path: Path, device: str | torch.device = "cpu") -> Any:
-    """Read a value file written by `write_values`, checking every field; tensors land on `device`."""
+    """Read a value file written by `write_values`, checking every field; tensors land on `device`.
+
+    On the "meta" device only the header is read: the value's structure, shapes and dtypes, no data."""
     path = Path(path)
-    data = path.read_bytes()
+    if torch.device(device).type == "meta":
+        with open(path, "rb") as stream:
+            head = stream.read(8 + MAX_HEADER_BYTES)
+        return parse_values(head, device, path.name, file_size=path.stat().st_size)
+    return parse_values(read_file(path), device, path.name)
+
+
+def read_file(path: Path) -> bytearray:
+    """The whole file in one writable buffer (tensors are made over it without a further copy)."""
+    with open(path, "rb") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        data = bytearray(size)
+        if stream.readinto(data) != size:
+            raise WireError(f"{Path(path).name}: changed while it was read")
+    return data
+
+
+def parse_values(data: bytearray | bytes, device: str | torch.device, name: str,
+                 file_size: int | None = None) -> Any:
+    """The value tree in `data` (a value file's bytes; only its head when `device` is "meta", with
+    the whole file's size in `file_size`)."""
     if data[:4] != MAGIC or len(data) < 8:
-        raise WireError(f"{path.name}: not a value file")
+        raise WireError(f"{name}: not a value file")
     (length,) = _LENGTH.unpack(data[4:8])
-    if length > MAX_HEADER_BYTES or 8 + length > len(data):
-        raise WireError(f"{path.name}: header length {length} does not fit the file")
+    size = len(data) if file_size is None else file_size
+    if length > MAX_HEADER_BYTES or 8 + length > min(size, len(data)):
+        raise WireError(f"{name}: header length {length} does not fit the file")
     try:
-        header = json.loads(data[8:8 + length])
+        header = json.loads(bytes(data[8:8 + length]))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WireError(f"{path.name}: header is not JSON ({err})") from None
+        raise WireError(f"{name}: header is not JSON ({err})") from None
     if not isinstance(header, dict) or "value" not in header:
-        raise WireError(f"{path.name}: header has no value")
-    body = memoryview(data)[8 + length:]
-    return _rebuild(header["value"], body, torch.device(device), 0, path.name)
+        raise WireError(f"{name}: header has no value")
+    body = _Body(data, 8 + length, size - 8 - length)
+    return _rebuild(header["value"], body, torch.device(device), 0, name)
 
 
-def _rebuild(spec: Any, body: memoryview, device: torch.device, depth: int, where: str) -> Any:
+@dataclass(frozen=True)
+class _Body:
+    """The data section: where it starts in the buffer, and how many bytes the file holds there."""
+
+    data: bytearray | bytes
+    start: int
+    size: int
+
+
+def _rebuild(spec: Any, body: _Body, device: torch.device, depth: int, where: str) -> Any:
     if depth > _MAX_DEPTH or not isinstance(spec, dict):
         raise WireError(f"{where}: malformed value description")
     kind = spec.get("t")
@@ -125,7 +199,7 @@ def _rebuild(spec: Any, body: memoryview, device: torch.device, depth: int, wher
     raise WireError(f"{where}: unknown value kind {kind!r}")
 
 
-def _tensor(spec: dict, body: memoryview, device: torch.device, where: str) -> torch.Tensor:
+def _tensor(spec: dict, body: _Body, device: torch.device, where: str) -> torch.Tensor:
     dtype = DTYPES.get(spec.get("dtype"))
     shape, offset, nbytes = spec.get("shape"), spec.get("offset"), spec.get("nbytes")
     if dtype is None:
@@ -135,32 +209,28 @@ def _tensor(spec: dict, body: memoryview, device: torch.device, where: str) -> t
         raise WireError(f"{where}: bad shape {shape!r}")
     itemsize = torch.empty((), dtype=dtype).element_size()
     if not (isinstance(offset, int) and isinstance(nbytes, int) and offset >= 0
-            and nbytes == math.prod(shape) * itemsize and offset + nbytes <= len(body)):
+            and nbytes == math.prod(shape) * itemsize and offset + nbytes <= body.size):
         raise WireError(f"{where}: tensor bytes [{offset}, +{nbytes}) do not match its shape or the file")
-    if nbytes == 0:
+    if nbytes == 0 or device.type == "meta":
         return torch.empty(shape, dtype=dtype, device=device)
-    raw = torch.frombuffer(bytearray(body[offset:offset + nbytes]), dtype=torch.uint8)
+    start = body.start + offset
+    if isinstance(body.data, bytearray) and start % itemsize == 0:
+        raw = torch.frombuffer(body.data, dtype=torch.uint8, count=nbytes, offset=start)
+    else:  # read-only bytes, or a file from a writer that did not align: one more copy
+        raw = torch.frombuffer(bytearray(body.data[start:start + nbytes]), dtype=torch.uint8)
     return raw.view(dtype).reshape(shape).to(device)
 
 
 def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return _sha256(read_file(path)).hexdigest()
 
 
 # ---- signed reports -------------------------------------------------------------------------------------
 
 
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
-
-
 def sign_report(body: dict, key: bytes) -> bytes:
-    mac = hmac.new(key, _canonical(body), hashlib.sha256).hexdigest()
-    return json.dumps({"body": body, "mac": mac}, allow_nan=True).encode()
+    mac = _hmac_digest(key, _dumps(body), "sha256").hex()
+    return _dumps({"body": body, "mac": mac})
 
 
 def verify_report(data: bytes, key: bytes) -> dict:
@@ -173,7 +243,10 @@ def verify_report(data: bytes, key: bytes) -> dict:
         raise WireError("the report is not JSON") from None
     if not isinstance(envelope, dict) or not isinstance(envelope.get("body"), dict):
         raise WireError("the report has no body")
-    expected = hmac.new(key, _canonical(envelope["body"]), hashlib.sha256).hexdigest()
-    if not isinstance(envelope.get("mac"), str) or not hmac.compare_digest(expected, envelope["mac"]):
+    expected = _hmac_digest(key, _dumps(envelope["body"]), "sha256").hex()
+    if not isinstance(envelope.get("mac"), str) or not _compare_digest(expected, envelope["mac"]):
         raise WireError("the report's signature does not verify")
     return envelope["body"]
+
+
+own_builtins(globals())
