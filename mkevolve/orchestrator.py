@@ -26,13 +26,13 @@ from mkevolve.search.beam import Beam
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
                                pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
-from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
 from mkevolve.workers.pool import Job
 
 BEST = "best"
 STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
 # What verify/candidate_run.py says when the candidate process never started: the composite did not run.
-NOT_STARTED = "the candidate process could not be run"
+NOT_STARTED = CANDIDATE_NOT_STARTED
 
 
 @dataclass

@@ -30,6 +30,7 @@ from mkevolve.evaluate import amdahl_contribution
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
 from mkevolve.orchestrator import BEST, iteration_dir
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED
 from mkevolve.problem import ProblemError
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, sha256_of
@@ -307,7 +308,7 @@ def _measured(events: list[dict], history: list[IterationRecord]) -> bool:
 # ---- end to end: did the check run? --------------------------------------------------------------------
 
 _COMPOSITE = re.compile(r"iter_(\d+)[/\\]" + re.escape(SOLUTION_FILE) + r"$")
-_NOT_STARTED = "the candidate process could not be run"
+_NOT_STARTED = CANDIDATE_NOT_STARTED
 _NOT_COMPOSED = "no accepted kernel yet for"        # what runs before guarded completion recorded instead of a check
 _STATIC = re.compile(rf"^(subkernel \w+|{re.escape(SOLUTION_FILE)}): ")
 

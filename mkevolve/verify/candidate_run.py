@@ -24,7 +24,7 @@ from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigR
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
 from mkevolve.verify.reference import ReferenceSet
-from mkevolve.verify.result import Rejected, Status
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
 from mkevolve.workers import gpu_share, harden, wire
 from mkevolve.workers.pool import log_tail
@@ -245,7 +245,7 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
         if _zygote is not None:
             _zygote.close()
         _zygote = None
-        raise Rejected(Status.CRASHED, f"the candidate process could not be run: {err}") from None
+        raise Rejected(Status.CRASHED, f"{CANDIDATE_NOT_STARTED}: {err}") from None
 
 
 def scratch_folder(prefix: str) -> tempfile.TemporaryDirectory:

@@ -29,6 +29,11 @@ class Timing:
     runs: int
 
 
+# The reason's opening words when the verifier could not start a candidate process at all: the check did
+# not run. Readers of verdicts (the run's summary, the report) match on it.
+CANDIDATE_NOT_STARTED = "the candidate process could not be run"
+
+
 @dataclass
 class EvalResult:
     status: Status
