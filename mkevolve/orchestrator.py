@@ -19,7 +19,7 @@ from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml
 from mkevolve.display import RunDisplay, RunView, SubproblemRow, final_table
 from mkevolve.events import EventLog
 from mkevolve.fsutil import write_atomic
-from mkevolve.llm.providers import ProviderError
+from mkevolve.llm.providers import ProviderError, make_provider
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.search.beam import Beam
@@ -594,6 +594,7 @@ def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
     config = config_from_args(args)
     problem_path = Path(args.problem)
     load_problem(problem_path)
+    make_provider(config.model, config.api_base).check()  # a missing API key or replay file: nothing made yet
     run_dir = new_run_dir(config.out, problem_path)
     write_atomic(run_dir / "config.yaml", config.to_yaml())
     state = RunState(problem=str(problem_path.resolve()), run_id=run_dir.name)

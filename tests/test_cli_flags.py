@@ -258,3 +258,14 @@ def test_executor_ray_on_resume_changes_nothing(tmp_path, capsys, no_ray, resume
     assert main(["run", "--resume", str(run_dir), "--executor", "ray"]) == 2
     assert "needs Ray" in capsys.readouterr().err
     assert (run_dir / "config.yaml").read_text() == before and not resumed
+
+
+def test_a_model_that_cannot_work_stops_run_before_it_makes_a_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("MKEVOLVE_API_KEY", raising=False)
+    out = tmp_path / "outputs"
+    for model in ("openai/gpt-4o", f"replay:{tmp_path / 'missing.yaml'}"):
+        assert main(["run", str(PROBLEM), "--model", model, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("mkevolve run: error: ")
+    assert not out.exists()
