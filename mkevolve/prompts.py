@@ -44,7 +44,26 @@ def environment() -> jinja2.Environment:
     # The default tolerance, from the one place the verifier takes it too (a looser --atol/--rtol
     # is the user's choice; the prompts keep asking for the strict one).
     env.globals["tolerance"] = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # "1e-4"
+    # A model that knows the versions writes their API (`input_precision=` rather than `allow_tf32=`).
+    env.globals["versions"] = _versions()
+    env.filters["excerpt"] = excerpt
     return env
+
+
+def _versions() -> str:
+    import torch
+    import triton
+
+    cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ""
+    return f"Triton {triton.__version__}, PyTorch {torch.__version__}{cuda}"
+
+
+def excerpt(code: str, line: int, context: int = 3) -> str:
+    """The lines around `line` of `code`, numbered, the line itself marked: where a verdict points."""
+    lines = code.splitlines()
+    first, last = max(1, line - context), min(len(lines), line + context)
+    width = len(str(last))
+    return "\n".join(f"{'>' if n == line else ' '} {n:>{width}} | {lines[n - 1]}" for n in range(first, last + 1))
 
 
 def render(template_name: str, **variables) -> str:

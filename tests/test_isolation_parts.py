@@ -346,3 +346,22 @@ def test_concurrent_baselines_measure_once(tmp_path):
     outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outputs == ["2.0"] * 4
     assert (tmp_path / "measured").read_text() == "x"
+
+
+def test_a_triton_compile_error_points_at_the_kernel_line(tmp_path):
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from mkevolve.verify import harness
+
+    solution = tmp_path / "solution.py"
+    solution.write_text("import triton\n\n\n@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+                        "    offs = tl.arange(0, BLOCK)\n    y = tl.load(x_ptr + offs) @ 3\n")
+    src = "def k(x_ptr, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    y = tl.load(x_ptr + offs) @ 3\n"
+    node = ast.parse("y").body[0]
+    node.lineno = 3  # Triton counts from the kernel's def
+    err = CompilationError(src, node, "ValueError('matmul needs 2-D operands')")
+    message, line = harness._kernel_compile_error(err, str(solution))
+    assert line == 7 and "`y = tl.load(x_ptr + offs) @ 3`" in message and "matmul needs 2-D" in message
+    assert harness._kernel_compile_error(ValueError("plain"), str(solution)) is None

@@ -463,3 +463,16 @@ def test_replay_can_play_a_provider_that_answers_nothing(tmp_path, fail, failure
         client.complete(LLMRequest("generate", "p"))
     assert info.value.failure is failure and info.value.provider.startswith("replay:")
     assert client.provider.remaining == 1 and client.provider_calls == 1
+
+
+def test_a_debug_prompt_quotes_the_line_the_verdict_points_at_and_states_the_versions():
+    import triton
+
+    from mkevolve.verify.result import EvalResult, Status
+
+    code = "\n".join(f"line_{n} = {n}" for n in range(1, 21))
+    verdict = EvalResult(status=Status.COMPILE_ERROR, reason="CompilationError at line 12", line=12)
+    prompt = render("debug.j2", subproblem="s", problem_source="x = 1", shapes=[], device="cpu", on_gpu=False,
+                    code=code, verdict=verdict)
+    assert "> 12 | line_12 = 12" in prompt and "   9 | line_9 = 9" in prompt and "8 | line_8" not in prompt
+    assert f"Triton {triton.__version__}" in prompt

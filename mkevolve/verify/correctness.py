@@ -230,7 +230,9 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
     diff = (ref64 - out64).abs()
     finite = torch.isfinite(diff)
     if not finite.all() and not torch.equal(ref64.isnan(), out64.isnan()):
-        return f"{label} has NaN/inf where the reference does not"
+        first = _position(int((out64.isnan() != ref64.isnan()).flatten().int().argmax()), ref.shape)
+        return (f"{label} has NaN/inf where the reference does not (first at index {first}); often a load "
+                "past the end of a tensor without a mask, or part of a torch.empty output the grid never wrote")
     diff = torch.where(finite, diff, torch.zeros_like(diff))
     rel = diff / ref64.abs().clamp_min(1e-12)
     errors.max_abs = max(errors.max_abs, float(diff.max()) if diff.numel() else 0.0)
@@ -238,9 +240,17 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
     errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff, errors.atol, errors.rtol))
     if torch.allclose(out, ref, atol=errors.atol, rtol=errors.rtol, equal_nan=True):
         return ""
-    worst = int(diff.argmax())
+    worst = _position(int(diff.argmax()), ref.shape)
     return (f"{label} mismatch: max abs error {float(diff.max()):.3g}, max rel error "
-            f"{float(rel.max()):.3g} ({tolerance_text(errors.atol, errors.rtol)}); worst at flat index {worst}")
+            f"{float(rel.max()):.3g} ({tolerance_text(errors.atol, errors.rtol)}); worst at index {worst} "
+            f"(expected {float(ref64.flatten()[diff.argmax()]):.6g}, got {float(out64.flatten()[diff.argmax()]):.6g})")
+
+
+def _position(flat: int, shape: torch.Size) -> str:
+    """A flat index as a tensor position, "(0, 3, 17)": what a kernel author can map to program ids."""
+    if not shape:
+        return "()"
+    return "(" + ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(flat), shape)) + ")"
 
 
 def tolerance_text(atol: float, rtol: float) -> str:

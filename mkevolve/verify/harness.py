@@ -322,6 +322,9 @@ def _forward(model, args: list, guard: RuntimeGuard | None, clock: "_GpuClock | 
                 guard.__exit__(None, None, None)
     except Exception as err:
         kind = "compile" if _is_compile_error(err) else "runtime"
+        located = _kernel_compile_error(err, solution)
+        if located is not None:
+            raise CandidateFailure(kind, *located) from None
         raise CandidateFailure(kind, _describe(err), _solution_line(solution, err)) from None
 
 
@@ -443,6 +446,25 @@ def _solution_line(solution_path: str, err: BaseException) -> int | None:
     lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
              if str(Path(f.filename).resolve()) == target]
     return lines[-1] if lines else None
+
+
+def _kernel_compile_error(err: BaseException, solution_path: str) -> tuple[str, int | None] | None:
+    """Triton's compile error as the kernel author needs it: its own message (str(err) opens with the
+    source excerpt) and the solution's line it points at, where the traceback only reaches the launch in
+    forward. Triton counts lines from the kernel's `def`, whose text is the first line of `err.src`."""
+    src, lineno = getattr(err, "src", None), getattr(getattr(err, "node", None), "lineno", None)
+    if not isinstance(src, str) or not isinstance(lineno, int) or not src.strip():
+        return None
+    detail = getattr(err, "error_message", None)
+    detail = str(detail).strip().splitlines()[-1] if detail else "the kernel does not compile"
+    with open(solution_path, encoding="utf-8", errors="replace") as stream:
+        lines = stream.read().splitlines()
+    definition = src.strip().splitlines()[0].strip()
+    start = next((n for n, text in enumerate(lines, 1) if text.strip() == definition), None)
+    if start is None or not 0 < start + lineno - 1 <= len(lines):
+        return f"{type(err).__name__}: {detail} (line {lineno} of the kernel)"[:600], None
+    line = start + lineno - 1
+    return f"{type(err).__name__} at line {line} (`{lines[line - 1].strip()[:160]}`): {detail}"[:600], line
 
 
 def violation_from_json(data: dict) -> Violation:
