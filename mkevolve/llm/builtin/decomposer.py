@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import hashlib
 import inspect
 import itertools
@@ -28,6 +29,7 @@ import torch
 from torch import fx, nn
 
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, ProblemSkeleton, class_alias, safe_name, wrap_original
+from mkevolve.llm.builtin import expansions
 from mkevolve.problem import ProblemError, call_inputs, load_problem, make_inputs, read_source, seed_everything
 
 
@@ -115,13 +117,18 @@ class RawRecord:
     free_names: list[str]
     order: int
     draws_random: bool
+    local: str = ""   # its name inside the module that creates it ("bias" for "attn.bias")
+
+    def __post_init__(self):
+        self.local = self.local or self.name
 
 
 @dataclass
 class Construction:
     root_arguments: dict[str, Any]
     leaves: dict[str, LeafRecord]
-    raw_order: dict[str, tuple[int, bool]]
+    raw_order: dict[str, tuple[int, bool]]   # qualified name ("bias", "attn.bias") -> (order, draws)
+    module_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)  # user submodule path -> its init args
 
 
 def _record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, Construction]:
@@ -131,7 +138,7 @@ def _record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, C
     finished: list[tuple[nn.Module, Any, list, int, bool]] = []
     seen: set[int] = set()
     root_box: dict[str, Any] = {}
-    raw_events: dict[str, tuple[int, bool]] = {}
+    raw_events: dict[tuple[int, str], tuple[int, bool]] = {}
     last_state = [torch.random.get_rng_state()]
 
     def profile(frame, event, arg):
@@ -178,13 +185,15 @@ def _frame_arguments(frame) -> list[tuple[str, Any]]:
 
 def _note_raw(frame, root, raw_events, counter, last_state) -> None:
     locals_ = frame.f_locals
-    if root is None or locals_.get("self") is not root:
+    owner = locals_.get("self")
+    # The top module's and the user's own submodules' tensors; torch.nn layers are rebuilt by constructor.
+    if root is None or not isinstance(owner, nn.Module) or (owner is not root and _is_torch_layer(owner)):
         return
     name = locals_.get("name")
     value = locals_.get("value", locals_.get("tensor", locals_.get("param")))
-    if isinstance(name, str) and isinstance(value, torch.Tensor) and name not in raw_events:
+    if isinstance(name, str) and isinstance(value, torch.Tensor) and (id(owner), name) not in raw_events:
         state = torch.random.get_rng_state()
-        raw_events[name] = (next(counter), not torch.equal(state, last_state[0]))
+        raw_events[(id(owner), name)] = (next(counter), not torch.equal(state, last_state[0]))
         last_state[0] = state
 
 
@@ -197,19 +206,40 @@ def layer_paths(model: nn.Module) -> set[str]:
 def _construction(model: nn.Module, finished, raw_events) -> Construction:
     paths = {id(m): p for p, m in model.named_modules()}
     layers = layer_paths(model)
-    leaves, root_arguments = {}, {}
+    leaves, root_arguments, module_arguments = {}, {}, {}
     for obj, code, arguments, order, draws in finished:
         path = paths.get(id(obj))
         if obj is model:
             root_arguments = dict(arguments)
             continue
+        if path is not None and not _is_torch_layer(obj):
+            module_arguments[path] = dict(arguments)
         if path not in layers:
             continue
-        function = _init_function(type(obj), code)
+        if isinstance(obj, nn.RNNBase):
+            recorded = _rnn_arguments(obj)
+        else:
+            recorded = _with_defaults(_init_function(type(obj), code), arguments)
         stateless = next(obj.parameters(), None) is None and next(obj.buffers(), None) is None
-        leaves[path] = LeafRecord(path, type(obj), _with_defaults(function, arguments), order, draws,
-                                  stateless and not draws)
-    return Construction(root_arguments, leaves, raw_events)
+        leaves[path] = LeafRecord(path, type(obj), recorded, order, draws, stateless and not draws)
+    raw_order = {}
+    for (owner, name), event in raw_events.items():
+        if owner in paths:
+            raw_order[f"{paths[owner]}.{name}" if paths[owner] else name] = event
+    return Construction(root_arguments, leaves, raw_order, module_arguments)
+
+
+def _rnn_arguments(layer: nn.RNNBase) -> list[tuple[str, Any, Any]]:
+    """nn.RNN/LSTM/GRU take (*args, **kwargs), so their frame says nothing by name; every setting is an
+    attribute of the built layer, and RNNBase's signature gives the defaults."""
+    params = inspect.signature(nn.RNNBase.__init__).parameters
+    names = ["input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional"]
+    if isinstance(layer, nn.LSTM):
+        names.append("proj_size")
+    result = [(name, getattr(layer, name), params[name].default) for name in names]
+    if isinstance(layer, nn.RNN):
+        result.insert(3, ("nonlinearity", layer.nonlinearity, "tanh"))
+    return result
 
 
 def _init_function(cls: type, code):
@@ -246,9 +276,9 @@ class InitSource:
     module_globals: dict[str, Any]
 
     @classmethod
-    def of(cls, source: str, module_globals: dict[str, Any]) -> InitSource:
+    def of(cls, source: str, module_globals: dict[str, Any], class_name: str = "Model") -> InitSource:
         tree = ast.parse(source)
-        model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+        model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
         init = next((n for n in (model.body if model else []) if isinstance(n, ast.FunctionDef)
                      and n.name == "__init__"), None)
         if init is None:
@@ -520,7 +550,19 @@ class TracedModule:
 
 
 class _Tracer(fx.Tracer):
-    """torch.nn layers are leaves; the user's own modules are traced through."""
+    """torch.nn layers are leaves; the user's own modules are traced through, and so are the attention
+    layers, through the traceable rewrites in `expansions` (their own forwards have untraceable fast paths)."""
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        expand = expansions.EXPANSIONS.get(type(m))
+        if expand is None:
+            return super().call_module(m, forward, args, kwargs)
+        try:
+            return expand(m, *args, **kwargs)
+        except NotImplementedError:
+            # A variant the rewrite does not cover (a key padding mask): checked before it adds any node,
+            # so the layer stays one call, a whole-layer subproblem, as without the rewrite.
+            return super().call_module(m, forward, args, kwargs)
 
 
 _CACHE: OrderedDict[tuple, TracedModule | UnsupportedModule] = OrderedDict()
@@ -578,14 +620,14 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
     imports = tuple(ast.unparse(n) for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom)))
     constants = _constants(module_globals)
     import_names = _import_names(imports)
-    raws = _raw_records(units, construction, init_source, model, constants, import_names)
+    raws = _raw_records(units, construction, init_source, model, constants, import_names, source)
     links, follow_ups = _links(init_source, model, construction, constants, import_names)
     return TracedModule(
         problem_name=path.stem, source=source, skeleton=ProblemSkeleton.from_source(path.stem, source),
         graph_module=gm, values=values, units=units, shape_nodes=shape_nodes, construction=construction,
         raws=raws, imports=imports, output_spec=output_spec,
         placeholders=[n for n in gm.graph.nodes if n.op == "placeholder"], links=links, follow_ups=follow_ups,
-        tracer=tracer, constants=constants, sinkable=shape_nodes | _pure_views(units),
+        tracer=tracer, constants=constants, sinkable=shape_nodes | _pure_views(units, values),
         returned=_returned(gm), tensor_constants=tensor_constants)
 
 
@@ -594,7 +636,8 @@ def _graph(model: nn.Module, inputs: list) -> tuple[fx.GraphModule, str, Any]:
     # Tracing runs the user's forward on proxies; what it raises varies (TraceError, TypeError, guard errors),
     # and every failure means the same: try the next tracer, then give up with both reasons.
     try:
-        graph = _Tracer().trace(model)
+        with expansions.expanded_sdpa(), _attributes_kept(model):
+            graph = _Tracer().trace(model)
         return fx.GraphModule(model, graph), "fx", None
     except Exception as fx_error:  # noqa: BLE001
         try:
@@ -608,6 +651,27 @@ def _graph(model: nn.Module, inputs: list) -> tuple[fx.GraphModule, str, Any]:
             gm.graph.erase_node(node)
     gm.recompile()
     return gm, "export", exported.call_spec.out_spec
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: nn.Module):
+    """A forward that stores state (`self.hidden = ...`) would leave proxies in the model while it is traced;
+    put every module's plain attributes back afterwards. What the tracer itself adds (`_tensor_constant0`,
+    which the graph reads) stays."""
+    saved = [(m, dict(vars(m))) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, attributes in saved:
+            for name in [n for n, v in vars(module).items() if n not in attributes and isinstance(v, fx.Proxy)]:
+                delattr(module, name)
+            vars(module).update(attributes)
+
+
+def plain_tensor_attributes(model: nn.Module) -> set[str]:
+    """Tensors the top module holds as plain attributes (`self.hidden = torch.randn(...)`): state it
+    creates in __init__ like a buffer, rebuilt by the same statements."""
+    return {name for name, value in vars(model).items() if isinstance(value, torch.Tensor)}
 
 
 def _is_guard(node: fx.Node) -> bool:
@@ -659,6 +723,7 @@ def _tensor_constants(gm: fx.GraphModule, model: nn.Module) -> dict[str, torch.T
     """Tensors the tracer captured as constants (`torch.tensor(self.value)` in forward): the graph holds them,
     the original module does not."""
     owned = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    owned |= plain_tensor_attributes(model)
     found = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr" and node.target not in owned:
@@ -672,8 +737,12 @@ def _tensor_constants(gm: fx.GraphModule, model: nn.Module) -> dict[str, torch.T
     return found
 
 
-def _pure_views(units: list[Unit]) -> set[fx.Node]:
-    return {u.nodes[0] for u in units if len(u.nodes) == 1 and u.kind is Kind.VIEW and u.label in _PURE_VIEWS}
+def _pure_views(units: list[Unit], values: dict[fx.Node, ValueInfo]) -> set[fx.Node]:
+    # Picking an element out of a layer's tuple (an LSTM's (output, (h, c))) is not recomputed from its base:
+    # the tuple cannot cross between subproblems, the tensor picked out of it can.
+    views = {u.nodes[0] for u in units if len(u.nodes) == 1 and u.kind is Kind.VIEW and u.label in _PURE_VIEWS}
+    return {v for v in views if not any(a not in views and a in values and values[a].kind is not ValueKind.TENSOR
+                                        for a in v.all_input_nodes[:1])}
 
 
 def _returned(gm: fx.GraphModule) -> list[fx.Node]:
@@ -737,8 +806,18 @@ def _owner_key(target: str, model: nn.Module, leaves: dict[str, LeafRecord]) -> 
     parent = target.rpartition(".")[0]
     if parent == "":
         return f"raw:{target}"
-    if parent in leaves:
-        return f"leaf:{parent}"
+    # An expanded layer reads its children's parameters (MultiheadAttention's out_proj.weight): the owner
+    # is the outermost layer above them.
+    ancestor = parent
+    while ancestor:
+        if ancestor in leaves:
+            return f"leaf:{ancestor}"
+        ancestor = ancestor.rpartition(".")[0]
+    holder = model.get_submodule(parent)
+    # A tensor of the user's own submodule (a GraphModule keeps such submodules as plain nn.Module): rebuilt
+    # by the statements of that class's __init__.
+    if type(holder) is nn.Module or not _is_torch_layer(holder):
+        return f"raw:{target}"
     raise UnsupportedModule(f"'{target}' belongs to {type(model.get_submodule(parent)).__name__}, a module the "
                             "builtin decomposer cannot rebuild (only torch.nn layers and the top module's own "
                             "parameters)")
@@ -774,8 +853,9 @@ def _units(gm: fx.GraphModule, values, shape_nodes, model: nn.Module, tracer: st
 
 
 def _is_torch_layer(module: nn.Module) -> bool:
+    # An expanded transformer layer is traced through like a container: its children are the layers.
     return (type(module).__module__.startswith("torch.nn")
-            and not isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)))
+            and not isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict, *expansions.CONTAINERS)))
 
 
 def _export_layer(node: fx.Node, leaves: dict[str, LeafRecord]) -> str | None:
@@ -789,15 +869,20 @@ def _export_layer(node: fx.Node, leaves: dict[str, LeafRecord]) -> str | None:
 
 
 def _raw_records(units, construction: Construction, init_source: InitSource, model,
-                 constants: dict[str, Any], import_names: set[str]) -> dict[str, RawRecord]:
+                 constants: dict[str, Any], import_names: set[str], source: str) -> dict[str, RawRecord]:
     """The top module's own parameters and buffers that a subproblem must create: used ones, and unused
     ones whose creation draws random numbers (they shift every later weight)."""
     names = {key[4:] for unit in units for key in unit.owners if key.startswith("raw:")}
     names |= {name for name, (_, draws) in construction.raw_order.items()
-              if draws and (name in model._parameters or name in model._buffers)}
+              if draws and (name in model._parameters or name in model._buffers
+                            or name in plain_tensor_attributes(model))}
     raws = {}
     for name in sorted(names):
         order, draws = construction.raw_order.get(name, (-1, True))
+        if "." in name:
+            raws[name] = _nested_raw(name, construction, model, source, init_source.module_globals, constants,
+                                     import_names, order, draws)
+            continue
         statements, free = init_source.raw_statements(name)
         needed = []
         for free_name in free:
@@ -808,6 +893,42 @@ def _raw_records(units, construction: Construction, init_source: InitSource, mod
                                         "of Model nor a module-level constant")
         raws[name] = RawRecord(name, statements, needed, order, draws)
     return raws
+
+
+def _nested_raw(name: str, construction: Construction, model: nn.Module, source: str, module_globals,
+                constants: dict[str, Any], import_names: set[str], order: int, draws: bool) -> RawRecord:
+    """A parameter or buffer of a user-defined submodule (`attn.bias`): the statements of that class's
+    __init__ that create it, with the submodule's own constructor arguments written in as literals (the
+    subproblem has no such argument; the value is the one this instance received)."""
+    parent, _, local = name.rpartition(".")
+    cls = type(model.get_submodule(parent))
+    statements, free = InitSource.of(source, module_globals, cls.__name__).raw_statements(local)
+    arguments = construction.module_arguments.get(parent, {})
+    literals, needed = {}, []
+    for free_name in free:
+        if free_name in arguments:
+            literals[free_name] = _literal(arguments[free_name])
+        elif free_name in constants:
+            needed.append(free_name)
+        elif free_name not in import_names and not hasattr(builtins, free_name):
+            raise UnsupportedModule(f"{cls.__name__}.{local} is created from '{free_name}', which is neither an "
+                                    f"argument of {cls.__name__} nor a module-level constant")
+    statements = [_substitute_names(s, literals) for s in statements]
+    return RawRecord(name, statements, needed, order, draws, local)
+
+
+def _substitute_names(statement: str, literals: dict[str, str]) -> str:
+    """The statement with each named variable read replaced by its literal source."""
+    if not literals:
+        return statement
+
+    class Substitute(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name):
+            if isinstance(node.ctx, ast.Load) and node.id in literals:
+                return ast.parse(literals[node.id], mode="eval").body
+            return node
+
+    return ast.unparse(Substitute().visit(ast.parse(statement)))
 
 
 def _constants(module_globals: dict[str, Any]) -> dict[str, Any]:
@@ -923,8 +1044,21 @@ class Segmentation:
         made = self._made_before(cut)
         taken = [n for n in external_inputs(self.traced, later) if n in made]
         returned = [n for n in self.traced.returned if n in made]
-        return (all(values[n].kind is ValueKind.TENSOR and values[n].contiguous for n in taken)
+        return (all(values[n].kind is ValueKind.TENSOR and (values[n].contiguous or self.copied_out(n))
+                    for n in taken)
                 and all(values[n].kind is ValueKind.TENSOR for n in returned))
+
+    def copied_out(self, node: fx.Node) -> bool:
+        """A strided tensor that a layer itself made (an RNN's batch-first output, or a pointwise op over
+        it): the group that makes it returns a contiguous copy, which changes no value. A strided view
+        is not copied: its base crosses instead and the view is recomputed."""
+        unit = self.traced.units[self.unit_of[node]] if node in self.unit_of else None
+        if unit is None or node in self.traced.sinkable or node in self.traced.returned:
+            return False   # the forward's result is given back as it is made, strides included
+        if unit.kind is not Kind.VIEW:
+            return True
+        base = node.all_input_nodes[:1]
+        return bool(base) and self.traced.values[base[0]].kind is not ValueKind.TENSOR
 
     def has_work(self, group: range) -> bool:
         return any(self.traced.units[i].kind is not Kind.VIEW for i in group)
@@ -1166,7 +1300,10 @@ class CodeWriter:
         if not outputs:
             raise UnsupportedModule(f"units {group.start}-{group.stop - 1} compute nothing the rest of the forward uses")
         lines = [f"{names[n]} = {self._expression(n, names, owners)}" for n in ordered]
-        lines.append(f"return {', '.join(names[n] for n in outputs)}")
+        values = self.traced.values
+        returned = [names[n] + ("" if values[n].contiguous or n in self.traced.returned else ".contiguous()")
+                    for n in outputs]
+        lines.append(f"return {', '.join(returned)}")
         labels = [u.label for u in units if u.kind is not Kind.VIEW] or [units[0].label]
         return GroupCode(group, labels, lines, inputs, outputs, owners)
 
@@ -1376,8 +1513,8 @@ class CodeWriter:
     def _owner_lines(self, owner: OwnerCode, pattern: Pattern, attributes: dict[str, str]) -> list[str]:
         kind, _, name = owner.key.partition(":")
         if kind == "raw":
-            statements = self.traced.raws[name].statements
-            renamed = [_rename_self_attribute(s, name, owner.attribute) for s in statements]
+            raw = self.traced.raws[name]
+            renamed = [_rename_self_attribute(s, raw.local, owner.attribute) for s in raw.statements]
             return [line for s in renamed for line in s.splitlines()]
         leaf = self.traced.construction.leaves[name]
         by_argument = {(a, n): p for p, a, n in pattern.params}

@@ -1,7 +1,8 @@
 """Offline, deterministic Triton generation for one KernelBench-form subproblem: no LLM, template kernels.
 
 generate_kernel traces the subproblem's Model, fuses its ops into kernels (elementwise chains; GEMMs,
-convolutions and pooling with their elementwise epilogue; row reductions with prologue and epilogue)
+convolutions and pooling with their elementwise epilogue; row reductions with prologue and epilogue;
+attention, softmax or ReLU weights, as one flash-style kernel; torch.cat; embedding/index_select gathers)
 and returns the source of a ModelNew file. Variant 0 is the safest tiling; later variants try others.
 """
 

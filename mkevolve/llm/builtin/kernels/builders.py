@@ -65,6 +65,7 @@ class Builder:
         self.program = program
         self.models = models
         self._params: dict[str, Param] = {}
+        self.softmax_inputs: dict[int, Value] = {}   # softmax over the last dim: result id -> its input
 
     @property
     def n_configs(self) -> int:

@@ -9,7 +9,9 @@ from pathlib import Path
 from mkevolve.problem import ProblemError, load_problem
 
 from .configs import Variant, variants_for
+from .emit_attention import emit_attention
 from .emit_common import KernelSource
+from .emit_concat import emit_concat, emit_gather
 from .emit_conv import conv_uses_dot, emit_conv
 from .emit_matmul import emit_matmul
 from .emit_pointwise import emit_pointwise
@@ -69,14 +71,15 @@ def analyse(problem_path: str | Path) -> Analysis:
 
 
 def uses_dot(kernel: KernelPlan) -> bool:
-    if kernel.kind == "matmul":
+    if kernel.kind in ("matmul", "attention"):
         return True
     return kernel.kind == "conv" and conv_uses_dot(kernel.anchor)
 
 
 def emit_kernel(kernel: KernelPlan, name: str, variant: Variant, plan_: Plan) -> KernelSource:
     emitters = {"pointwise": emit_pointwise, "matmul": emit_matmul, "rows": emit_rows, "conv": emit_conv,
-                "pool": emit_pool, "adaptive_pool": emit_adaptive_pool}
+                "pool": emit_pool, "adaptive_pool": emit_adaptive_pool, "attention": emit_attention,
+                "concat": emit_concat, "gather": emit_gather}
     return emitters[kernel.kind](kernel, name, variant, plan_.program)
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+import torch.nn.functional as F
 from torch import nn
 
+from .attention import (fuse_attention, multihead_attention, multihead_attention_module, ones_like,
+                        scaled_dot_product_attention, sub_param, triangle)
 from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
-from .errors import UnsupportedSubproblem
-from .handlers_math import ValuesIndices
-from .ir import IntOp, Scalar, Value
+from .errors import UnsupportedInMode, UnsupportedSubproblem
+from .handlers_math import ValuesIndices, layer_norm
+from .ir import Concat, Gather, IntOp, Scalar, Value, is_integer
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -33,14 +36,15 @@ def _linear_module(b: Builder, call: Call):
 
 
 def _matmul(b: Builder, call: Call):
-    return b.matmul(call.arg(0, "input"), call.arg(1, "other"))
+    a, other = call.arg(0, "input"), call.arg(1, "other")
+    return fuse_attention(b, a, other) or b.matmul(a, other)
 
 
 def _bmm(b: Builder, call: Call):
     a, m = call.arg(0, "input"), call.arg(1, "mat2")
     if a.rank != 3 or m.rank != 3:
         raise UnsupportedSubproblem("bmm of tensors that are not 3-d")
-    return b.matmul(a, m)
+    return fuse_attention(b, a, m) or b.matmul(a, m)
 
 
 def _addmm(b: Builder, call: Call):
@@ -52,6 +56,129 @@ def _addmm(b: Builder, call: Call):
     if beta == 0:
         return product
     return b.pw("add", product, b.pw("mul", bias, beta) if beta != 1 else bias)
+
+
+def _cat(b: Builder, call: Call):
+    """torch.cat / concat / concatenate of tensors of one rank along `dim`."""
+    parts = list(call.arg(0, "tensors"))
+    dim = b.const(call.arg(1, "dim", 0), "cat dim")
+    if not parts or not all(isinstance(p, Value) for p in parts):
+        raise UnsupportedSubproblem("cat of something other than a list of tensors")
+    if len({p.rank for p in parts}) > 1 or parts[0].rank == 0:
+        raise UnsupportedSubproblem("cat of tensors of different ranks (or 0-d)")
+    dim %= parts[0].rank
+    if len(parts) == 1:
+        return parts[0]
+    shapes = []
+    for c in range(b.n_configs):
+        first = parts[0].shapes[c]
+        if any(p.shapes[c][:dim] + p.shapes[c][dim + 1:] != first[:dim] + first[dim + 1:] for p in parts):
+            raise UnsupportedSubproblem(f"cat of shapes {[p.shapes[c] for p in parts]} along dim {dim}")
+        shapes.append(first[:dim] + (sum(p.shapes[c][dim] for p in parts),) + first[dim + 1:])
+    return b.program.add(Concat(tuple(shapes), parts=tuple(parts), dim=dim))
+
+
+def gather(b: Builder, table: Value, index: Value, dim: int) -> Value:
+    if not is_integer(index):
+        raise UnsupportedSubproblem("embedding/index_select indices that are not an integer forward input")
+    dim %= table.rank
+    shapes = tuple(t[:dim] + i + t[dim + 1:] for t, i in zip(table.shapes, index.shapes))
+    return b.program.add(Gather(shapes, table=table, index=index, dim=dim))
+
+
+def _gather_along(b: Builder, call: Call):
+    """torch.gather(input, dim, index): out[i][j][k] = input[i][index[i][j][k]][k] for dim 1."""
+    table, index = call.arg(0, "input"), call.arg(2, "index")
+    if not is_integer(index):
+        raise UnsupportedSubproblem("gather indices that are not an integer forward input")
+    if index.rank != table.rank:
+        raise UnsupportedSubproblem("gather with an index of another rank than its input")
+    dim = b.const(call.arg(1, "dim"), "gather dim") % table.rank
+    return b.program.add(Gather(index.shapes, table=table, index=index, dim=dim, mode="along"))
+
+
+def _embedding(b: Builder, call: Call):
+    if call.arg(3, "max_norm", None) is not None:
+        raise UnsupportedSubproblem("embedding with max_norm (it renormalises the weight in place)")
+    return gather(b, as_param(call.arg(1, "weight"), "weight"), call.arg(0, "input"), 0)
+
+
+def _aten_embedding(b: Builder, call: Call):
+    return gather(b, call.arg(0, "weight"), call.arg(1, "indices"), 0)
+
+
+def _embedding_module(b: Builder, call: Call):
+    if call.module.max_norm is not None:
+        raise UnsupportedSubproblem("nn.Embedding with max_norm (it renormalises the weight in place)")
+    return gather(b, module_param(b, call, "weight"), call.arg(0, "input"), 0)
+
+
+def _index_select(b: Builder, call: Call):
+    x, index = call.arg(0, "input"), call.arg(2, "index")
+    if index.rank != 1:
+        raise UnsupportedSubproblem("index_select with an index that is not 1-d")
+    return gather(b, x, index, b.const(call.arg(1, "dim"), "index_select dim"))
+
+
+class _LayerParts:
+    """The pieces nn.TransformerEncoderLayer/DecoderLayer are made of, on the layer at `call.path`."""
+
+    def __init__(self, b: Builder, call: Call, masks: tuple[tuple[int, str], ...]):
+        layer = call.module
+        if any(call.arg(i, name, None) not in (None, False) for i, name in masks):
+            raise UnsupportedSubproblem(f"{type(layer).__name__} with {' or '.join(n for _, n in masks)}")
+        if layer.training and layer.dropout.p:
+            raise UnsupportedInMode(f"{type(layer).__name__} with dropout={layer.dropout.p} in training mode: the "
+                                    "reference draws its random mask from torch's generator; run with --eval")
+        self.b, self.call, self.layer = b, call, layer
+        self.activation = _activation_op(layer.activation)
+
+    def param(self, name: str):
+        return sub_param(self.b, self.call.modules, self.call.path, name)
+
+    def norm(self, name: str, x: Value) -> Value:
+        eps = getattr(self.layer, name).eps
+        return layer_norm(self.b, x, 1, self.param(f"{name}.weight"), self.param(f"{name}.bias"), eps)
+
+    def attend(self, attr: str, x: Value, memory: Value) -> Value:
+        modules = [getattr(m, attr) for m in self.call.modules]
+        return multihead_attention(self.b, modules, f"{self.call.path}.{attr}", x, memory, memory)
+
+    def feed_forward(self, x: Value) -> Value:
+        b = self.b
+        hidden = b.pw(self.activation, linear(b, x, self.param("linear1.weight"), self.param("linear1.bias")))
+        return linear(b, hidden, self.param("linear2.weight"), self.param("linear2.bias"))
+
+    def residual(self, x: Value, norm: str, block) -> Value:
+        """x + block(norm(x)) (norm_first), or norm(x + block(x))."""
+        if self.layer.norm_first:
+            return self.b.pw("add", x, block(self.norm(norm, x)))
+        return self.norm(norm, self.b.pw("add", x, block(x)))
+
+
+def _transformer_encoder_layer(b: Builder, call: Call):
+    """nn.TransformerEncoderLayer without masks: self-attention (fused) and the ReLU/GELU feed-forward."""
+    parts = _LayerParts(b, call, ((1, "src_mask"), (2, "src_key_padding_mask"), (3, "is_causal")))
+    x = parts.residual(call.arg(0, "src"), "norm1", lambda h: parts.attend("self_attn", h, h))
+    return parts.residual(x, "norm2", parts.feed_forward)
+
+
+def _transformer_decoder_layer(b: Builder, call: Call):
+    """nn.TransformerDecoderLayer without masks: self-attention, attention to `memory`, feed-forward."""
+    parts = _LayerParts(b, call, ((2, "tgt_mask"), (3, "memory_mask"), (4, "tgt_key_padding_mask"),
+                                  (5, "memory_key_padding_mask"), (6, "tgt_is_causal"), (7, "memory_is_causal")))
+    memory = call.arg(1, "memory")
+    x = parts.residual(call.arg(0, "tgt"), "norm1", lambda h: parts.attend("self_attn", h, h))
+    x = parts.residual(x, "norm2", lambda h: parts.attend("multihead_attn", h, memory))
+    return parts.residual(x, "norm3", parts.feed_forward)
+
+
+def _activation_op(activation) -> str:
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu or (isinstance(activation, nn.GELU) and activation.approximate == "none"):
+        return "gelu"
+    raise UnsupportedSubproblem(f"nn.TransformerEncoderLayer with activation {activation!r}")
 
 
 # --- convolutions -----------------------------------------------------------------------------------
@@ -332,6 +459,11 @@ def _math(fn: str) -> Handler:
 FUNCTIONS: dict[str, Handler] = {
     "math.sqrt": _math("sqrt"), "math.ceil": _math("ceil"), "math.floor": _math("floor"),
     "linear": _linear, "matmul": _matmul, "operator.matmul": _matmul, "mm": _matmul, "bmm": _bmm,
+    "scaled_dot_product_attention": scaled_dot_product_attention,
+    "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
+    "cat": _cat, "concat": _cat, "concatenate": _cat,
+    "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
+    "gather": _gather_along,
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
@@ -354,6 +486,8 @@ FUNCTIONS: dict[str, Handler] = {
 
 MODULES: dict[type, Handler] = {
     nn.Linear: _linear_module, nn.Flatten: _flatten_module, nn.Unflatten: _unflatten_module,
+    nn.Embedding: _embedding_module, nn.MultiheadAttention: multihead_attention_module,
+    nn.TransformerEncoderLayer: _transformer_encoder_layer, nn.TransformerDecoderLayer: _transformer_decoder_layer,
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                                      nn.ConvTranspose3d)},
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,

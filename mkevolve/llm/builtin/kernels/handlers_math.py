@@ -39,7 +39,7 @@ def _is_shape_math(*values) -> bool:
 def _int_op(op: str, a, b):
     """Shape arithmetic in the forward: folded when both sides are plain ints."""
     if isinstance(a, int) and isinstance(b, int) and type(a) is int and type(b) is int:
-        return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "truediv": a / b}[op]
+        return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "truediv": a / b, "pow": a ** b}[op]
     return IntOp(op, a, b)
 
 
@@ -77,6 +77,8 @@ def _floordiv(b: Builder, call: Call):
 
 def _pow(b: Builder, call: Call):
     x, y = call.arg(0, "input"), call.arg(1, "exponent")
+    if _is_shape_math(x, y):
+        return _int_op("pow", x, y)          # `q.size(-1) ** -0.5`
     if isinstance(x, Value) and not isinstance(y, Value):
         return b.pw("pow_const", x, exponent=Scalar(float(b.const(y, "pow exponent"))))
     if isinstance(y, Value) and not isinstance(x, Value):
@@ -99,6 +101,10 @@ def _compare(op: str) -> Handler:
 
 def _where(b: Builder, call: Call):
     return b.pw("where", call.arg(0, "condition"), call.arg(1, "input"), call.arg(2, "other"))
+
+
+def _masked_fill(b: Builder, call: Call):
+    return b.pw("where", call.arg(1, "mask"), call.arg(2, "value"), call.arg(0, "input"))
 
 
 def _clamp(b: Builder, call: Call):
@@ -274,7 +280,10 @@ def softmax(b: Builder, x: Value, dim: int, log: bool) -> Value:
     total = b.reduce("sum", b.pw("exp", shifted), dim)
     if log:
         return b.pw("sub", shifted, b.pw("log", total))
-    return b.pw("div", b.pw("exp", shifted), total)
+    out = b.pw("div", b.pw("exp", shifted), total)
+    if dim == x.rank - 1:
+        b.softmax_inputs[out.id] = x      # `out @ v` may become one fused attention kernel
+    return out
 
 
 def _softmax(log: bool) -> Handler:
@@ -525,7 +534,8 @@ FUNCTIONS.update({
     "ne": _compare("ne"), "greater": _compare("gt"), "less": _compare("lt"),
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
-    "where": _where, "maximum": _compare("maximum"), "minimum": _compare("minimum"),
+    "where": _where, "masked_fill": _masked_fill, "logical_not": _unary("logical_not"),
+    "maximum": _compare("maximum"), "minimum": _compare("minimum"),
     "fmax": _compare("maximum"), "fmin": _compare("minimum"),
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
     "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0),
@@ -535,7 +545,7 @@ FUNCTIONS.update({
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,
-    "contiguous": _identity, "clone": _identity, "detach": _identity, "positive": _identity,
+    "contiguous": _identity, "clone": _identity, "alias": _identity, "detach": _identity, "positive": _identity,
     "to": _identity, "float": _identity, "type": _identity, "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),

@@ -63,6 +63,7 @@ class Value:
 class Input(Value):
     index: int = 0
     name: str = ""
+    integer: bool = False                # an int64/int32 index tensor: only a Gather may read it
 
 
 @dataclass(eq=False, repr=False)
@@ -164,7 +165,67 @@ class AdaptivePool(Value):
         return [self.x]
 
 
-ANCHORS = (Matmul, Conv, Pool, AdaptivePool)
+@dataclass(eq=False, repr=False)
+class Attention(Value):
+    """normalize(logits) @ v, where logits is an elementwise expression of scores = q @ kt (scale, masks).
+
+    The scores never exist as a tensor: the kernel computes them a block of keys at a time. `extras` are
+    the other tensors the logits read (masks); `normalize` is "softmax" (online) or "relu" (no normaliser).
+    """
+
+    q: Value | None = None
+    kt: Value | None = None              # keys already transposed: (..., D, N)
+    v: Value | None = None
+    scores: Value | None = None          # the Matmul q @ kt the logits start from
+    logits: Value | None = None
+    extras: tuple = ()
+    normalize: str = "softmax"
+    causal: bool = False                 # keys after the query are masked: blocks past the diagonal are skipped
+
+    def operands(self) -> list[Value]:
+        return [self.q, self.kt, self.v, *self.extras]
+
+
+@dataclass(eq=False, repr=False)
+class Concat(Value):
+    """torch.cat: `parts` side by side along `dim`; each part is copied into its slice of the output."""
+
+    parts: tuple = ()
+    dim: int = 0
+
+    def operands(self) -> list[Value]:
+        return list(self.parts)
+
+
+@dataclass(eq=False, repr=False)
+class IndexMask(Value):
+    """`ones_like(x)`, or its `.tril(diagonal)` / `.triu(diagonal)`: a value of the last two indices alone.
+
+    Only a fused attention computes it (from its query and key offsets); the causal mask is its use.
+    """
+
+    kind: str = "ones"                   # ones | tril | triu
+    diagonal: int = 0
+
+
+@dataclass(eq=False, repr=False)
+class Gather(Value):
+    """Elements of `table` along `dim` picked by an integer `index`.
+
+    "slices" (nn.Embedding, index_select): the output is table's shape with `dim` replaced by the index's
+    shape. "along" (torch.gather): the output has the index's shape, out[..i..] = table[..index[..i..]..].
+    """
+
+    table: Value | None = None
+    index: Value | None = None
+    dim: int = 0
+    mode: str = "slices"
+
+    def operands(self) -> list[Value]:
+        return [self.table, self.index]
+
+
+ANCHORS = (Matmul, Conv, Pool, AdaptivePool, Attention, Concat, Gather)
 
 
 @dataclass(frozen=True)
@@ -199,8 +260,16 @@ def _flatten(spec) -> list[Value]:
     return [spec]
 
 
+def is_integer(value: Value) -> bool:
+    """An integer input, or a view of one."""
+    while isinstance(value, View):
+        value = value.base
+    return isinstance(value, Input) and value.integer
+
+
 def is_leaf(value: Value) -> bool:
-    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one."""
+    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one;
+    and index masks, which the attention kernel that reads them computes from its offsets."""
     if isinstance(value, View):
         return is_leaf(value.base)
-    return isinstance(value, (Input, Param))
+    return isinstance(value, (Input, Param, IndexMask))

@@ -14,7 +14,7 @@ from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
 from .ir import Input, Program, Scalar, Value
-from .trace import Trace
+from .trace import INDEX_DTYPES, Trace
 
 FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS}
 MODULES: dict[type, Handler] = {**handlers_math.MODULES, **handlers_layers.MODULES}
@@ -128,8 +128,11 @@ class _Lowering:
         return tuple(shapes)
 
     def _check_dtype(self, node: fx.Node) -> None:
-        """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken."""
+        """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken.
+        Integer inputs pass as indices: the plan checks that only a gather reads them."""
         dtype = self.trace.configs[0].dtypes[node.name]
+        if node.op == "placeholder" and dtype in INDEX_DTYPES:
+            return
         if isinstance(dtype, torch.dtype) and dtype not in _FLOAT_DTYPES:
             raise UnsupportedSubproblem(f"{_describe(node)} produces {dtype}; only float32 is supported")
 
@@ -189,7 +192,8 @@ class _Lowering:
         if path is not None:
             return self.builder.param(path, shapes)
         index = self.trace.placeholder_inputs.index(node.name)
-        value = self.program.add(Input(shapes, index=index, name=node.name))
+        integer = self.trace.configs[0].dtypes[node.name] in INDEX_DTYPES
+        value = self.program.add(Input(shapes, index=index, name=node.name, integer=integer))
         self.program.inputs.append(value)
         return value
 

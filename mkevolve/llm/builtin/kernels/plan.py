@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import UnsupportedSubproblem
 from .ir import (
     ANCHORS,
     AdaptivePool,
+    Attention,
+    Concat,
     Conv,
+    Gather,
+    IndexMask,
     IntOp,
     Matmul,
     Param,
@@ -20,6 +25,7 @@ from .ir import (
     SizeOf,
     Value,
     View,
+    is_integer,
     is_leaf,
 )
 
@@ -75,7 +81,19 @@ def plan(program: Program) -> Plan:
     ordered = [kernels[vid] for vid in sorted(kernels)]
     for kernel in ordered:
         kernel.target = targets.get(kernel.root.id)
+        _check_special_reads(kernel)
     return Plan(program, ordered, materialized)
+
+
+def _check_special_reads(kernel: KernelPlan) -> None:
+    """Kernels compute in float32: an integer input may only be the index a gather reads; and only an
+    attention kernel computes ones_like/tril masks (it has the query and key offsets)."""
+    allowed = kernel.anchor.index.id if isinstance(kernel.anchor, Gather) else None
+    for leaf in kernel.leaves:
+        if is_integer(leaf) and leaf.id != allowed:
+            raise UnsupportedSubproblem("an integer input is used other than as embedding/index_select/gather indices")
+        if isinstance(leaf, IndexMask):
+            raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
 
 
 def _copy_leaf_outputs(program: Program) -> None:
@@ -103,7 +121,7 @@ def _required_tensors(program: Program) -> set[int]:
         need(value)
     for assign in program.assigns:
         required.add(assign.value.id)
-    for value in program.values:
+    for value in _live(program):
         if isinstance(value, View):
             need(value.base)
             for arg in value.args:
@@ -118,6 +136,22 @@ def _required_tensors(program: Program) -> set[int]:
                     for size in _sizes_in(scalar.expr):
                         need(_shape_source(size, required))
     return required
+
+
+def _live(program: Program) -> list[Value]:
+    """Values the outputs depend on. Attention leaves the softmax it replaced behind, unused; an attention's
+    logits are read inside its kernel, so their scalars (and the shapes they use) stay live."""
+    live: set[int] = set()
+    stack = program.output_values() + [a.value for a in program.assigns]
+    while stack:
+        value = stack.pop()
+        if value.id in live:
+            continue
+        live.add(value.id)
+        stack.extend(value.operands())
+        if isinstance(value, Attention):
+            stack.append(value.logits)
+    return [v for v in program.values if v.id in live]
 
 
 def _sizes_in(value) -> list[SizeOf]:
@@ -186,7 +220,8 @@ def _reaches_reduction(root: Value, materialized: set[int]) -> bool:
 
 
 def _anchor_kind(value: Value) -> str:
-    return {Matmul: "matmul", Conv: "conv", Pool: "pool", AdaptivePool: "adaptive_pool"}[type(value)]
+    return {Matmul: "matmul", Conv: "conv", Pool: "pool", AdaptivePool: "adaptive_pool",
+            Attention: "attention", Concat: "concat", Gather: "gather"}[type(value)]
 
 
 def _visit(state: _Forming, value: Value) -> None:
@@ -204,7 +239,7 @@ def _visit(state: _Forming, value: Value) -> None:
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
             return
         if (kernel.anchor is None and kernel.row is None and not state.prefer_rows
-                and value.shapes == kernel.root.shapes):
+                and value.shapes == kernel.root.shapes and not isinstance(value, (Attention, Concat, Gather))):
             kernel.anchor, kernel.kind = value, _anchor_kind(value)
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)

@@ -122,6 +122,7 @@ OPS: dict[str, PointwiseOp] = {
     "le": _binary("({a} <= {b})", boolean=True),
     "eq": _binary("({a} == {b})", boolean=True),
     "ne": _binary("({a} != {b})", boolean=True),
+    "logical_not": PointwiseOp(1, lambda a, attrs: f"({a[0]} == 0)", boolean=True),
     "logical_and": _binary("({a} & {b})", boolean=True),
     "logical_or": _binary("({a} | {b})", boolean=True),
     "where": PointwiseOp(3, lambda a, attrs: f"tl.where({a[0]}, {a[1]}, {a[2]})"),

@@ -16,6 +16,7 @@ from mkevolve.problem import InputConfig, Problem, call_inputs, seed_everything
 from .errors import UnsupportedSubproblem
 
 MODES = ("train", "eval")
+INDEX_DTYPES = (torch.int64, torch.int32)      # inputs that only an embedding or index_select may read
 
 
 class TaggedFloat(float):
@@ -97,8 +98,9 @@ def _build(problem: Problem, config: InputConfig) -> _Built:
     for i, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
             raise UnsupportedSubproblem(f"forward input {i} is a {type(value).__name__}, not a tensor")
-        if value.dtype != torch.float32:
-            raise UnsupportedSubproblem(f"forward input {i} has dtype {value.dtype}; only float32 is supported")
+        if value.dtype not in (torch.float32, *INDEX_DTYPES):
+            raise UnsupportedSubproblem(f"forward input {i} has dtype {value.dtype}; only float32 (and integer "
+                                        "indices) are supported")
     _tag_scalar_attributes(model, type(model).__module__)
     return _Built(model, inputs)
 

@@ -1,0 +1,190 @@
+"""Fused attention in the style of Triton's fused-attention tutorial: the scores never reach memory."""
+
+from __future__ import annotations
+
+from .configs import Variant
+from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, helper_sources, indent,
+                          make_operands)
+from .indexing import GroupIndices, Indexer, Space
+from .ir import Attention, IndexMask, Pointwise, Program, Value
+from .plan import KernelPlan
+
+
+def emit_attention(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    anchor: Attention = kernel.anchor
+    operands = make_operands(kernel.leaves)
+    q, kt, v = (operands[x.id].name for x in (anchor.q, anchor.kt, anchor.v))
+    extras = [operands[x.id] for x in anchor.extras]
+    logits_lines, logits, indexer, scalars, helpers = _logits(anchor, operands)
+    tiles = _tiles(variant)
+    params = (["q_ptr", "kt_ptr", "v_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in extras]
+              + ["H", "M", "N", "D", "DV"]
+              + ["stride_qz", "stride_qh", "stride_qm", "stride_qd", "stride_kz", "stride_kh", "stride_kd",
+                 "stride_kn", "stride_vz", "stride_vh", "stride_vn", "stride_vd"]
+              + indexer.kernel_declarations() + [n for n, _ in scalars.params]
+              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr",
+                 "BLOCK_DV: tl.constexpr"])
+    decorator = _autotune(tiles) if variant.autotune else ""
+    source = f'''{decorator}@triton.jit
+def {name}({", ".join(params)}):
+    # One program per (batch * head, block of BLOCK_M queries). Keys and values are walked BLOCK_N at a
+    # time; each block of scores lives only in registers.
+    # {_summary(anchor)}
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_z = pid_b // H
+    pid_h = pid_b % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_m64 = offs_m.to(tl.int64)
+    q_ptrs = q_ptr + pid_z * stride_qz + pid_h * stride_qh + offs_m64[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < M) & (offs_d[None, :] < D), other=0.0)
+    kt_base = kt_ptr + pid_z * stride_kz + pid_h * stride_kh + offs_d[:, None] * stride_kd
+    v_base = v_ptr + pid_z * stride_vz + pid_h * stride_vh + offs_dv[None, :] * stride_vd
+{indent(_state(anchor), 4)}
+    for start_n in range(0, {_key_end(anchor)}, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n64 = offs_n.to(tl.int64)
+        kt = tl.load(kt_base + offs_n64[None, :] * stride_kn, mask=(offs_d[:, None] < D) & (offs_n[None, :] < N),
+                     other=0.0)
+        scores = tl.dot(q, kt, input_precision="{variant.precision}")
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+{indent(logits_lines, 8)}
+        # keys past N (and, causal, past the query) take no weight
+        keep = {_keep(anchor)}
+        vv = tl.load(v_base + offs_n64[:, None] * stride_vn, mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV),
+                     other=0.0)
+{indent(_update(anchor, logits, variant.precision), 8)}
+{indent(_finish(anchor), 4)}
+    out_ptrs = out_ptr + pid_b * M * DV + offs_m64[:, None] * DV + offs_dv[None, :]
+    tl.store(out_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_dv[None, :] < DV))
+'''
+    tensor_args = [LauncherArg(o.name, value=x) for x, o in zip(kernel.leaves, operands.values())]
+    scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
+    lines, tile_text = _launch_lines(name, variant, tiles, (q, kt, v), extras, indexer, scalar_args)
+    launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args + scalar_args)}):
+{indent(lines + ["return out"], 4)}
+'''
+    description = (f"fused {'causal ' if anchor.causal else ''}{anchor.normalize} attention "
+                   f"({variant.precision} tl.dot, {tile_text})")
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
+                        helper_sources(helpers),
+                        uses_dot=True, description=description)
+
+
+def _launch_lines(name: str, variant: Variant, tiles, qkv: tuple[str, str, str], extras, indexer: Indexer,
+                  scalar_args: list[LauncherArg]) -> tuple[list[str], str]:
+    """The launcher body (sizes, 4-d views, grid, launch) and the tiling it uses, in words."""
+    q, kt, v = qkv
+    call = ", ".join(["q4", "kt4", "v4", "out"] + [o.name for o in extras] + ["q4.shape[1]", "M", "N", "D", "DV"]
+                     + ["*q4.stride()", "*kt4.stride()", "*v4.stride()"]
+                     + indexer.kernel_params() + [a.name for a in scalar_args]
+                     + ["BLOCK_D=max(16, _next_power_of_2(D))", "BLOCK_DV=max(16, _next_power_of_2(DV))"])
+    lines = [f"M, D = {q}.shape[-2], {q}.shape[-1]",
+             f"N, DV = {v}.shape[-2], {v}.shape[-1]",
+             f"out = torch.empty((*{q}.shape[:-1], DV), device={q}.device, dtype=torch.float32)",
+             "scores_shape = (*out.shape[:-1], N)",
+             "# (batch, heads, rows, cols) views: heads split from the batch keeps transposed inputs uncopied",
+             f"q4, kt4, v4 = (t.reshape(-1, *t.shape[-3:]) if t.dim() > 3 else t.unsqueeze(0) "
+             f"for t in ({q}, {kt}, {v}))"]
+    lines += indexer.wrapper_lines("scores_shape", {o.name: o.name for o in extras})
+    if variant.autotune:
+        lines += ['grid = lambda meta: (_cdiv(M, meta["BLOCK_M"]), q4.shape[0] * q4.shape[1])',
+                  f"{name}[grid]({call})"]
+        tile_text = f"autotuned over {len(tiles)} tile configs"
+    else:
+        bm, bn, warps = tiles[0]
+        lines += [f"grid = (_cdiv(M, {bm}), q4.shape[0] * q4.shape[1])",
+                  f"{name}[grid]({call}, BLOCK_M={bm}, BLOCK_N={bn}, num_warps={warps})"]
+        tile_text = f"tile {bm}x{bn}"
+    return lines, tile_text
+
+
+def _logits(anchor: Attention, operands):
+    """The elementwise code from the scores block to the logits block (scale, masks), read per [m, n]."""
+    rank = anchor.scores.rank
+    extras = [operands[x.id] for x in anchor.extras]
+    spaces = [Space("batch", tuple(range(rank - 2))), Space("rows", (rank - 2,)), Space("cols", (rank - 1,))]
+    indexer = Indexer(anchor.scores.shapes, spaces, extras)
+    scalars = ScalarArgs()
+    emitter = ExprEmitter(indexer, {x.id: operands[x.id] for x in anchor.extras}, scalars)
+    lines: list[str] = []
+    flat = {0: "pid_b", 1: "offs_m64[:, None]", 2: "offs_n64[None, :]"}
+    bound = {anchor.scores.id: "scores", **{m.id: _index_mask(m) for m in _index_masks(anchor.logits)}}
+    region = Region(lines, mask="mask", indices=GroupIndices(indexer, flat, lines, "e"), bound=bound)
+    logits = emitter.value(anchor.logits, region)
+    return lines, logits, indexer, scalars, emitter.helpers
+
+
+def _index_masks(logits: Value) -> list[IndexMask]:
+    found, stack, seen = [], [logits], set()
+    while stack:
+        value = stack.pop()
+        if value.id not in seen:
+            seen.add(value.id)
+            found += [value] if isinstance(value, IndexMask) else []
+            stack += value.operands() if isinstance(value, Pointwise) else []
+    return found
+
+
+def _index_mask(mask: IndexMask) -> str:
+    """ones_like / tril / triu from the query and key offsets: no tensor is read."""
+    if mask.kind == "ones":
+        return "((offs_m[:, None] >= 0) & (offs_n[None, :] >= 0))"
+    diagonal = f"offs_m[:, None] + {mask.diagonal}" if mask.diagonal else "offs_m[:, None]"
+    return f"(offs_n[None, :] {'<=' if mask.kind == 'tril' else '>='} {diagonal})"
+
+
+def _summary(anchor: Attention) -> str:
+    if anchor.normalize == "relu":
+        return "ReLU weights need no normaliser: each key block adds relu(logits) @ v to the fp32 accumulator."
+    return "Softmax runs online: a running max and sum rescale what is accumulated so far, all in fp32."
+
+
+def _state(anchor: Attention) -> list[str]:
+    lines = ["acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)"]
+    if anchor.normalize == "softmax":
+        lines += ['m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)',
+                  "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)"]
+    return lines
+
+
+def _key_end(anchor: Attention) -> str:
+    """Causal: key blocks wholly after this block's last query are skipped, not just masked."""
+    return "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if anchor.causal else "N"
+
+
+def _keep(anchor: Attention) -> str:
+    keep = "offs_n[None, :] < N"
+    return f"({keep}) & (offs_m[:, None] >= offs_n[None, :])" if anchor.causal else keep
+
+
+def _update(anchor: Attention, logits: str, precision: str) -> list[str]:
+    if anchor.normalize == "relu":
+        return [f"weights = tl.where(keep, tl.maximum({logits}, 0.0), 0.0)",
+                f'acc = tl.dot(weights, vv, acc, input_precision="{precision}")']
+    return [f'logits = tl.where(keep, {logits}, float("-inf"))',
+            "m_new = tl.maximum(m_i, tl.max(logits, 1))",
+            "# a row whose keys so far are all masked keeps max -inf: shift by 0 there, not by -inf",
+            'm_safe = tl.where(m_new == float("-inf"), 0.0, m_new)',
+            "p = tl.exp(logits - m_safe[:, None])",
+            "alpha = tl.exp(m_i - m_safe)",
+            "l_i = l_i * alpha + tl.sum(p, 1)",
+            f'acc = tl.dot(p, vv, acc * alpha[:, None], input_precision="{precision}")',
+            "m_i = m_new"]
+
+
+def _finish(anchor: Attention) -> list[str]:
+    return ["acc = acc / l_i[:, None]"] if anchor.normalize == "softmax" else []
+
+
+def _tiles(variant: Variant) -> list[tuple[int, int, int]]:
+    """(BLOCK_M, BLOCK_N, warps) from the variant's GEMM tiles; key blocks above 64 spill the scores."""
+    tiles = [(t.block_m, min(t.block_n, 64), t.warps) for t in variant.matmul]
+    return list(dict.fromkeys(tiles))
+
+
+def _autotune(tiles: list[tuple[int, int, int]]) -> str:
+    configs = ", ".join(f'triton.Config({{"BLOCK_M": {m}, "BLOCK_N": {n}}}, num_warps={w})' for m, n, w in tiles)
+    return f'@triton.autotune(configs=[{configs}], key=["M", "N", "D", "DV"])\n'

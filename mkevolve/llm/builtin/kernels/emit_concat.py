@@ -1,0 +1,157 @@
+"""Data movement kernels: torch.cat (one copy launch per part) and gathers (nn.Embedding, index_select,
+torch.gather)."""
+
+from __future__ import annotations
+
+from .configs import Variant
+from .emit_common import KernelSource, LauncherArg, block_autotune, indent, make_operands
+from .errors import UnsupportedSubproblem
+from .ir import Concat, Gather, Program
+from .plan import KernelPlan
+
+
+def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    anchor: Concat = kernel.anchor
+    if kernel.target is not None:
+        raise UnsupportedSubproblem("cat written into a module buffer")
+    operands = make_operands(kernel.leaves)
+    parts = [operands[p.id].name for p in anchor.parts]
+    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    source = f'''{decorator}@triton.jit
+def {name}(src_ptr, out_ptr, start, numel, length, inner, total, stride_o, stride_l, stride_i,
+           BLOCK: tl.constexpr):
+    # Copy one part, seen as (outer, length, inner), into rows [start, start + length) of the
+    # (outer, total, inner) output. The part is read through its strides (an expand or transpose is not
+    # copied first); the output is written contiguously.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    i = offs % inner
+    row = offs // inner
+    l = row % length
+    o = row // length
+    x = tl.load(src_ptr + o * stride_o + l * stride_l + i * stride_i, mask=mask)
+    tl.store(out_ptr + (o * total + start + l) * inner + i, x, mask=mask)
+'''
+    dim = anchor.dim
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    call = f"{name}[grid](src, out, start, numel, length, inner, total, *src.stride()"
+    if variant.autotune:
+        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
+    else:
+        block, warps = variant.pointwise[0]
+        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    lines = [f"parts = ({', '.join(parts)},)",
+             f"total = sum(p.shape[{dim}] for p in parts)",
+             f"out = torch.empty((*parts[0].shape[:{dim}], total, *parts[0].shape[{dim + 1}:]), "
+             f"device=parts[0].device, dtype=torch.float32)",
+             f"outer, inner = out.shape[:{dim}].numel(), out.shape[{dim + 1}:].numel()",
+             "start = 0",
+             "for part in parts:",
+             f"    length = part.shape[{dim}]",
+             "    numel = part.numel()",
+             "    if numel:",
+             "        # a view when the part's dims allow it; dims that cannot merge are copied by reshape",
+             "        src = part.reshape(outer, length, inner)",
+             *("        " + line for line in launch),
+             "    start += length",
+             "return out"]
+    launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
+{indent(lines, 4)}
+'''
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {},
+                        description=f"cat of {len(parts)} parts along dim {dim}")
+
+
+def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    """nn.Embedding and index_select: out[o, j, i] = table[o, index[j], i], one flat output block per program."""
+    anchor: Gather = kernel.anchor
+    if kernel.target is not None:
+        raise UnsupportedSubproblem("embedding written into a module buffer")
+    if anchor.mode == "along":
+        return emit_take_along(kernel, name, variant)
+    operands = make_operands(kernel.leaves)
+    table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
+    dim = anchor.dim
+    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    source = f'''{decorator}@triton.jit
+def {name}(table_ptr, index_ptr, out_ptr, numel, picks, inner, stride_o, stride_l, stride_i,
+           BLOCK: tl.constexpr):
+    # The table seen as (outer, rows, inner): output element (o, j, i) copies table[o, index[j], i].
+    # Consecutive programs read consecutive indices, so each picked row is read as one contiguous run.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    i = offs % inner
+    row = offs // inner
+    j = row % picks
+    o = row // picks
+    picked = tl.load(index_ptr + j, mask=mask, other=0).to(tl.int64)
+    x = tl.load(table_ptr + o * stride_o + picked * stride_l + i * stride_i, mask=mask)
+    tl.store(out_ptr + offs, x, mask=mask)
+'''
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    call = f"{name}[grid](src, flat_index, out, numel, flat_index.numel(), inner, *src.stride()"
+    if variant.autotune:
+        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
+    else:
+        block, warps = variant.pointwise[0]
+        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    lines = [f"out = torch.empty((*{table}.shape[:{dim}], *{index}.shape, *{table}.shape[{dim + 1}:]), "
+             f"device={table}.device, dtype=torch.float32)",
+             f"outer, inner = {table}.shape[:{dim}].numel(), {table}.shape[{dim + 1}:].numel()",
+             f"src = {table}.reshape(outer, {table}.shape[{dim}], inner)",
+             f"flat_index = {index}.reshape(-1)",
+             "numel = out.numel()",
+             "if numel:",
+             *("    " + line for line in launch),
+             "return out"]
+    launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
+{indent(lines, 4)}
+'''
+    what = "embedding lookup" if dim == 0 and anchor.table.rank == 2 else f"index_select along dim {dim}"
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {}, description=what)
+
+
+def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSource:
+    """torch.gather: each output position reads its index, then the input at that index along `dim`."""
+    anchor: Gather = kernel.anchor
+    operands = make_operands(kernel.leaves)
+    table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
+    rank, dim = anchor.rank, anchor.dim
+    sizes = [f"n{d}" for d in range(1, rank)]
+    index_strides, table_strides = [f"is{d}" for d in range(rank)], [f"ts{d}" for d in range(rank)]
+    unravel = []           # the output position's index per dim, innermost first
+    for d in range(rank - 1, 0, -1):
+        unravel += [f"i{d} = rest % n{d}", f"rest = rest // n{d}"]
+    unravel.append("i0 = rest")
+    at_index = " + ".join(f"i{d} * is{d}" for d in range(rank))
+    at_table = " + ".join(("picked" if d == dim else f"i{d}") + f" * ts{d}" for d in range(rank))
+    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    params = ["table_ptr", "index_ptr", "out_ptr", "numel"] + [f"{n}: tl.constexpr" for n in sizes] \
+        + index_strides + table_strides + ["BLOCK: tl.constexpr"]
+    source = f'''{decorator}@triton.jit
+def {name}({", ".join(params)}):
+    # out[i] = table[i with dim {dim} replaced by index[i]]: the output has the index's shape, so its
+    # flat position unravels into the index's coordinates (sizes constexpr: div/mod become shifts).
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    rest = offs
+{indent(unravel, 4)}
+    picked = tl.load(index_ptr + {at_index}, mask=mask, other=0).to(tl.int64)
+    x = tl.load(table_ptr + {at_table}, mask=mask)
+    tl.store(out_ptr + offs, x, mask=mask)
+'''
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    call = (f"{name}[grid]({table}, {index}, out, numel, *{index}.shape[1:], *{index}.stride(), "
+            f"*{table}.stride()")
+    if variant.autotune:
+        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
+    else:
+        block, warps = variant.pointwise[0]
+        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    lines = [f"out = torch.empty({index}.shape, device={table}.device, dtype=torch.float32)",
+             "numel = out.numel()", "if numel:", *("    " + line for line in launch), "return out"]
+    launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
+{indent(lines, 4)}
+'''
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {},
+                        description=f"gather along dim {dim}")

@@ -1,0 +1,125 @@
+"""The builtin decomposer on shrunk KernelBench level-3 problems: attention layers expanded into their
+operations, RNN layers as whole-layer subproblems, user-defined submodules with their buffers. Every
+decomposition must pass every decomposition check, as `mkevolve decompose` runs them."""
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR
+from mkevolve.llm.builtin import expansions
+from mkevolve.llm.builtin.decomposer import decomposition_files
+from mkevolve.verify.decomposition import run_checks
+
+SMALL = Path(__file__).parent / "fixtures" / "level3_small"
+
+
+def _decompose(name: str, tmp_path: Path) -> dict[str, str]:
+    """The subproblem sources (name -> source) of a decomposition that passed every check."""
+    problem = SMALL / f"{name}.py"
+    files = decomposition_files(problem)
+    for relative, text in files.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    report = run_checks(str(problem), str(tmp_path), seed=0, trials=2)
+    assert not report.failures(), report.reasons()
+    return {Path(k).stem: v for k, v in files.items() if k.startswith(PROBLEMS_DIR + "/") and k != PROBLEM_FILE}
+
+
+def _with(subproblems: dict[str, str], *words: str) -> list[str]:
+    return [name for name, source in subproblems.items() if all(w in source for w in words)]
+
+
+def test_multihead_attention_is_expanded_into_its_operations(tmp_path):
+    subs = _decompose("31_VisionAttention", tmp_path)
+    attention = _with(subs, "torch.softmax(", "torch.matmul(", "in_proj_weight", "out_proj.weight")
+    assert len(attention) == 1, subs.keys()
+    # The residual's layer norm is its own subproblem, not hidden in the attention layer.
+    assert _with(subs, "nn.LayerNorm(") and not _with(subs, "nn.LayerNorm(", "softmax")
+
+
+def test_transformer_encoder_layer_becomes_attention_feed_forward_and_norm_subproblems(tmp_path):
+    subs = _decompose("32_ConvolutionalVisionTransformer", tmp_path)
+    assert not _with(subs, "TransformerEncoderLayer")
+    assert _with(subs, "torch.softmax(", "in_proj_weight")
+    feed_forward = [n for n in _with(subs, "nn.Linear(", "relu") if "softmax" not in subs[n]]
+    assert feed_forward, subs.keys()
+    norms = [n for n in _with(subs, "nn.LayerNorm(") if "softmax" not in subs[n] and "nn.Linear(" not in subs[n]]
+    assert norms, subs.keys()
+
+
+def test_explicit_attention_keeps_projections_apart_from_the_softmax(tmp_path):
+    subs = _decompose("attention", tmp_path)
+    softmax = _with(subs, "softmax")
+    assert softmax and not any("nn.Linear(" in subs[n] for n in softmax)
+    assert [n for n in _with(subs, "nn.Linear(") if "softmax" not in subs[n]]
+
+
+def test_scaled_dot_product_attention_is_expanded(tmp_path):
+    subs = _decompose("sdpa_attention", tmp_path)
+    assert not _with(subs, "scaled_dot_product_attention(")
+    core = _with(subs, "softmax", "tril")   # the causal mask is part of the attention core
+    assert core and not any("nn.Linear(" in subs[n] for n in core)
+    assert len(_with(subs, "nn.Linear(")) >= 2
+
+
+def test_registered_causal_mask_reaches_the_subproblem_that_masks(tmp_path):
+    subs = _decompose("50_ReLUSelfAttention", tmp_path)
+    masking = _with(subs, "masked_fill")
+    assert len(masking) == 1 and "register_buffer(" in subs[masking[0]] and "tril" in subs[masking[0]]
+    assert not _with(subs, "register_buffer(", "nn.Linear(")
+
+
+def test_user_defined_submodules_recurse_with_their_buffers(tmp_path):
+    subs = _decompose("gpt_block", tmp_path)
+    masking = _with(subs, "masked_fill")
+    # The buffer of the user's CausalSelfAttention, built with that submodule's own argument (max_seqlen=4).
+    assert len(masking) == 1 and "register_buffer(" in subs[masking[0]]
+    assert "torch.ones(4, 4)" in subs[masking[0]]
+    assert len(subs) >= 4 and _with(subs, "nn.LayerNorm(")
+
+
+def test_recurrent_layers_are_whole_layer_subproblems(tmp_path):
+    subs = _decompose("gru_lstm", tmp_path)
+    gru, lstm = _with(subs, "nn.GRU("), _with(subs, "nn.LSTM(")
+    assert len(gru) == 1 and len(lstm) == 1 and gru != lstm
+    assert "batch_first=" in subs[gru[0]]   # rebuilt with the settings it was made with, not the defaults
+
+
+def test_hand_written_rnn_cell_keeps_its_hidden_state(tmp_path):
+    subs = _decompose("33_VanillaRNN", tmp_path)
+    assert len(subs) >= 2
+    state = _with(subs, "torch.randn(", "copy_(")
+    assert len(state) == 1, subs.keys()
+
+
+def test_decoder_layer_and_norm_first_encoder_layer_are_expanded(tmp_path):
+    subs = _decompose("transformer_layers", tmp_path)
+    assert not _with(subs, "TransformerEncoderLayer") and not _with(subs, "TransformerDecoderLayer")
+    # Self-attention in each layer and the decoder's cross-attention: three attention subproblems.
+    assert len(_with(subs, "torch.softmax(", "in_proj_weight")) == 3, subs.keys()
+    assert _with(subs, "gelu") and _with(subs, "relu")
+
+
+def test_the_expanded_attention_matches_torch_with_masks():
+    """The rewrites the tracer uses compute what the layers compute, masks and layouts included."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    keep = torch.rand(3, 5) > 0.3
+    keep[:, 0] = True
+    for kwargs in ({}, {"attn_mask": keep}, {"attn_mask": torch.randn(3, 5)}, {"scale": 0.3}):
+        expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        assert torch.allclose(expansions._sdpa(q, k, v, **kwargs), expected, atol=1e-5)
+    square = torch.randn(2, 2, 5, 4)
+    assert torch.allclose(expansions._sdpa(square, k, v, is_causal=True),
+                          F.scaled_dot_product_attention(square, k, v, is_causal=True), atol=1e-5)
+
+    mha = nn.MultiheadAttention(8, 2).eval()
+    x, memory = torch.randn(3, 2, 8), torch.randn(5, 2, 8)
+    hidden = torch.triu(torch.ones(3, 5, dtype=torch.bool), diagonal=1)
+    with torch.no_grad():
+        for args, kwargs in (((x, x, x), {}), ((x, memory, memory), {"attn_mask": hidden})):
+            expected = mha(*args, need_weights=False, **kwargs)[0]
+            assert torch.allclose(expansions.multihead_attention(mha, *args, **kwargs)[0], expected, atol=1e-5)
