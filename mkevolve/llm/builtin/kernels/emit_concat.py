@@ -35,11 +35,7 @@ def {name}(src_ptr, out_ptr, start, numel, length, inner, total, stride_o, strid
     dim = anchor.dim
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = f"{name}[grid](src, out, start, numel, length, inner, total, *src.stride()"
-    if variant.autotune:
-        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
-    else:
-        block, warps = variant.pointwise[0]
-        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    launch = _flat_launch(call, variant)
     lines = [f"parts = ({', '.join(parts)},)",
              f"total = sum(p.shape[{dim}] for p in parts)",
              f"out = torch.empty((*parts[0].shape[:{dim}], total, *parts[0].shape[{dim + 1}:]), "
@@ -90,11 +86,7 @@ def {name}(table_ptr, index_ptr, out_ptr, numel, picks, inner, stride_o, stride_
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = f"{name}[grid](src, flat_index, out, numel, flat_index.numel(), inner, *src.stride()"
-    if variant.autotune:
-        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
-    else:
-        block, warps = variant.pointwise[0]
-        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    launch = _flat_launch(call, variant)
     lines = [f"out = torch.empty((*{table}.shape[:{dim}], *{index}.shape, *{table}.shape[{dim + 1}:]), "
              f"device={table}.device, dtype=torch.float32)",
              f"outer, inner = {table}.shape[:{dim}].numel(), {table}.shape[{dim + 1}:].numel()",
@@ -143,11 +135,7 @@ def {name}({", ".join(params)}):
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = (f"{name}[grid]({table}, {index}, out, numel, *{index}.shape[1:], *{index}.stride(), "
             f"*{table}.stride()")
-    if variant.autotune:
-        launch = ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
-    else:
-        block, warps = variant.pointwise[0]
-        launch = [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+    launch = _flat_launch(call, variant)
     lines = [f"out = torch.empty({index}.shape, device={table}.device, dtype=torch.float32)",
              "numel = out.numel()", "if numel:", *("    " + line for line in launch), "return out"]
     launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
@@ -155,3 +143,11 @@ def {name}({", ".join(params)}):
 '''
     return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {},
                         description=f"gather along dim {dim}")
+
+
+def _flat_launch(call: str, variant: Variant) -> list[str]:
+    """The launcher lines of a kernel over `numel` flat elements: an autotuned BLOCK, or the variant's own."""
+    if variant.autotune:
+        return ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
+    block, warps = variant.pointwise[0]
+    return [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
