@@ -118,7 +118,7 @@ def _describe(value: Any, tensors: list, offset: list[int]) -> dict:
         return spec
     if kind is list or kind is tuple:
         return {"t": "list" if kind is list else "tuple", "items": [_describe(v, tensors, offset) for v in value]}
-    if value is None or kind in (bool, int, float, str):
+    if value is None or kind is bool or kind is int or kind is float or kind is str:  # `is`: no foreign __eq__
         return {"t": "scalar", "v": value}
     if kind is torch.dtype and value in _DTYPE_NAMES:
         return {"t": "dtype", "v": _DTYPE_NAMES[value]}
