@@ -26,13 +26,11 @@ from mkevolve.search.beam import Beam
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
                                pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
-from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
+from mkevolve.verify.result import EvalResult, Status, not_started_cause
 from mkevolve.workers.pool import Job
 
 BEST = "best"
 STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
-# What verify/candidate_run.py says when the candidate process never started: the composite did not run.
-NOT_STARTED = CANDIDATE_NOT_STARTED
 
 
 @dataclass
@@ -562,10 +560,8 @@ def composite_not_run(result: EvalResult) -> str:
     if not result.phases:
         return f"the static checks rejected the composed solution before it ran ({result.status.value}): " \
                f"{result.reason}"
-    if result.reason.startswith(NOT_STARTED):
-        cause = result.reason.removeprefix(NOT_STARTED).lstrip(": ") or "no cause given"
-        return f"the verifier could not start the candidate process ({cause})"
-    return ""
+    cause = not_started_cause(result.reason)
+    return "" if cause is None else f"the verifier could not start the candidate process ({cause})"
 
 
 def solution_rank(record: IterationRecord) -> tuple[bool, float] | None:

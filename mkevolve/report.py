@@ -30,7 +30,7 @@ from mkevolve.evaluate import amdahl_contribution
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
 from mkevolve.orchestrator import BEST, iteration_dir
-from mkevolve.verify.result import CANDIDATE_NOT_STARTED
+from mkevolve.verify.result import not_started_cause
 from mkevolve.problem import ProblemError
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, sha256_of
@@ -308,7 +308,6 @@ def _measured(events: list[dict], history: list[IterationRecord]) -> bool:
 # ---- end to end: did the check run? --------------------------------------------------------------------
 
 _COMPOSITE = re.compile(r"iter_(\d+)[/\\]" + re.escape(SOLUTION_FILE) + r"$")
-_NOT_STARTED = CANDIDATE_NOT_STARTED
 _NOT_COMPOSED = "no accepted kernel yet for"        # what runs before guarded completion recorded instead of a check
 _STATIC = re.compile(rf"^(subkernel \w+|{re.escape(SOLUTION_FILE)}): ")
 
@@ -335,8 +334,8 @@ def end_to_end(record: IterationRecord, checked: set[int] | None) -> EndToEnd:
         return EndToEnd(True, status, "")
     if not status:
         return EndToEnd(False, NOT_RUN, "the run stopped before this iteration's end-to-end check")
-    if reason.startswith(_NOT_STARTED):
-        cause = reason.removeprefix(_NOT_STARTED).lstrip(": ") or "no cause given"
+    cause = not_started_cause(reason)
+    if cause is not None:
         return EndToEnd(False, NOT_RUN, f"the verifier could not start the candidate process ({cause}), "
                                         "so the composed solution got no verdict")
     if reason.startswith(_NOT_COMPOSED):

@@ -23,10 +23,10 @@ from mkevolve.cli import main
 from mkevolve.config import RunConfig
 from mkevolve.display import RunDisplay, RunView, SubproblemRow, elapsed_text
 from mkevolve.events import EventLog
-from mkevolve.orchestrator import BEST, NOT_STARTED, Orchestrator, RunOutcome, _print_failure, composite_not_run
+from mkevolve.orchestrator import BEST, Orchestrator, RunOutcome, _print_failure, composite_not_run
 from mkevolve.run_state import IterationRecord, RunState, Step, SubkernelRecord
 from mkevolve.search.beam import Beam, Candidate, Exhausted, PromptKind
-from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "replay_run"
 PROBLEM = FIXTURES / "sharp_sigmoid.py"
@@ -166,7 +166,7 @@ def test_a_composite_rejected_before_it_ran_says_so():
     static = EvalResult(status=Status.CHEATING, reason="decomposed_solution.py: the top-level computes")
     assert composite_not_run(static).startswith("the static checks rejected the composed solution before it ran "
                                                 "(cheating): decomposed_solution.py")
-    unstarted = EvalResult(status=Status.CRASHED, reason=f"{NOT_STARTED}: fork failed", phases={"worker_start": 0.1})
+    unstarted = EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: fork failed", phases={"worker_start": 0.1})
     assert composite_not_run(unstarted) == "the verifier could not start the candidate process (fork failed)"
     ran = EvalResult(status=Status.INCORRECT, reason="output mismatch", phases={"worker_start": 0.1, "load": 1.0})
     assert composite_not_run(ran) == ""

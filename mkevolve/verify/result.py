@@ -34,6 +34,14 @@ class Timing:
 CANDIDATE_NOT_STARTED = "the candidate process could not be run"
 
 
+def not_started_cause(reason: str) -> str | None:
+    """The cause in a reason that says the candidate process never started (so nothing was checked);
+    None for any other reason."""
+    if not reason.startswith(CANDIDATE_NOT_STARTED):
+        return None
+    return reason.removeprefix(CANDIDATE_NOT_STARTED).lstrip(": ") or "no cause given"
+
+
 @dataclass
 class EvalResult:
     status: Status
