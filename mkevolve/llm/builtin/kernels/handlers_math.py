@@ -140,10 +140,17 @@ def _gelu(b: Builder, call: Call):
 
 
 def _with_attrs(op: str, **defaults) -> Handler:
-    """An op with numeric options after the tensor, in the order given (torch's functional signature)."""
+    """An op with numeric options after the tensor, in the order given (torch's functional signature).
+
+    The option names must be torch's keyword names: a keyword the handler does not know is an error, not
+    ignored, since ignoring one (leaky_relu's `negative_slope`) silently computes with the default."""
     names = list(defaults)
+    known = {"input", "self", "inplace", *names}
 
     def handler(b: Builder, call: Call):
+        unknown = sorted(set(call.kwargs) - known)
+        if unknown:
+            raise UnsupportedSubproblem(f"{call.name}: unsupported keyword argument(s) {', '.join(unknown)}")
         attrs = {name: call.arg(1 + i, name, defaults[name]) for i, name in enumerate(names)}
         return b.pw(op, call.arg(0, "input"), **attrs)
     return handler
@@ -540,7 +547,7 @@ FUNCTIONS.update({
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
     "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0),
     "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
-    "leaky_relu": _with_attrs("leaky_relu", slope=0.01),
+    "leaky_relu": _with_attrs("leaky_relu", negative_slope=0.01),
     "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
@@ -562,7 +569,7 @@ MODULES: dict[type, Handler] = {cls: _module_op(op) for cls, op in _UNARY_MODULE
 MODULES.update({
     nn.GELU: _gelu_module, nn.Softplus: _module_op("softplus", beta="beta", threshold="threshold"),
     nn.ELU: _module_op("elu", alpha="alpha"), nn.CELU: _module_op("celu", alpha="alpha"),
-    nn.LeakyReLU: _module_op("leaky_relu", slope="negative_slope"),
+    nn.LeakyReLU: _module_op("leaky_relu", negative_slope="negative_slope"),
     nn.Hardtanh: _module_op("hardtanh", low="min_val", high="max_val"),
     nn.Threshold: _module_op("threshold", threshold="threshold", value="value"),
     nn.Softshrink: _module_op("softshrink", lambd="lambd"), nn.Hardshrink: _module_op("hardshrink", lambd="lambd"),

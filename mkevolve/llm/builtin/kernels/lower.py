@@ -14,6 +14,7 @@ from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
 from .ir import Input, Program, Scalar, Value
+from .mutation import check_no_stale_alias, is_inplace_name, mutated_input, touches_caller_tensor
 from .trace import INDEX_DTYPES, Trace
 
 FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS}
@@ -64,10 +65,11 @@ class _Lowering:
     def run(self) -> Program:
         graph_nodes = self.nodes[0]
         output = graph_nodes[-1]
-        live = _live(self._user_outputs(output))
+        live = self._keep_mutations(graph_nodes, _live(self._user_outputs(output)))
         missing = self._missing_handlers(graph_nodes, live)
         if missing:
             raise UnsupportedOps(missing)
+        order = {node: index for index, node in enumerate(graph_nodes)}
         for index, node in enumerate(graph_nodes):
             if node.op == "output":
                 break
@@ -75,6 +77,7 @@ class _Lowering:
                 self._check_dead(node)
                 continue
             self.env[node] = self._lower_node(index, node)
+            self._rebind_mutated(node, order, live)
         self.program.outputs = self._outputs(output)
         for value in self.program.output_values():
             if not isinstance(value, Value):
@@ -95,11 +98,38 @@ class _Lowering:
             return _pytree.tree_unflatten(values, self.trace.out_spec)
         return values[0]
 
+    def _keep_mutations(self, nodes: list[fx.Node], live: set[fx.Node]) -> set[fx.Node]:
+        """`y.relu_()` as a statement: its result is unused, yet it is live when `y` is read after it.
+        One on a forward input or a parameter stays dead, so _check_dead refuses the caller-visible mutation."""
+        module_of = self.trace.configs[0].model.get_submodule
+        order = {node: index for index, node in enumerate(nodes)}
+        changed = True
+        while changed:      # a kept op makes its inputs live, which can keep an earlier in-place op
+            changed = False
+            for node in nodes:
+                mutated = None if node in live else mutated_input(node, module_of)
+                if mutated is None or touches_caller_tensor(mutated, module_of):
+                    continue
+                if any(u in live and order[u] > order[node] for u in mutated.users):
+                    live |= _live([node])
+                    changed = True
+        return live
+
+    def _rebind_mutated(self, node: fx.Node, order: dict[fx.Node, int], live: set[fx.Node]) -> None:
+        """After `F.relu(y, inplace=True)` or `y.mul_(2)`, later reads of `y` read the op's result."""
+        model = self.trace.configs[0].model
+        mutated = mutated_input(node, model.get_submodule)
+        if mutated is None or not isinstance(self.env.get(mutated), Value):
+            return      # nothing mutated, or Python number arithmetic (`n += 1` rebinds, it mutates nothing)
+        check_no_stale_alias(node, mutated, model.get_submodule, order, live)
+        self.env[mutated] = self.env[node]
+
     def _check_dead(self, node: fx.Node) -> None:
-        """An in-place op whose result is unused still changes its input; the program cannot express that."""
+        """An in-place op left dead (nothing reads the tensor it changes afterwards, or that tensor is the
+        caller's) still changes its input; the program cannot express that."""
         if node.op in ("call_method", "call_function") and not node.users:
             key = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-            if isinstance(key, str) and key.endswith("_") and not key.endswith("__"):
+            if isinstance(key, str) and is_inplace_name(key):
                 if self.trace.kind == "export" and self._mutates_buffer(node):
                     return
                 raise UnsupportedSubproblem(f"in-place {key} whose result is not used (mutation of its input)")

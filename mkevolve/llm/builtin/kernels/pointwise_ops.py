@@ -97,7 +97,7 @@ OPS: dict[str, PointwiseOp] = {
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
     "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp({x} / {alpha}) - 1.0), 0.0))"),
-    "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {slope})"),
+    "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {negative_slope})"),
     "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
     "clamp_min": _unary("tl.maximum({x}, {low})"),
     "clamp_max": _unary("tl.minimum({x}, {high})"),

@@ -1,0 +1,492 @@
+"""Regressions in the builtin Triton generator, each on a shrunk problem that runs on CPU.
+
+1. ConvTranspose3d + mean over channels: the kernels must compile (checked by compiling every launched kernel
+   for an sm_90 target offline, which needs no GPU) and match.
+2. Grouped and depthwise Conv2d, and conv subproblems with several input configs: a correct kernel each.
+3. leaky_relu with a non-default slope, in every spelling (keyword, positional, module, in-place), fused into
+   a row kernel's epilogue or a pointwise kernel.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+
+from torch import nn
+
+from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.llm.builtin.kernels.builders import Builder
+from mkevolve.llm.builtin.kernels.calls import Call
+from mkevolve.llm.builtin.kernels.ir import Input, Program
+from mkevolve.llm.builtin.kernels.lower import FUNCTIONS
+from mkevolve.problem import call_inputs, import_file, load_problem
+
+ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+TARGET = "cuda" if ON_GPU else "cpu"
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+def _write_problem(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def _run_both(path: Path, module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(expected, actual) per input config, Model and ModelNew built and fed alike (fresh inputs for each, so
+    a reference that mutates its input cannot change what the candidate sees)."""
+    problem = load_problem(path)
+    pairs = []
+    for config in problem.configs:
+        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+        torch.manual_seed(0)
+        reference = problem.model_cls(*init).to(DEVICE)
+        torch.manual_seed(0)
+        candidate = module.ModelNew(*init).to(DEVICE)
+        with torch.no_grad():
+            torch.manual_seed(1)
+            expected = reference(*[t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")])
+            torch.manual_seed(1)
+            actual = candidate(*[t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")])
+        pairs.append((expected, actual))
+    return pairs
+
+
+def _assert_variant_matches(path: Path, variant: int, tmp_path: Path):
+    generated = generate_kernel(path, variant, TARGET)
+    module = import_file(_save(generated.source, tmp_path, f"{path.stem}_v{variant}"), prefix="generated")
+    for expected, actual in _run_both(path, module):
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    return generated
+
+
+def _save(source: str, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def _assert_all_variants_match(path: Path, tmp_path: Path) -> None:
+    count = variant_count(path, TARGET)
+    assert count >= 1
+    for variant in range(count):
+        _assert_variant_matches(path, variant, tmp_path)
+
+
+# --- offline compilation: what the interpreter never does ---------------------------------------------
+
+# Run in a fresh process: with TRITON_INTERPRET=1, Triton's own @jit library functions are interpreter objects,
+# which its compiler cannot read. The parent sends [(generated file, kernel name, signature, constexprs,
+# options)] on stdin; any CompilationError fails the process with its message.
+_COMPILE_SCRIPT = """
+import json, sys
+import importlib.util
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+modules = {}
+for path, name, signature, constexprs, options in json.load(sys.stdin):
+    if path not in modules:
+        spec = importlib.util.spec_from_file_location(f"generated_{len(modules)}", path)
+        modules[path] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[path])
+    kernel = getattr(modules[path], name)
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn  # an @triton.autotune wrapper holds the JITFunction
+    constants = {(int(i),): v for i, v in constexprs.items()}
+    triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
+    print("compiled", name)
+"""
+
+_TENSOR_TYPES = {torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32", torch.bool: "*i1"}
+
+
+def _argument_type(value) -> str:
+    """Triton's specialisation of a launch argument (ints equal to 1 become constexprs, as at a real launch)."""
+    if isinstance(value, torch.Tensor):
+        return _TENSOR_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "u1"
+    if isinstance(value, int):
+        return "constexpr" if value == 1 else ("i32" if -2**31 <= value < 2**31 else "i64")
+    if isinstance(value, float):
+        return "fp32"
+    if value is None:
+        return "constexpr"
+    raise TypeError(f"launch argument of type {type(value).__name__}")
+
+
+def _recorded_launches(path: Path, module, monkeypatch) -> list[tuple[InterpretedFunction, tuple, dict]]:
+    """Run ModelNew in the interpreter and record every kernel launch: (kernel, args, kwargs)."""
+    launches = []
+    original = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(InterpretedFunction, "run", recording_run)
+        _run_both(path, module)
+    return launches
+
+
+def _launch_spec(file: Path, kernel: InterpretedFunction, args: tuple, kwargs: dict) -> list:
+    names = list(inspect.signature(kernel.fn).parameters)
+    values = list(args) + [kwargs[n] for n in names[len(args):]]
+    annotations = inspect.get_annotations(kernel.fn)
+    signature, constexprs = {}, {}
+    for index, (name, value) in enumerate(zip(names, values)):
+        constexpr = "constexpr" in str(annotations.get(name, ""))
+        signature[name] = "constexpr" if constexpr else _argument_type(value)
+        if signature[name] == "constexpr":
+            constexprs[str(index)] = value
+    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+    return [str(file), kernel.fn.__name__, signature, constexprs, options]
+
+
+def _compile_offline(specs: list[list]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], input=json.dumps(specs), env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _assert_compiles(specs: list[list]) -> None:
+    done = _compile_offline(specs)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("compiled") == len(specs)
+
+
+def _launch_specs(path: Path, source: str, tmp_path: Path, monkeypatch, tag: str) -> list[list]:
+    """Every kernel launch of the generated ModelNew, as _COMPILE_SCRIPT takes it."""
+    file = _save(source, tmp_path, f"{path.stem}_{tag}")
+    module = import_file(file, prefix="generated")
+    return [_launch_spec(file, *launch) for launch in _recorded_launches(path, module, monkeypatch)]
+
+
+# --- 1. ConvTranspose3d + mean over channels ------------------------------------------------------------
+
+CONV_TRANSPOSE_MEAN = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv_transpose = nn.ConvTranspose3d(in_channels, out_channels, 3{geometry})
+
+    def forward(self, x):
+        x = self.conv_transpose(x)
+        x = x.mean(dim=1{keepdim})
+        return x
+
+
+def get_inputs():
+    return [torch.randn(1, {cin}, 2, 3, 2)]
+
+
+def get_init_inputs():
+    return [{cin}, {cout}]
+"""
+
+
+def _conv_transpose_mean(keepdim: bool, strided: bool, channels: tuple[int, int]) -> str:
+    return CONV_TRANSPOSE_MEAN.format(geometry=", stride=2, padding=1" if strided else "",
+                                      keepdim=", keepdim=True" if keepdim else "", cin=channels[0], cout=channels[1])
+
+
+# (3, 4) channels take the direct template, (8, 8) the implicit-GEMM one
+@pytest.mark.parametrize("channels", [(3, 4), (8, 8)], ids=["direct", "implicit_gemm"])
+@pytest.mark.parametrize("strided", [True, False], ids=["stride2_pad1", "stride1"])
+@pytest.mark.parametrize("keepdim", [True, False], ids=["keepdim", "no_keepdim"])
+def test_conv_transpose3d_mean_compiles_and_matches(keepdim, strided, channels, tmp_path, monkeypatch):
+    path = _write_problem(tmp_path, "ct3_mean", _conv_transpose_mean(keepdim, strided, channels))
+    specs = []
+    for variant in range(variant_count(path, TARGET)):
+        generated = _assert_variant_matches(path, variant, tmp_path)
+        if not ON_GPU:  # on a GPU, running the kernels compiled them
+            launched = _launch_specs(path, generated.source, tmp_path, monkeypatch, f"v{variant}")
+            assert {"_conv", "_rows"} <= {name.split("_kernel_")[0] for _, name, *_ in launched}
+            specs += launched
+    if specs:
+        _assert_compiles(specs)
+
+
+def test_offline_compilation_catches_a_kernel_that_does_not_compile(tmp_path):
+    """The compile check above is not vacuous: a type error the interpreter tolerates is a CompilationError."""
+    source = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _broken(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for i in range(n):
+        offs = offs.to(tl.float32)   # a loop-carried value changing type
+    tl.store(x_ptr + tl.arange(0, BLOCK), offs)
+'''
+    file = _save(source, tmp_path, "broken")
+    spec = [str(file), "_broken", {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"2": 16}, {}]
+    done = _compile_offline([spec])
+    assert done.returncode != 0
+    assert "Loop-carried variable" in done.stderr
+
+
+# --- 2. grouped and depthwise convolutions, several input configs ------------------------------------------
+
+GROUPED_CONV = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, groups):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, 3, stride={stride}, padding=1, groups=groups)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def get_inputs():
+    return [torch.randn(1, {cin}, 5, 6)]
+
+
+def get_init_inputs():
+    return [{cin}, {cout}, {groups}]
+"""
+
+GROUPED_CASES = {
+    "grouped_direct": dict(cin=8, cout=12, groups=2, stride=1),     # 4 input channels per group: FMA template
+    "grouped_implicit_gemm": dict(cin=16, cout=16, groups=2, stride=2),   # 8 per group: tl.dot template
+    "depthwise": dict(cin=6, cout=6, groups=6, stride=1),
+    "depthwise_multiplier": dict(cin=3, cout=6, groups=3, stride=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROUPED_CASES))
+def test_grouped_and_depthwise_conv2d(case, tmp_path):
+    path = _write_problem(tmp_path, case, GROUPED_CONV.format(**GROUPED_CASES[case]))
+    _assert_all_variants_match(path, tmp_path)
+
+
+CONV_CONFIGS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, groups):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1, groups=groups)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def get_inputs():
+    return get_input_configs()[0]["get_inputs"]()
+
+
+def get_init_inputs():
+    return get_input_configs()[0]["get_init_inputs"]()
+
+
+def get_input_configs():
+    return [
+{configs}
+    ]
+"""
+
+
+def _conv_configs(configs: list[tuple[list[int], tuple[int, ...]]]) -> str:
+    lines = [f'        {{"get_init_inputs": lambda: {init}, "get_inputs": lambda: [torch.randn{shape}]}},'
+             for init, shape in configs]
+    return CONV_CONFIGS.format(configs="\n".join(lines))
+
+
+SHARED_GROUPS_CONFIGS = {
+    "dense": [([3, 4, 1], (2, 3, 6, 6)), ([3, 4, 1], (1, 3, 9, 5)), ([5, 2, 1], (1, 5, 4, 7))],
+    "grouped": [([4, 6, 2], (2, 4, 5, 5)), ([4, 6, 2], (1, 4, 7, 3))],
+    "depthwise": [([4, 4, 4], (2, 4, 6, 5)), ([4, 4, 4], (1, 4, 3, 8))],
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARED_GROUPS_CONFIGS))
+def test_conv_with_several_input_configs(case, tmp_path):
+    path = _write_problem(tmp_path, f"conv_configs_{case}", _conv_configs(SHARED_GROUPS_CONFIGS[case]))
+    assert len(load_problem(path).configs) == len(SHARED_GROUPS_CONFIGS[case])
+    _assert_all_variants_match(path, tmp_path)
+
+
+# Depthwise with a channel count that differs between configs: `groups` follows the channels. The conv
+# template bakes `groups` into the launcher as a literal, so until emit_conv derives it at run time the
+# generator refuses such a subproblem, with a message that names the cause.
+DEPTHWISE_VARYING = [([4, 4, 4], (2, 4, 6, 5)), ([6, 6, 6], (1, 6, 3, 8))]
+
+
+@pytest.mark.xfail(raises=UnsupportedSubproblem, strict=True,
+                   reason="emit_conv writes groups as a literal; a per-config groups needs a run-time value")
+def test_depthwise_conv_whose_groups_differ_between_configs(tmp_path):
+    path = _write_problem(tmp_path, "depthwise_varying", _conv_configs(DEPTHWISE_VARYING))
+    _assert_all_variants_match(path, tmp_path)
+
+
+# --- 3. leaky_relu's slope ----------------------------------------------------------------------------------
+
+LEAKY = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, features, scale):
+        super().__init__()
+        self.norm = nn.LayerNorm(features)
+        self.act = nn.LeakyReLU({module_args})
+        self.scale = scale
+
+    def forward(self, x):
+        {body}
+
+
+def get_inputs():
+    return [torch.randn(4, 3, 16)]
+
+
+def get_init_inputs():
+    return [16, 1.5]
+"""
+
+# name -> (nn.LeakyReLU arguments, forward body). Inputs are standard normal, so a wrong slope on the
+# negative half is far outside the tolerance.
+LEAKY_CASES = {
+    # the reported case: LayerNorm's row kernel with leaky_relu and the scale in its epilogue
+    "layernorm_keyword": ("", "x = self.norm(x)\n        x = torch.nn.functional.leaky_relu(x, negative_slope=0.2)"
+                              "\n        return x * self.scale"),
+    "layernorm_positional": ("", "return F.leaky_relu(self.norm(x), 0.2) * self.scale"),
+    "layernorm_module": ("0.2", "return self.act(self.norm(x)) * self.scale"),
+    "layernorm_module_keyword_inplace": ("negative_slope=0.2, inplace=True",
+                                        "return self.act(self.norm(x)) * self.scale"),
+    "layernorm_functional_inplace": ("", "return F.leaky_relu(self.norm(x), 0.2, True) * self.scale"),
+    "layernorm_functional_inplace_keyword": (
+        "", "return F.leaky_relu(self.norm(x), negative_slope=0.2, inplace=True) * self.scale"),
+    "layernorm_underscore_keyword": ("", "return F.leaky_relu_(self.norm(x), negative_slope=0.2) * self.scale"),
+    "layernorm_underscore_positional": ("", "return F.leaky_relu_(self.norm(x), 0.2) * self.scale"),
+    "pointwise_keyword": ("", "return F.leaky_relu(x * self.scale, negative_slope=0.3) + 1.0"),
+    "softmax_epilogue_keyword": ("", "return F.leaky_relu(torch.softmax(x, dim=-1) - 0.1, negative_slope=3.0)"),
+    # an in-place op's input read afterwards must see the mutation
+    "inplace_input_read_after": ("", "y = x * self.scale\n        z = F.leaky_relu(y, 0.2, inplace=True)"
+                                     "\n        return y + z"),
+    "inplace_module_input_read_after": ("0.2, True", "y = x * self.scale\n        z = self.act(y)"
+                                                     "\n        return y + z"),
+    "inplace_statement": ("", "y = x * self.scale\n        F.leaky_relu_(y, 0.2)\n        return y * 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEAKY_CASES))
+def test_leaky_relu_slope_is_honoured(case, tmp_path):
+    module_args, body = LEAKY_CASES[case]
+    path = _write_problem(tmp_path, case, LEAKY.format(module_args=module_args, body=body))
+    _assert_variant_matches(path, 0, tmp_path)
+
+
+def test_leaky_relu_slope_reaches_the_kernel_source():
+    """The slope is in the emitted expression, not torch's default 0.01."""
+    path = Path(__file__).resolve().parent / "subproblems" / "layernorm_leaky_relu.py"
+    source = generate_kernel(path, 0, TARGET).source.split("class ModelNew")[0]
+    assert "0.2" in source
+    assert "0.01" not in source
+
+
+@pytest.mark.parametrize("op", ["leaky_relu", "softplus", "elu", "threshold", "hardshrink"])
+def test_a_keyword_the_lowering_does_not_know_is_refused(op):
+    """fx records `F.leaky_relu(x, 0.2)` with the slope as keyword `negative_slope`; a handler that matched
+    keywords by another name dropped it for the default. A keyword no handler reads is now an error."""
+    program = Program()
+    x = program.add(Input(((4, 16),), index=0, name="x"))
+    call = Call(op, [x], {"negative_slop": 0.2})
+    with pytest.raises(UnsupportedSubproblem, match="negative_slop"):
+        FUNCTIONS[op](Builder(program, [nn.Module()]), call)
+
+
+def test_every_keyword_of_leaky_relu_is_read():
+    program = Program()
+    x = program.add(Input(((4, 16),), index=0, name="x"))
+    value = FUNCTIONS["leaky_relu"](Builder(program, [nn.Module()]),
+                                    Call("leaky_relu", [x], {"negative_slope": 0.2, "inplace": False}))
+    assert value.op == "leaky_relu"
+    assert {k: s.value for k, s in value.attrs.items()} == {"negative_slope": 0.2}
+
+
+ALIASED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        y = x * 1.0
+        v = y.view(-1)
+        z = F.leaky_relu(y, 0.2, inplace=True)
+        return v * 2.0 + z.sum()
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_inplace_op_on_a_tensor_whose_view_is_read_later_is_refused(tmp_path):
+    """The view `v` taken before the mutation sees it in torch; the functional program cannot express that."""
+    path = _write_problem(tmp_path, "aliased", ALIASED)
+    with pytest.raises(UnsupportedSubproblem, match="shares its memory"):
+        variant_count(path, TARGET)
+
+
+INPUT_MUTATED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        F.leaky_relu_(x, 0.2)
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_inplace_statement_on_a_forward_input_is_still_refused(tmp_path):
+    """The caller sees its input change; the generated program writes new tensors only."""
+    path = _write_problem(tmp_path, "input_mutated", INPUT_MUTATED)
+    with pytest.raises(UnsupportedSubproblem, match="whose result is not used"):
+        variant_count(path, TARGET)
