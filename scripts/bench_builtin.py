@@ -152,7 +152,47 @@ def _cases() -> list[Case]:
                 return torch.relu(self.conv(x))
         ''', f"[torch.randn({n_}, {c}, {hw}, {hw})]", f"[{c}, {co}]"),
         2 * out * c * 9, f32 * (n_ * c * hw * hw + co * c * 9 + co + out)))
+    cases += _kernelbench_conv_cases()
     return cases
+
+
+def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+               macs_per_output: int, weight_numel: int) -> Case:
+    """A convolution layer alone at a KernelBench level 2 size: FLOPs = 2 x outputs x MACs per output
+    (for a transposed convolution, the MACs its gather form does on average: C_in x taps / stride^d)."""
+    outputs, inputs = math.prod(out_shape), math.prod(x_shape)
+    return Case(name, _problem(f'''
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = {layer}
+
+            def forward(self, x):
+                return self.conv(x)
+        ''', f"[torch.randn{x_shape}]", "[]"),
+        2 * outputs * macs_per_output, 4 * (inputs + weight_numel + out_shape[1] + outputs))
+
+
+def _kernelbench_conv_cases() -> list[Case]:
+    """The convolution of each convolution-family problem in the shared KernelBench level 2 sample, at
+    its size (the problem numbers are in the names)."""
+    return [
+        _conv_case("conv2d_64_128_k3__31_35", "nn.Conv2d(64, 128, 3)", (128, 64, 128, 128),
+                   (128, 128, 126, 126), 64 * 9, 128 * 64 * 9),
+        _conv_case("conv2d_8_64_k3__67_87", "nn.Conv2d(8, 64, 3)", (128, 8, 256, 256),
+                   (128, 64, 254, 254), 8 * 9, 64 * 8 * 9),
+        _conv_case("conv3d_3_16_k3__83", "nn.Conv3d(3, 16, 3)", (128, 3, 16, 64, 64),
+                   (128, 16, 14, 62, 62), 3 * 27, 16 * 3 * 27),
+        _conv_case("conv3d_32_64_k3p1__43", "nn.Conv3d(32, 64, 3, padding=1)", (4, 32, 32, 128, 128),
+                   (4, 64, 32, 128, 128), 32 * 27, 64 * 32 * 27),
+        _conv_case("convT2d_64_128_k4s2__91", "nn.ConvTranspose2d(64, 128, 4, stride=2, padding=1, "
+                   "output_padding=1)", (128, 64, 64, 64), (128, 128, 129, 129), 64 * 16 // 4, 64 * 128 * 16),
+        _conv_case("convT3d_32_64_k3s2__3", "nn.ConvTranspose3d(32, 64, 3, stride=2, padding=1, "
+                   "output_padding=1)", (32, 32, 16, 32, 32), (32, 64, 32, 64, 64), 32 * 27 // 8,
+                   32 * 64 * 27),
+        _conv_case("convT2d_64_128_k5__11", "nn.ConvTranspose2d(64, 128, 5, padding=1)", (512, 64, 32, 32),
+                   (512, 128, 34, 34), 64 * 25, 64 * 128 * 25),
+    ]
 
 
 @dataclass

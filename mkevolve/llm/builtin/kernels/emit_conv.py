@@ -1,14 +1,28 @@
 """Convolutions (1-3 spatial dims, strided, padded, dilated, grouped, transposed) with a fused epilogue.
 
-Two templates. Implicit GEMM: output positions x output channels of one group form the C tile, the
-kernel window is unrolled, input channels are walked in BLOCK_K steps through tl.dot. Direct: one
-program per BLOCK output elements, each summing its window with FMAs; used when a group has too few
-channels to fill a tl.dot tile (depthwise convolutions, the first RGB layer).
+Two templates.
+
+Implicit GEMM, on tensor cores through tl.dot: for one group, C[M, N] = A[M, K] @ B[K, N] with
+M = output positions (batch and spatial), N = output channels and K = (kernel tap, input channel).
+The launcher hands the kernel the input channels-last ([N, D.., C_in], a pixel's channels adjacent)
+and the weight as [groups, taps.., C_in_g, C_out_g], so both tiles are read along contiguous memory.
+K is walked in BLOCK_K steps: when BLOCK_K divides the channels of a group each step stays inside
+one kernel tap (its masks are per output position); with few channels (an RGB input, 8 channels)
+a step spans several taps, so no tl.dot lane is wasted on padding. A transposed convolution is
+split by output phase (output coordinate mod stride): in one phase only every stride-th kernel tap
+reaches an input pixel, so each program walks those taps alone instead of masking the others.
+
+Direct: one program per BLOCK output elements, each summing its window with FMAs; used when a group
+has too few channels for a tl.dot tile (depthwise convolutions) and for transposed convolutions
+whose dilation and stride share a factor.
 """
 
 from __future__ import annotations
 
-from .configs import Variant
+import math
+from dataclasses import replace
+
+from .configs import MatmulTile, Variant
 from .emit_common import (
     ExprEmitter,
     KernelSource,
@@ -27,7 +41,11 @@ from .indexing import GroupIndices, Indexer, Space
 from .ir import Conv, Program
 from .plan import KernelPlan
 
-_MIN_DOT_CHANNELS = 8
+_MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mostly padding
+_MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
+_MIN_TILE = 16       # smallest tl.dot tile side
+_MAX_BLOCK_K = 64
+_MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
 
 
 def _group_channels(conv: Conv) -> tuple[set[int], set[int]]:
@@ -37,9 +55,29 @@ def _group_channels(conv: Conv) -> tuple[set[int], set[int]]:
     return ({s[1] for s in conv.w.shapes}, {s[0] // conv.groups for s in conv.w.shapes})
 
 
+def _kernel_size(conv: Conv) -> tuple[int, ...]:
+    return tuple(conv.w.shapes[0][2:])
+
+
+def _taps(conv: Conv) -> tuple[int, ...]:
+    """Kernel taps per spatial dim that one program walks: all of them, or for a transposed
+    convolution the ceil(K / stride) that can land on one output phase."""
+    if not conv.transposed:
+        return _kernel_size(conv)
+    return tuple(-(-k // s) for k, s in zip(_kernel_size(conv), conv.stride))
+
+
+def _phases_split(conv: Conv) -> bool:
+    """A transposed convolution splits by output phase when each phase's taps are every stride-th
+    one: true when dilation and stride share no factor (then dilation has an inverse mod stride)."""
+    return all(math.gcd(d, s) == 1 for d, s in zip(conv.dilation, conv.stride))
+
+
 def conv_uses_dot(conv: Conv) -> bool:
     c_in, c_out = _group_channels(conv)
-    return min(c_in) >= _MIN_DOT_CHANNELS and min(c_out) >= _MIN_DOT_CHANNELS
+    k_total = min(c_in) * math.prod(_taps(conv))
+    fits = min(c_out) >= _MIN_DOT_N and k_total >= _MIN_DOT_K
+    return fits and (not conv.transposed or _phases_split(conv))
 
 
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -56,11 +94,260 @@ def _geometry_params(conv: Conv) -> list[str]:
 
 
 def _geometry_args(conv: Conv) -> list[str]:
-    kernel_size = conv.w.shapes[0][2:]
+    kernel_size = _kernel_size(conv)
     s = len(conv.stride)
     return ([f"STRIDE{d}={conv.stride[d]}" for d in range(s)] + [f"PAD{d}={conv.padding[d]}" for d in range(s)]
             + [f"DIL{d}={conv.dilation[d]}" for d in range(s)] + [f"K{d}={kernel_size[d]}" for d in range(s)])
 
+
+def _position_lines(spatial: int, flat: str, size: str = "P", coordinate: str = "p") -> list[str]:
+    """Split a flat index into (nb, p0, p1, ...) over sizes (batch, P0, P1, ...), row-major."""
+    lines = []
+    rest = flat
+    for d in range(spatial - 1, -1, -1):
+        lines.append(f"{coordinate}{d} = {rest} % {size}{d}")
+        lines.append(f"rest{d} = {rest} // {size}{d}")
+        rest = f"rest{d}"
+    lines.append(f"nb = {rest}")
+    return lines
+
+
+def _flat(names: list[str], sizes: list[str]) -> str:
+    """Row-major flat index of coordinates `names` over `sizes`."""
+    return " + ".join(n + "".join(f" * {s}" for s in sizes[i + 1:]) for i, n in enumerate(names))
+
+
+def _out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
+    spatial = len(conv.stride)
+    lines = [f"D{d} = {x}.shape[{2 + d}]" for d in range(spatial)]
+    for d in range(spatial):
+        k = _kernel_size(conv)[d]
+        s, p, dil = conv.stride[d], conv.padding[d], conv.dilation[d]
+        if conv.transposed:
+            lines.append(f"P{d} = (D{d} - 1) * {s} - {2 * p} + {dil * (k - 1)} + {conv.output_padding[d]} + 1")
+        else:
+            lines.append(f"P{d} = (D{d} + {2 * p} - {dil * (k - 1)} - 1) // {s} + 1")
+    groups = conv.groups
+    if conv.transposed:
+        lines += [f"C_in_g = {x}.shape[1] // {groups}", f"C_out_g = {w}.shape[1]"]
+    else:
+        lines += [f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // {groups}"]
+    sizes = ", ".join(f"P{d}" for d in range(spatial))
+    lines += [f"C_out = C_out_g * {groups}",
+              f"out = torch.empty(({x}.shape[0], C_out, {sizes}), device={x}.device, dtype=torch.float32)",
+              "shape = out.shape"]
+    return lines
+
+
+def _epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict[int, str], mask: str):
+    leaves = body_leaves(kernel, program)
+    epilogue = [operands[v.id] for v in leaves]
+    indexer = Indexer(kernel.root.shapes, spaces, epilogue)
+    scalars = ScalarArgs()
+    emitter = ExprEmitter(indexer, {v.id: operands[v.id] for v in leaves}, scalars)
+    lines: list[str] = []
+    region = Region(lines, mask=mask, indices=GroupIndices(indexer, flat, lines, "e"),
+                    bound={kernel.anchor.id: "acc"})
+    result = emitter.value(kernel.root, region)
+    return epilogue, indexer, scalars, emitter, lines, result
+
+
+# -- implicit GEMM ----------------------------------------------------------------------------------
+
+def _tap_per_block(conv: Conv) -> bool:
+    """Every group has a multiple of 16 input channels: a BLOCK_K step then stays inside one tap."""
+    return all(c % _MIN_TILE == 0 for c in _group_channels(conv)[0])
+
+
+def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...]) -> tuple[MatmulTile, ...]:
+    """The variant's tiles cut to this convolution: BLOCK_N no wider than its output channels per group,
+    BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap."""
+    c_in, c_out = _group_channels(conv)
+    n_cap = max(_MIN_TILE, 1 << (max(c_out) - 1).bit_length())
+    if _tap_per_block(conv):
+        common = math.gcd(*c_in)
+        k_cap = _MAX_BLOCK_K
+        while common % k_cap:
+            k_cap //= 2  # stops at 16 at the latest: every group's channels are a multiple of 16
+    else:
+        k_cap = max(_MIN_TILE, 1 << (min(c_in) * math.prod(_taps(conv)) - 1).bit_length())
+    cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
+    return tuple(dict.fromkeys(cut))
+
+
+def _image_tiles(conv: Conv) -> bool:
+    """Tiles of a forward convolution stay inside one image when images have enough output positions
+    to fill them (the last tile of each image is partly masked): the tile's positions are then one
+    contiguous run, which Triton sees, so the output is stored coalesced along them."""
+    return not conv.transposed and min(math.prod(s[2:]) for s in conv.shapes) >= _MIN_IMAGE_POSITIONS
+
+
+def _row_lines(conv: Conv) -> list[str]:
+    """This program's output rows: `nb` the image; per spatial dim `base{d}`, the input coordinate that
+    tap 0 (of this phase) reads; `pos`, the flat spatial output index; `m_ok`, which rows exist."""
+    spatial = len(conv.stride)
+    dims = range(spatial)
+    positions = " * ".join(f"P{d}" for d in dims)
+    if _image_tiles(conv):
+        return ([f"tiles = tl.cdiv({positions}, BLOCK_M)  # per image", "nb = pid_m // tiles",
+                 "pos = (pid_m - nb * tiles) * BLOCK_M + tl.arange(0, BLOCK_M)", f"m_ok = pos < {positions}"]
+                + _position_lines(spatial, "pos")[:-1]   # all but `nb = ...`: pos is inside one image
+                + [f"base{d} = p{d} * STRIDE{d} - PAD{d}" for d in dims])
+    lines = ["rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "m_ok = rm < M"]
+    if not conv.transposed:
+        return (lines + _position_lines(spatial, "rm")
+                + [f"base{d} = p{d} * STRIDE{d} - PAD{d}" for d in dims]
+                + [f"pos = {_flat([f'p{d}' for d in dims], [f'P{d}' for d in dims])}"])
+    # phase r = output coordinate mod STRIDE; rows are (batch, q0, q1, ..) with output o = r + STRIDE * q
+    lines += ["phase = tl.program_id(2) // GROUPS"]
+    for d in reversed(dims):
+        lines += [f"r{d} = phase % STRIDE{d}", f"phase = phase // STRIDE{d}"]
+    lines += _position_lines(spatial, "rm", size="Q", coordinate="q")
+    for d in dims:
+        lines += [f"o{d} = r{d} + STRIDE{d} * q{d}",
+                  f"m_ok = m_ok & (o{d} < P{d})",
+                  f"kf{d} = ((r{d} + PAD{d}) * INV{d}) % STRIDE{d}  # first kernel tap landing on this phase",
+                  f"base{d} = q{d} + (r{d} + PAD{d} - kf{d} * DIL{d}) // STRIDE{d}  # an exact division"]
+    return lines + [f"pos = {_flat([f'o{d}' for d in dims], [f'P{d}' for d in dims])}"]
+
+
+def _reduction_lines(conv: Conv, precision: str) -> list[str]:
+    """The K loop: `t` numbers this program's taps (T0 x T1 x ..), `tap{d}` is the kernel tap it reads,
+    `c` the input channel within the group."""
+    dims = range(len(conv.stride))
+    if _tap_per_block(conv):
+        lines = ["    t = k0 // C_in_g  # BLOCK_K divides C_in_g: the whole step reads one kernel tap",
+                 "    c = k0 - t * C_in_g + tl.arange(0, BLOCK_K)"]
+        lane, k_ok = "", []   # t is a scalar and every lane a real channel
+    else:
+        lines = ["    kk = k0 + tl.arange(0, BLOCK_K)  # the step spans several taps: decode each lane",
+                 "    t = kk // C_in_g",
+                 "    c = kk - t * C_in_g"]
+        lane, k_ok = "[None, :]", ["(kk < K_TOTAL)"]
+    rest = "t"
+    for d in reversed(dims):
+        lines += [f"    t{d} = {rest} % T{d}", f"    rest_t{d} = {rest} // T{d}"]
+        rest = f"rest_t{d}"
+    step = "-DIL" if conv.transposed else "DIL"   # input coordinate moved per tap
+    for d in dims:
+        tap = f"kf{d} + STRIDE{d} * t{d}" if conv.transposed else f"t{d}"
+        lines += [f"    tap{d} = {tap}", f"    in{d} = base{d}[:, None] + ({step}{d} * t{d}){lane}"]
+        k_ok += [f"(tap{d} < K{d})"] if conv.transposed else []
+    if k_ok and not lane:
+        # one tap for the whole step: its lanes are all real channels, or none when the tap falls
+        # outside the kernel (a lane vector: 0-d masks do not broadcast in Triton's interpreter)
+        lines.append(f"    k_ok = c < tl.where({' & '.join(k_ok)}, C_in_g, 0)")
+    elif k_ok:
+        lines.append(f"    k_ok = {' & '.join(k_ok)}")
+    in_bounds = [f"(in{d} >= 0) & (in{d} < D{d})" for d in dims]
+    a_mask = " & ".join(["m_ok[:, None]"] + in_bounds + (["k_ok[None, :]"] if k_ok else []))
+    b_mask = " & ".join((["k_ok[:, None]"] if k_ok else []) + ["n_ok[None, :]"])
+    x_lane = " + ".join(["c"] + [f"{step}{d} * t{d} * sx{d}" for d in dims])
+    w_row = f"({_flat([f'tap{d}' for d in dims], [f'K{d}' for d in dims])}) * C_in_g + c"
+    lines += [f"    a = tl.load(x_ptr + x_rows[:, None] + ({x_lane})[None, :], mask={a_mask}, other=0.0)",
+              f"    b = tl.load(w_ptr + w_group + ({w_row})[:, None] * C_out_g + rn[None, :], "
+              f"mask={b_mask}, other=0.0)",
+              f'    acc = tl.dot(a, b, acc, input_precision="{precision}")']
+    return ["for k0 in range(0, K_TOTAL, BLOCK_K):"] + lines
+
+
+def _implicit_gemm_body(conv: Conv, precision: str, epi_lines: list[str], result: str) -> list[str]:
+    dims = range(len(conv.stride))
+    out_positions = " * ".join(f"P{d}" for d in dims)
+    return (["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "g = tl.program_id(2) % GROUPS",
+             "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "n_ok = rn < C_out_g"] + _row_lines(conv)
+            + ["x_rows = nb.to(tl.int64) * sxn + g * C_in_g + "
+               + " + ".join(f"base{d}.to(tl.int64) * sx{d}" for d in dims),
+               "w_group = g.to(tl.int64) * swg",
+               "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+            + _reduction_lines(conv, precision)
+            + ["co = g * C_out_g + rn", "pos64 = pos.to(tl.int64)", "nb64 = nb.to(tl.int64)",
+               f"ro64 = nb64 * ({out_positions}) + pos64", "co64 = co.to(tl.int64)",
+               "mask = m_ok[:, None] & n_ok[None, :]"] + epi_lines
+            + [f"out_offs = (nb64{'' if _image_tiles(conv) else '[:, None]'} * C_out + co64[None, :]) "
+               f"* ({out_positions}) + pos64[:, None]",
+               f"tl.store(out_ptr + out_offs, {result}, mask=mask)"])
+
+
+def _implicit_gemm_constants(conv: Conv) -> list[str]:
+    """Keyword arguments for the kernel's constexprs beyond the geometry."""
+    dims = range(len(conv.stride))
+    taps = _taps(conv)
+    constants = [f"T{d}={taps[d]}" for d in dims] + [f"GROUPS={conv.groups}"]
+    if conv.transposed:  # inverse of the dilation mod the stride (0 when the stride is 1: one phase)
+        constants += [f"INV{d}={pow(conv.dilation[d], -1, conv.stride[d]) if conv.stride[d] > 1 else 0}"
+                      for d in dims]
+    return constants
+
+
+def _emit_implicit_gemm(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    conv: Conv = kernel.anchor
+    dims = range(len(conv.stride))
+    operands = make_operands(kernel.leaves)
+    x, w = operands[conv.x.id].name, operands[conv.w.id].name
+    spaces = [Space("positions", (0,) + tuple(range(2, conv.rank))), Space("channels", (1,))]
+    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
+        kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
+    ops = describe_body(kernel, program.values)
+    size_params = ([f"D{d}" for d in dims] + [f"P{d}" for d in dims]
+                   + ([f"Q{d}" for d in dims] if conv.transposed else []))
+    constants = [c.split("=")[0] + ": tl.constexpr" for c in _implicit_gemm_constants(conv)]
+    params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue]
+              + ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] + size_params
+              + ["sxn"] + [f"sx{d}" for d in dims] + ["swg"] + indexer.kernel_declarations()
+              + [n for n, _ in scalars.params] + _geometry_params(conv) + constants
+              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr"])
+    tiles = conv_tiles(conv, variant.conv)
+    decorator = tile_autotune(tiles, ["M", "C_in_g", "C_out_g"], group_m=False) if variant.autotune else ""
+    kind = "transposed convolution" if conv.transposed else "convolution"
+    split = "; the grid's third axis is (output phase, group)" if conv.transposed else ""
+    body = _implicit_gemm_body(conv, variant.precision, epi_lines, result)
+    source = f'''{decorator}@triton.jit
+def {name}({", ".join(params)}):
+    # Implicit-GEMM {len(dims)}-d {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one
+    # group per program, reducing over (kernel tap, input channel) BLOCK_K at a time{split}.
+    # x is channels-last [N, D.., C_in]; w is [GROUPS, K.., C_in_g, C_out_g]. Epilogue: {ops or "none"}.
+{indent(body, 4)}
+'''
+    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
+    call = ", ".join(["x_cl", "w_gemm", "out"] + [o.name for o in epilogue]
+                     + ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] + size_params
+                     + ["x_cl.stride(0)"] + [f"x_cl.stride({1 + d})" for d in dims] + ["w_gemm.stride(0)"]
+                     + indexer.kernel_params() + [a.name for a in scalar_args] + _geometry_args(conv)
+                     + _implicit_gemm_constants(conv))
+    rows = " * ".join((f"Q{d}" if conv.transposed else f"P{d}") for d in dims)
+    grid_z = conv.groups * (math.prod(conv.stride) if conv.transposed else 1)
+    # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
+    to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
+    lines = ([f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w")
+             + [f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
+             + ["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent",
+                f"w_gemm = w.reshape({conv.groups}, -1, *w.shape[1:]){to_gemm}.contiguous()",
+                f"M = x.shape[0] * {rows}", f"K_TOTAL = C_in_g * {math.prod(_taps(conv))}"]
+             + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue}))
+    positions = " * ".join(f"P{d}" for d in dims)
+    row_tiles = (lambda bm: f"x.shape[0] * _cdiv({positions}, {bm})") if _image_tiles(conv) else \
+        (lambda bm: f"_cdiv(M, {bm})")
+    if variant.autotune:
+        rows_grid = row_tiles('meta["BLOCK_M"]')
+        lines += [f'grid = lambda meta: ({rows_grid}, _cdiv(C_out_g, meta["BLOCK_N"]), {grid_z})',
+                  f"{name}[grid]({call})"]
+        tile_text = f"autotuned over {len(tiles)} tile configs"
+    else:
+        t = tiles[0]
+        lines += [f"grid = ({row_tiles(t.block_m)}, _cdiv(C_out_g, {t.block_n}), {grid_z})",
+                  f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}, BLOCK_K={t.block_k}, "
+                  f"num_warps={t.warps})"]
+        tile_text = f"tile {t.block_m}x{t.block_n}x{t.block_k}"
+    launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
+               f"{indent(lines + ['return out'], 4)}\n"
+    description = f"implicit-GEMM {kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tile_text})"
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
+                        helper_sources(emitter.helpers), uses_dot=True, description=description)
+
+
+# -- direct -----------------------------------------------------------------------------------------
 
 def _window_lines(conv: Conv, positions: list[str], valid: str) -> tuple[list[str], list[str], str]:
     """Loop headers over the window and the input coordinate/mask per spatial dim, innermost last.
@@ -85,40 +372,10 @@ def _window_lines(conv: Conv, positions: list[str], valid: str) -> tuple[list[st
     return lines, prefixes, mask
 
 
-def _position_lines(spatial: int, flat: str) -> list[str]:
-    """Split a flat output position index into (batch, p0, p1, ...), row-major."""
-    lines = []
-    rest = flat
-    for d in range(spatial - 1, -1, -1):
-        lines.append(f"p{d} = {rest} % P{d}")
-        lines.append(f"rest{d} = {rest} // P{d}")
-        rest = f"rest{d}"
-    lines.append(f"nb = {rest}")
-    return lines
-
-
-def _out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
-    spatial = len(conv.stride)
-    lines = [f"D{d} = {x}.shape[{2 + d}]" for d in range(spatial)]
-    for d in range(spatial):
-        k = conv.w.shapes[0][2 + d]
-        s, p, dil = conv.stride[d], conv.padding[d], conv.dilation[d]
-        if conv.transposed:
-            lines.append(f"P{d} = (D{d} - 1) * {s} - {2 * p} + {dil * (k - 1)} + {conv.output_padding[d]} + 1")
-        else:
-            lines.append(f"P{d} = (D{d} + {2 * p} - {dil * (k - 1)} - 1) // {s} + 1")
-    groups = conv.groups
+def _direct_weight_strides(conv: Conv, w: str) -> list[str]:
     if conv.transposed:
-        lines += [f"C_in_g = {x}.shape[1] // {groups}", f"C_out_g = {w}.shape[1]",
-                  f"w_group, w_out, w_in = C_in_g * {w}.stride(0), {w}.stride(1), {w}.stride(0)"]
-    else:
-        lines += [f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // {groups}",
-                  f"w_group, w_out, w_in = C_out_g * {w}.stride(0), {w}.stride(0), {w}.stride(1)"]
-    sizes = ", ".join(f"P{d}" for d in range(spatial))
-    lines += [f"C_out = C_out_g * {groups}",
-              f"out = torch.empty(({x}.shape[0], C_out, {sizes}), device={x}.device, dtype=torch.float32)",
-              "shape = out.shape"]
-    return lines
+        return [f"w_group, w_out, w_in = C_in_g * {w}.stride(0), {w}.stride(1), {w}.stride(0)"]
+    return [f"w_group, w_out, w_in = C_out_g * {w}.stride(0), {w}.stride(0), {w}.stride(1)"]
 
 
 def _stride_args(conv: Conv, x: str, w: str) -> list[str]:
@@ -130,97 +387,6 @@ def _stride_args(conv: Conv, x: str, w: str) -> list[str]:
 def _stride_params(spatial: int) -> list[str]:
     return (["sxn", "sxc"] + [f"sx{d}" for d in range(spatial)] + ["swg", "swo", "swi"]
             + [f"sw{d}" for d in range(spatial)])
-
-
-def _epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict[int, str], mask: str):
-    leaves = body_leaves(kernel, program)
-    epilogue = [operands[v.id] for v in leaves]
-    indexer = Indexer(kernel.root.shapes, spaces, epilogue)
-    scalars = ScalarArgs()
-    emitter = ExprEmitter(indexer, {v.id: operands[v.id] for v in leaves}, scalars)
-    lines: list[str] = []
-    region = Region(lines, mask=mask, indices=GroupIndices(indexer, flat, lines, "e"),
-                    bound={kernel.anchor.id: "acc"})
-    result = emitter.value(kernel.root, region)
-    return epilogue, indexer, scalars, emitter, lines, result
-
-
-def _emit_implicit_gemm(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    conv: Conv = kernel.anchor
-    spatial = len(conv.stride)
-    operands = make_operands(kernel.leaves)
-    x, w = operands[conv.x.id].name, operands[conv.w.id].name
-    rank = conv.rank
-    spaces = [Space("positions", (0,) + tuple(range(2, rank))), Space("channels", (1,))]
-    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
-        kernel, program, operands, spaces, {0: "rm64[:, None]", 1: "co64[None, :]"}, "mask")
-    ops = describe_body(kernel, program.values)
-    positions = [f"p{d}" for d in range(spatial)]
-    window, prefixes, ok = _window_lines(conv, positions, "m_ok")
-    inner = prefixes[-1]
-    in_offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
-    w_offset = " + ".join(f"k{d} * sw{d}" for d in range(spatial))
-    loop = [f"{inner}x_rows = x_base + {in_offset}",
-            f"{inner}w_cols = w_base + {w_offset}",
-            f"{inner}for c0 in range(0, C_in_g, BLOCK_K):",
-            f"{inner}    c = c0 + tl.arange(0, BLOCK_K)",
-            f"{inner}    c_ok = c < C_in_g",
-            f"{inner}    a = tl.load(x_ptr + x_rows[:, None] + c[None, :] * sxc, "
-            f"mask={ok}[:, None] & c_ok[None, :], other=0.0)",
-            f"{inner}    b = tl.load(w_ptr + w_cols[None, :] + c[:, None] * swi, "
-            "mask=c_ok[:, None] & n_ok[None, :], other=0.0)",
-            f"{inner}    acc = tl.dot(a, b, acc, input_precision=\"{variant.precision}\")"]
-    size_params = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
-    params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["M", "C_in_g", "C_out_g",
-              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_declarations()
-              + [n for n, _ in scalars.params] + _geometry_params(conv)
-              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr"])
-    out_positions = " * ".join(f"P{d}" for d in range(spatial))
-    flat_position = "p0" if spatial == 1 else " + ".join(
-        f"p{d}" + "".join(f" * P{e}" for e in range(d + 1, spatial)) for d in range(spatial))
-    body = (["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "g = tl.program_id(2)",
-             "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-             "m_ok = rm < M", "n_ok = rn < C_out_g"] + _position_lines(spatial, "rm")
-            + ["x_base = nb.to(tl.int64) * sxn + (g * C_in_g).to(tl.int64) * sxc",
-               "w_base = g.to(tl.int64) * swg + rn * swo",
-               "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
-            + window + loop
-            + ["co = g * C_out_g + rn", "rm64 = rm.to(tl.int64)", "co64 = co.to(tl.int64)",
-               "mask = m_ok[:, None] & n_ok[None, :]"] + epi_lines
-            + [f"out_offs = (nb.to(tl.int64) * C_out)[:, None] * ({out_positions}) + co64[None, :] * "
-               f"({out_positions}) + ({flat_position})[:, None]",
-               f"tl.store(out_ptr + out_offs, {result}, mask=mask)"])
-    decorator = tile_autotune(variant.conv, ["M", "C_in_g", "C_out_g"], group_m=False) if variant.autotune else ""
-    kind = "transposed convolution" if conv.transposed else "convolution"
-    source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
-    # Implicit-GEMM {spatial}-d {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one
-    # group per program; the kernel window is unrolled and input channels are reduced BLOCK_K at a time.
-    # Epilogue: {ops or "none"}.
-{indent(body, 4)}
-'''
-    tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
-    scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
-    call = ", ".join(["x", "w", "out"] + [o.name for o in epilogue] + ["M", "C_in_g", "C_out_g", "C_out"]
-                     + size_params + _stride_args(conv, "x", "w") + indexer.kernel_params()
-                     + [a.name for a in scalar_args] + _geometry_args(conv))
-    lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + [
-        f"M = x.shape[0] * {out_positions}"] + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
-    if variant.autotune:
-        lines += [f'grid = lambda meta: (_cdiv(M, meta["BLOCK_M"]), _cdiv(C_out_g, meta["BLOCK_N"]), '
-                  f"{conv.groups})", f"{name}[grid]({call})"]
-        tiles = f"autotuned over {len(variant.conv)} tile configs"
-    else:
-        t = variant.conv[0]
-        lines += [f"grid = (_cdiv(M, {t.block_m}), _cdiv(C_out_g, {t.block_n}), {conv.groups})",
-                  f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}, BLOCK_K={t.block_k}, "
-                  f"num_warps={t.warps})"]
-        tiles = f"tile {t.block_m}x{t.block_n}x{t.block_k}"
-    launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
-               f"{indent(lines + ['return out'], 4)}\n"
-    description = (f"implicit-GEMM {kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tiles})")
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), uses_dot=True, description=description)
 
 
 def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -267,8 +433,8 @@ def {name}({", ".join(params)}):
     call = ", ".join(["x", "w", "out"] + [o.name for o in epilogue] + ["numel", "C_in_g", "C_out_g", "C_out"]
                      + size_params + _stride_args(conv, "x", "w") + indexer.kernel_params()
                      + [a.name for a in scalar_args] + _geometry_args(conv))
-    lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + ["numel = out.numel()"] + \
-        indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
+    lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + _direct_weight_strides(conv, "w") + \
+        ["numel = out.numel()"] + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
     if autotune:
         lines += ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
     else:
