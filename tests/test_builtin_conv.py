@@ -103,7 +103,7 @@ def test_convolution_matches_pytorch(name, tmp_path):
 
 
 @pytest.mark.parametrize("name, template", [
-    ("conv2d_rgb", "Implicit-GEMM"), ("conv2d_16ch_strided", "Implicit-GEMM"),
+    ("conv2d_rgb", "Outer-product"), ("conv2d_16ch_strided", "Implicit-GEMM"),
     ("convT2d_stride2", "Implicit-GEMM"), ("conv2d_depthwise", "Direct"), ("convT2d_stride2_dil2", "Direct")])
 def test_template_follows_the_geometry(name, template, tmp_path):
     source = generate_kernel(_problem(tmp_path, name), 0, TARGET).source
@@ -112,9 +112,16 @@ def test_template_follows_the_geometry(name, template, tmp_path):
 
 def test_steps_stay_in_one_tap_only_when_channels_allow(tmp_path):
     per_tap = generate_kernel(_problem(tmp_path, "conv2d_16ch_strided"), 0, TARGET).source
-    spanning = generate_kernel(_problem(tmp_path, "conv2d_rgb"), 0, TARGET).source
+    spanning = generate_kernel(_problem(tmp_path, "convT2d_stride2"), 0, TARGET).source   # 8 channels
     assert "t = k0 // C_in_g" in per_tap and "kk = k0 + tl.arange" not in per_tap
     assert "kk = k0 + tl.arange" in spanning
+
+
+def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):
+    path = _problem(tmp_path, "conv3d_rgb")
+    generated = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
+    assert all("tl.dot(" not in g.source and g.precision == "none" for g in generated)
+    assert "acc += a[:, None] * b[None, :]" in generated[0].source
 
 
 def test_tiles_stay_inside_an_image_when_images_are_large(tmp_path):

@@ -73,18 +73,26 @@ def _phases_split(conv: Conv) -> bool:
     return all(math.gcd(d, s) == 1 for d, s in zip(conv.dilation, conv.stride))
 
 
-def conv_uses_dot(conv: Conv) -> bool:
+def conv_template(conv: Conv) -> str:
+    """"implicit_gemm", "outer_product" or "direct" (see the module docstring)."""
     c_in, c_out = _group_channels(conv)
-    k_total = min(c_in) * math.prod(_taps(conv))
-    fits = min(c_out) >= _MIN_DOT_N and k_total >= _MIN_DOT_K
-    return fits and (not conv.transposed or _phases_split(conv))
+    if min(c_out) < _MIN_DOT_N or min(c_in) * math.prod(_taps(conv)) < _MIN_DOT_K:
+        return "direct"
+    if conv.transposed:
+        return "implicit_gemm" if _phases_split(conv) else "direct"
+    return "implicit_gemm" if _tap_per_block(conv) else "outer_product"
+
+
+def conv_uses_dot(conv: Conv) -> bool:
+    return conv_template(conv) == "implicit_gemm"
 
 
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
     conv: Conv = kernel.anchor
-    if conv_uses_dot(conv):
-        return _emit_implicit_gemm(kernel, name, variant, program)
-    return _emit_direct(kernel, name, variant, program)
+    template = conv_template(conv)
+    if template == "direct":
+        return _emit_direct(kernel, name, variant, program)
+    return _emit_tiled(kernel, name, variant, program, dot=template == "implicit_gemm")
 
 
 def _geometry_params(conv: Conv) -> list[str]:
@@ -251,16 +259,43 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
     return ["for k0 in range(0, K_TOTAL, BLOCK_K):"] + lines
 
 
-def _implicit_gemm_body(conv: Conv, precision: str, epi_lines: list[str], result: str) -> list[str]:
+def _outer_product_lines(conv: Conv) -> list[str]:
+    """Few input channels per group: for each kernel tap (unrolled) and channel, acc += x column x w row,
+    a [BLOCK_M] gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs."""
+    dims = range(len(conv.stride))
+    lines, mask = [], "m_ok"
+    for d in dims:
+        pad = "    " * d
+        lines += [f"{pad}for k{d} in tl.static_range(K{d}):",
+                  f"{pad}    in{d} = base{d} + k{d} * DIL{d}",
+                  f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
+        mask = f"ok{d}"
+    inner = "    " * len(dims)
+    tap = _flat([f"k{d}" for d in dims], [f"K{d}" for d in dims])
+    return lines + [
+        f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
+        f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
+        f"{inner}for c in tl.static_range(C_in_g):",
+        f"{inner}    a = tl.load(x_ptr + x_tap + c * sxc, mask={mask}, other=0.0)",
+        f"{inner}    b = tl.load(w_ptr + w_tap + c * C_out_g + rn, mask=n_ok, other=0.0)",
+        f"{inner}    acc += a[:, None] * b[None, :]"]
+
+
+def _tiled_body(conv: Conv, dot: bool, precision: str, epi_lines: list[str], result: str) -> list[str]:
     dims = range(len(conv.stride))
     out_positions = " * ".join(f"P{d}" for d in dims)
+    if dot:  # channels-last x: a row's channels are adjacent, the taps are added per lane
+        x_lines = ["x_rows = nb.to(tl.int64) * sxn + g * C_in_g + "
+                   + " + ".join(f"base{d}.to(tl.int64) * sx{d}" for d in dims)]
+        reduction = _reduction_lines(conv, precision)
+    else:
+        x_lines = ["x_image = nb.to(tl.int64) * sxn + (g * C_in_g).to(tl.int64) * sxc"]
+        reduction = _outer_product_lines(conv)
     return (["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "g = tl.program_id(2) % GROUPS",
              "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "n_ok = rn < C_out_g"] + _row_lines(conv)
-            + ["x_rows = nb.to(tl.int64) * sxn + g * C_in_g + "
-               + " + ".join(f"base{d}.to(tl.int64) * sx{d}" for d in dims),
-               "w_group = g.to(tl.int64) * swg",
-               "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
-            + _reduction_lines(conv, precision)
+            + x_lines + ["w_group = g.to(tl.int64) * swg",
+                         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+            + reduction
             + ["co = g * C_out_g + rn", "pos64 = pos.to(tl.int64)", "nb64 = nb.to(tl.int64)",
                f"ro64 = nb64 * ({out_positions}) + pos64", "co64 = co.to(tl.int64)",
                "mask = m_ok[:, None] & n_ok[None, :]"] + epi_lines
@@ -269,82 +304,115 @@ def _implicit_gemm_body(conv: Conv, precision: str, epi_lines: list[str], result
                f"tl.store(out_ptr + out_offs, {result}, mask=mask)"])
 
 
-def _implicit_gemm_constants(conv: Conv) -> list[str]:
+def _tiled_params(conv: Conv, dot: bool, epilogue, indexer, scalars) -> list[str]:
+    dims = range(len(conv.stride))
+    sizes = ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] if dot else ["M", "C_in_g: tl.constexpr", "C_out_g",
+                                                                         "C_out"]
+    sizes += [f"D{d}" for d in dims] + [f"P{d}" for d in dims] + ([f"Q{d}" for d in dims] if conv.transposed else [])
+    strides = (["sxn"] if dot else ["sxn", "sxc"]) + [f"sx{d}" for d in dims] + ["swg"]
+    constants = [c.split("=")[0] + ": tl.constexpr" for c in _tiled_constants(conv, dot)]
+    blocks = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"] + (["BLOCK_K: tl.constexpr"] if dot else [])
+    return (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + sizes + strides
+            + indexer.kernel_declarations() + [n for n, _ in scalars.params] + _geometry_params(conv)
+            + constants + blocks)
+
+
+def _tiled_call(conv: Conv, dot: bool, epilogue, indexer, scalar_args) -> str:
+    dims = range(len(conv.stride))
+    x = "x_cl" if dot else "x"
+    sizes = (["M", "C_in_g", "C_out_g", "C_out"] + (["K_TOTAL"] if dot else []) + [f"D{d}" for d in dims]
+             + [f"P{d}" for d in dims] + ([f"Q{d}" for d in dims] if conv.transposed else []))
+    strides = ([f"{x}.stride(0)"] + ([] if dot else [f"{x}.stride(1)"])
+               + [f"{x}.stride({(1 if dot else 2) + d})" for d in dims] + ["w_gemm.stride(0)"])
+    return ", ".join([x, "w_gemm", "out"] + [o.name for o in epilogue] + sizes + strides + indexer.kernel_params()
+                     + [a.name for a in scalar_args] + _geometry_args(conv) + _tiled_constants(conv, dot))
+
+
+def _tiled_constants(conv: Conv, dot: bool) -> list[str]:
     """Keyword arguments for the kernel's constexprs beyond the geometry."""
     dims = range(len(conv.stride))
     taps = _taps(conv)
-    constants = [f"T{d}={taps[d]}" for d in dims] + [f"GROUPS={conv.groups}"]
+    constants = ([f"T{d}={taps[d]}" for d in dims] if dot else []) + [f"GROUPS={conv.groups}"]
     if conv.transposed:  # inverse of the dilation mod the stride (0 when the stride is 1: one phase)
         constants += [f"INV{d}={pow(conv.dilation[d], -1, conv.stride[d]) if conv.stride[d] > 1 else 0}"
                       for d in dims]
     return constants
 
 
-def _emit_implicit_gemm(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    conv: Conv = kernel.anchor
+def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, autotune: bool) -> list[str]:
     dims = range(len(conv.stride))
+    rows = " * ".join((f"Q{d}" if conv.transposed else f"P{d}") for d in dims)
+    grid_z = conv.groups * (math.prod(conv.stride) if conv.transposed else 1)
+    # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
+    to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
+    lines = ([f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
+             + (["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"]
+                if dot else [])
+             + [f"w_gemm = w.reshape({conv.groups}, -1, *w.shape[1:]){to_gemm}.contiguous()",
+                f"M = x.shape[0] * {rows}"]
+             + ([f"K_TOTAL = C_in_g * {math.prod(_taps(conv))}"] if dot else []))
+    positions = " * ".join(f"P{d}" for d in dims)
+
+    def row_tiles(block_m) -> str:
+        return f"x.shape[0] * _cdiv({positions}, {block_m})" if _image_tiles(conv) else f"_cdiv(M, {block_m})"
+
+    if autotune:
+        rows_grid = row_tiles('meta["BLOCK_M"]')
+        return lines + [f'grid = lambda meta: ({rows_grid}, _cdiv(C_out_g, meta["BLOCK_N"]), {grid_z})',
+                        f"{name}[grid]({call})"]
+    t = tiles[0]
+    block_k = f", BLOCK_K={t.block_k}" if dot else ""
+    return lines + [f"grid = ({row_tiles(t.block_m)}, _cdiv(C_out_g, {t.block_n}), {grid_z})",
+                    f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}{block_k}, "
+                    f"num_warps={t.warps})"]
+
+
+def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Program, dot: bool) -> KernelSource:
+    """Implicit GEMM (dot=True) or outer products: an output tile [BLOCK_M positions, BLOCK_N channels]."""
+    conv: Conv = kernel.anchor
     operands = make_operands(kernel.leaves)
     x, w = operands[conv.x.id].name, operands[conv.w.id].name
     spaces = [Space("positions", (0,) + tuple(range(2, conv.rank))), Space("channels", (1,))]
     epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
         kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
     ops = describe_body(kernel, program.values)
-    size_params = ([f"D{d}" for d in dims] + [f"P{d}" for d in dims]
-                   + ([f"Q{d}" for d in dims] if conv.transposed else []))
-    constants = [c.split("=")[0] + ": tl.constexpr" for c in _implicit_gemm_constants(conv)]
-    params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue]
-              + ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] + size_params
-              + ["sxn"] + [f"sx{d}" for d in dims] + ["swg"] + indexer.kernel_declarations()
-              + [n for n, _ in scalars.params] + _geometry_params(conv) + constants
-              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr"])
+    params = _tiled_params(conv, dot, epilogue, indexer, scalars)
     tiles = conv_tiles(conv, variant.conv)
-    decorator = tile_autotune(tiles, ["M", "C_in_g", "C_out_g"], group_m=False) if variant.autotune else ""
-    kind = "transposed convolution" if conv.transposed else "convolution"
-    split = "; the grid's third axis is (output phase, group)" if conv.transposed else ""
-    body = _implicit_gemm_body(conv, variant.precision, epi_lines, result)
+    decorator = tile_autotune(tiles, ["M", "C_in_g", "C_out_g"], group_m=False, block_k=dot) \
+        if variant.autotune else ""
+    kind = f"{len(conv.stride)}-d {'transposed convolution' if conv.transposed else 'convolution'}"
+    if dot:
+        split = "; the grid's third axis is (output phase, group)" if conv.transposed else ""
+        header = (f"# Implicit-GEMM {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one\n"
+                  f"    # group per program, reducing over (kernel tap, input channel) BLOCK_K at a time{split}.\n"
+                  f"    # x is channels-last [N, D.., C_in]; w is [GROUPS, K.., C_in_g, C_out_g].")
+    else:
+        header = (f"# Outer-product {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one\n"
+                  f"    # group per program; too few input channels for tl.dot, so each (kernel tap, input\n"
+                  f"    # channel) adds a column of x times a row of w, w being [GROUPS, K.., C_in_g, C_out_g].")
+    body = _tiled_body(conv, dot, variant.precision, epi_lines, result)
     source = f'''{decorator}@triton.jit
 def {name}({", ".join(params)}):
-    # Implicit-GEMM {len(dims)}-d {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one
-    # group per program, reducing over (kernel tap, input channel) BLOCK_K at a time{split}.
-    # x is channels-last [N, D.., C_in]; w is [GROUPS, K.., C_in_g, C_out_g]. Epilogue: {ops or "none"}.
+    {header} Epilogue: {ops or "none"}.
 {indent(body, 4)}
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
-    call = ", ".join(["x_cl", "w_gemm", "out"] + [o.name for o in epilogue]
-                     + ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] + size_params
-                     + ["x_cl.stride(0)"] + [f"x_cl.stride({1 + d})" for d in dims] + ["w_gemm.stride(0)"]
-                     + indexer.kernel_params() + [a.name for a in scalar_args] + _geometry_args(conv)
-                     + _implicit_gemm_constants(conv))
-    rows = " * ".join((f"Q{d}" if conv.transposed else f"P{d}") for d in dims)
-    grid_z = conv.groups * (math.prod(conv.stride) if conv.transposed else 1)
-    # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
-    to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
+    call = _tiled_call(conv, dot, epilogue, indexer, scalar_args)
     lines = ([f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w")
-             + [f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
-             + ["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent",
-                f"w_gemm = w.reshape({conv.groups}, -1, *w.shape[1:]){to_gemm}.contiguous()",
-                f"M = x.shape[0] * {rows}", f"K_TOTAL = C_in_g * {math.prod(_taps(conv))}"]
-             + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue}))
-    positions = " * ".join(f"P{d}" for d in dims)
-    row_tiles = (lambda bm: f"x.shape[0] * _cdiv({positions}, {bm})") if _image_tiles(conv) else \
-        (lambda bm: f"_cdiv(M, {bm})")
-    if variant.autotune:
-        rows_grid = row_tiles('meta["BLOCK_M"]')
-        lines += [f'grid = lambda meta: ({rows_grid}, _cdiv(C_out_g, meta["BLOCK_N"]), {grid_z})',
-                  f"{name}[grid]({call})"]
-        tile_text = f"autotuned over {len(tiles)} tile configs"
-    else:
-        t = tiles[0]
-        lines += [f"grid = ({row_tiles(t.block_m)}, _cdiv(C_out_g, {t.block_n}), {grid_z})",
-                  f"{name}[grid]({call}, BLOCK_M={t.block_m}, BLOCK_N={t.block_n}, BLOCK_K={t.block_k}, "
-                  f"num_warps={t.warps})"]
-        tile_text = f"tile {t.block_m}x{t.block_n}x{t.block_k}"
+             + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
+             + _tiled_launch_lines(conv, dot, name, call, tiles, variant.autotune))
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
-    description = f"implicit-GEMM {kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tile_text})"
+    t = tiles[0]
+    tile_text = (f"autotuned over {len(tiles)} tile configs" if variant.autotune else
+                 f"tile {t.block_m}x{t.block_n}" + (f"x{t.block_k}" if dot else ""))
+    how = f"{variant.precision} tl.dot" if dot else "fp32 FMA"
+    description = (f"{'implicit-GEMM' if dot else 'outer-product'} "
+                   f"{'transposed convolution' if conv.transposed else 'convolution'}"
+                   f"{' + ' + ops if ops else ''} ({how}, {tile_text})")
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), uses_dot=True, description=description)
+                        helper_sources(emitter.helpers), uses_dot=dot, description=description)
 
 
 # -- direct -----------------------------------------------------------------------------------------
