@@ -60,8 +60,25 @@ def test_builtin_decomposes_each_example_into_checked_subproblems(problem, pool)
     decomposition, report = decompose(problem, config, make_client(config), pool)
     assert report.passed, report.reasons()
     assert not decomposition.fallback
-    assert len(decomposition.subproblems) >= 2
+    # one anchor and the elementwise chain after it stay one kernel; everything else is cut
+    assert len(decomposition.subproblems) >= (1 if problem.stem in ONE_KERNEL_EXAMPLES else 2)
     assert decomposition.total_instances == sum(len(v) for v in report.instances.values())
+
+
+ONE_KERNEL_EXAMPLES = {"conv_relu_bias"}
+
+
+def test_builtin_keeps_an_anchor_and_its_elementwise_epilogue_together(tmp_path, pool):
+    """Conv2d + ReLU + bias is one kernel with a fused epilogue; with a reduction after it the module is cut."""
+    config = _config(decompose_attempts=1, retries=0)
+    together, _ = decompose(PROBLEMS / "conv_relu_bias.py", config, make_client(config), pool)
+    assert len(together.subproblems) == 1
+    with_reduction = tmp_path / "conv_relu_sum.py"
+    with_reduction.write_text((PROBLEMS / "conv_relu_bias.py").read_text().replace(
+        "return x + self.bias", "return (x + self.bias).sum(dim=1)"))
+    assert ".sum(dim=1)" in with_reduction.read_text()
+    cut, _ = decompose(with_reduction, config, make_client(config), pool)
+    assert len(cut.subproblems) == 2
 
 
 def test_builtin_traces_with_fx_and_falls_back_to_export_on_run_time_shapes():

@@ -57,6 +57,14 @@ _ANCHORS = {
     "localresponsenorm", "local_response_norm", "embedding", "multiheadattention",
     "scaled_dot_product_attention", "lstm", "gru", "rnn",
 }
+# Anchors the builtin kernels fuse an elementwise epilogue into (GEMM, convolution and row-kernel templates).
+_EPILOGUE_ANCHORS = {
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "convtranspose1d", "convtranspose2d", "convtranspose3d",
+    "convolution", "_convolution", "layernorm", "layer_norm", "groupnorm", "group_norm", "rmsnorm", "rms_norm",
+    "batchnorm1d", "batchnorm2d", "batchnorm3d", "batch_norm", "instancenorm1d", "instancenorm2d",
+    "instancenorm3d", "instance_norm",
+}
 _REDUCTIONS = {
     "sum", "mean", "amax", "amin", "prod", "logsumexp", "softmax", "_softmax", "log_softmax", "_log_softmax",
     "softmin", "logsoftmax", "softmax2d", "norm", "linalg_vector_norm", "var", "std", "var_mean", "std_mean",
@@ -1194,9 +1202,17 @@ class Segmentation:
             best = min(best, (score, cut)) if best else (score, cut)
         return best[1] if best else None
 
+    def one_kernel(self) -> bool:
+        """The whole forward is one anchor (a GEMM, convolution or normalisation) and the elementwise chain
+        after it: one kernel with a fused epilogue. Cutting it would write the anchor's output to memory
+        and read it back, for nothing."""
+        working = [u for u in self.traced.units if u.kind is not Kind.VIEW]
+        return (bool(working) and working[0].kind is Kind.ANCHOR and working[0].label in _EPILOGUE_ANCHORS
+                and all(u.kind is Kind.POINTWISE for u in working[1:]))
+
     def decompose_cuts(self) -> list[int]:
         cuts = self.normalize(self.initial_cuts())
-        if len(self.groups(cuts)) == 1:
+        if len(self.groups(cuts)) == 1 and not self.one_kernel():
             cut = self.best_cut(range(len(self.traced.units)))
             if cut is not None:
                 cuts = self.normalize([cut])
