@@ -140,7 +140,7 @@ def test_transposed_convolution_walks_only_its_phase_taps(tmp_path):
 def _conv(c_in: int, c_out: int, kernel: int = 3) -> Conv:
     from mkevolve.llm.builtin.kernels.ir import Param
     weight = Param(shapes=((c_out, c_in, kernel, kernel),))
-    return Conv(shapes=((1, c_out, 8, 8),), w=weight, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+    return Conv(shapes=((1, c_out, 8, 8),), w=weight, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=(1,),
                 output_padding=(0, 0))
 
 

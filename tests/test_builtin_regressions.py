@@ -333,16 +333,63 @@ def test_conv_with_several_input_configs(case, tmp_path):
     _assert_all_variants_match(path, tmp_path)
 
 
-# Depthwise with a channel count that differs between configs: `groups` follows the channels. The conv
-# template bakes `groups` into the launcher as a literal, so until emit_conv derives it at run time the
-# generator refuses such a subproblem, with a message that names the cause.
-DEPTHWISE_VARYING = [([4, 4, 4], (2, 4, 6, 5)), ([6, 6, 6], (1, 6, 3, 8))]
+# Groups that follow the channel count, so they differ between configs (a MobileNet's depthwise layers
+# sharing one subproblem): the launcher reads them off the shapes, one kernel file serves every instance.
+VARYING_GROUPS_CONFIGS = {
+    "depthwise": [([4, 4, 4], (2, 4, 6, 5)), ([6, 6, 6], (1, 6, 3, 8))],                 # direct template
+    "grouped_outer_product": [([16, 16, 2], (1, 16, 5, 5)), ([24, 24, 3], (1, 24, 4, 6))],  # 8 channels/group
+    "grouped_implicit_gemm": [([32, 32, 2], (1, 32, 5, 5)), ([64, 64, 4], (1, 64, 4, 4))],  # 16 channels/group
+}
 
 
-@pytest.mark.xfail(raises=UnsupportedSubproblem, strict=True,
-                   reason="emit_conv writes groups as a literal; a per-config groups needs a run-time value")
-def test_depthwise_conv_whose_groups_differ_between_configs(tmp_path):
-    path = _write_problem(tmp_path, "depthwise_varying", _conv_configs(DEPTHWISE_VARYING))
+@pytest.mark.parametrize("case", sorted(VARYING_GROUPS_CONFIGS))
+def test_conv_whose_groups_differ_between_configs(case, tmp_path):
+    path = _write_problem(tmp_path, f"varying_{case}", _conv_configs(VARYING_GROUPS_CONFIGS[case]))
+    source = generate_kernel(path, 0, TARGET).source
+    assert "G = x.shape[1] // w.shape[1]" in source
+    _assert_all_variants_match(path, tmp_path)
+
+
+STRIDED_CONFIGS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, channels, stride, padding, kernel_size=3):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size, stride=stride, padding=padding, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def get_inputs():
+    return get_input_configs()[0]["get_inputs"]()
+
+
+def get_init_inputs():
+    return get_input_configs()[0]["get_init_inputs"]()
+
+
+def get_input_configs():
+    return [
+        {{"get_init_inputs": lambda: [{c}, 1, 1], "get_inputs": lambda: [torch.randn(2, {c}, 6, 5)]}},
+        {{"get_init_inputs": lambda: [{c}, 2, 1], "get_inputs": lambda: [torch.randn(1, {c}, 7, 8)]}},
+        {{"get_init_inputs": lambda: [{c}, 2, 0], "get_inputs": lambda: [torch.randn(1, {c}, 9, 6)]}},
+        {{"get_init_inputs": lambda: [{c}, 1, 0, 1], "get_inputs": lambda: [torch.randn(1, {c}, 4, 5)]}},
+    ]
+"""
+
+
+@pytest.mark.parametrize("channels", [3, 8, 16])   # direct, outer-product and implicit-GEMM templates
+def test_conv_whose_stride_and_padding_differ_between_configs(channels, tmp_path):
+    """A ResNet's or MobileNet's blocks: one subproblem, instances with stride 1 and 2 and a 1x1 one; the
+    launcher takes the instance's stride, padding and dilation from its module and the kernel size from
+    its weight."""
+    path = _write_problem(tmp_path, f"strided_{channels}", STRIDED_CONFIGS.format(c=channels))
+    source = generate_kernel(path, 0, TARGET).source
+    assert "self.conv.stride, self.conv.padding, self.conv.dilation" in source
     _assert_all_variants_match(path, tmp_path)
 
 

@@ -184,26 +184,28 @@ class Builder:
         shapes = tuple(sa[:-1] + (sb[-1],) for sa, sb in zip(a.shapes, b.shapes))
         return self.program.add(Matmul(shapes, a=a, b=b, batched=True))
 
-    def conv(self, x: Value, w: Value, *, transposed: bool, stride, padding, dilation, output_padding,
-             groups: int) -> Value:
+    def conv(self, x: Value, w: Value, *, transposed: bool, stride: list, padding: list, dilation: list,
+             output_padding, groups: tuple[int, ...], geometry_from: str | None = None) -> Value:
+        """stride, padding, dilation and groups: one entry per input config."""
         spatial = x.rank - 2
         if spatial not in (1, 2, 3) or w.rank != x.rank:
             raise UnsupportedSubproblem(f"convolution of a rank-{x.rank} input")
         shapes = []
-        for xs, ws in zip(x.shapes, w.shapes):
-            out_channels = ws[1] * groups if transposed else ws[0]
+        for xs, ws, g, stride_, padding_, dilation_ in zip(x.shapes, w.shapes, groups, stride, padding, dilation):
+            out_channels = ws[1] * g if transposed else ws[0]
             sizes = []
             for d in range(spatial):
+                s, p, dil = stride_[d], padding_[d], dilation_[d]
                 size, k = xs[2 + d], ws[2 + d]
                 if transposed:
-                    sizes.append((size - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k - 1)
-                                 + output_padding[d] + 1)
+                    sizes.append((size - 1) * s - 2 * p + dil * (k - 1) + output_padding[d] + 1)
                 else:
-                    sizes.append((size + 2 * padding[d] - dilation[d] * (k - 1) - 1) // stride[d] + 1)
+                    sizes.append((size + 2 * p - dil * (k - 1) - 1) // s + 1)
             shapes.append((xs[0], out_channels, *sizes))
-        return self.program.add(Conv(tuple(shapes), x=x, w=w, transposed=transposed, stride=tuple(stride),
-                                     padding=tuple(padding), dilation=tuple(dilation),
-                                     output_padding=tuple(output_padding), groups=groups))
+        return self.program.add(Conv(tuple(shapes), x=x, w=w, transposed=transposed, stride=tuple(stride[0]),
+                                     padding=tuple(padding[0]), dilation=tuple(dilation[0]),
+                                     output_padding=tuple(output_padding), groups=tuple(groups),
+                                     geometry_from=geometry_from))
 
     def pool(self, kind: str, x: Value, kernel, stride, padding, dilation, ceil_mode: bool,
              count_include_pad: bool = True, divisor: int | None = None) -> Value:

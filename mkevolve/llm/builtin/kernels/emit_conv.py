@@ -38,7 +38,7 @@ from .emit_common import (
 )
 from .emit_matmul import tile_autotune
 from .indexing import GroupIndices, Indexer, Space
-from .ir import Conv, Program
+from .ir import Conv, Program, Scalar
 from .plan import KernelPlan
 
 _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mostly padding
@@ -50,21 +50,47 @@ _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay
 
 def _group_channels(conv: Conv) -> tuple[set[int], set[int]]:
     """(input channels per group, output channels per group) over the configs."""
+    shapes = list(zip(conv.w.shapes, conv.groups))
     if conv.transposed:
-        return ({s[0] // conv.groups for s in conv.w.shapes}, {s[1] for s in conv.w.shapes})
-    return ({s[1] for s in conv.w.shapes}, {s[0] // conv.groups for s in conv.w.shapes})
+        return ({s[0] // g for s, g in shapes}, {s[1] for s, g in shapes})
+    return ({s[1] for s, g in shapes}, {s[0] // g for s, g in shapes})
 
 
-def _kernel_size(conv: Conv) -> tuple[int, ...]:
-    return tuple(conv.w.shapes[0][2:])
+def _groups_line(conv: Conv, x: str, w: str) -> str:
+    """`G = ...` in a launcher: a literal, or (when the instances differ) read off the shapes."""
+    if len(set(conv.groups)) == 1:
+        return f"G = {conv.groups[0]}  # groups"
+    return f"G = {x}.shape[1] // {w}.shape[1]  # groups: C_in / (C_in per group), different per instance"
 
 
-def _taps(conv: Conv) -> tuple[int, ...]:
+def _taps(conv: Conv, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
     """Kernel taps per spatial dim that one program walks: all of them, or for a transposed
     convolution the ceil(K / stride) that can land on one output phase."""
+    kernel = weight_shape[2:]
     if not conv.transposed:
-        return _kernel_size(conv)
-    return tuple(-(-k // s) for k, s in zip(_kernel_size(conv), conv.stride))
+        return tuple(kernel)
+    return tuple(-(-k // s) for k, s in zip(kernel, conv.stride))
+
+
+def _min_reduction(conv: Conv) -> int:
+    """The smallest GEMM depth (taps x input channels of a group) over the input configs."""
+    channels = [w[0] // g if conv.transposed else w[1] for w, g in zip(conv.w.shapes, conv.groups)]
+    return min(c * math.prod(_taps(conv, w)) for c, w in zip(channels, conv.w.shapes))
+
+
+def _kernel_exprs(conv: Conv) -> list[str]:
+    """The kernel size per spatial dim in a launcher: literals, or read off the weight when the
+    instances differ (a pointwise 1x1 and a depthwise 3x3 convolution sharing one subproblem)."""
+    sizes = {tuple(w[2:]) for w in conv.w.shapes}
+    if len(sizes) == 1:
+        return [str(k) for k in sizes.pop()]
+    return [f"w.shape[{2 + d}]" for d in range(len(conv.stride))]
+
+
+def _tap_exprs(conv: Conv) -> list[str]:
+    if conv.transposed:  # one kernel size for every config (the handler refuses others)
+        return [str(t) for t in _taps(conv, conv.w.shapes[0])]
+    return _kernel_exprs(conv)
 
 
 def _phases_split(conv: Conv) -> bool:
@@ -76,7 +102,7 @@ def _phases_split(conv: Conv) -> bool:
 def conv_template(conv: Conv) -> str:
     """"implicit_gemm", "outer_product" or "direct" (see the module docstring)."""
     c_in, c_out = _group_channels(conv)
-    if min(c_out) < _MIN_DOT_N or min(c_in) * math.prod(_taps(conv)) < _MIN_DOT_K:
+    if min(c_out) < _MIN_DOT_N or _min_reduction(conv) < _MIN_DOT_K:
         return "direct"
     if conv.transposed:
         return "implicit_gemm" if _phases_split(conv) else "direct"
@@ -101,11 +127,29 @@ def _geometry_params(conv: Conv) -> list[str]:
             + [f"DIL{d}: tl.constexpr" for d in range(s)] + [f"K{d}: tl.constexpr" for d in range(s)])
 
 
+def _geometry(conv: Conv) -> tuple[list[str], list[str], list[str]]:
+    """Stride, padding and dilation per spatial dim as the launcher writes them: literals, or the launcher's
+    own arguments when the subproblem's instances differ (see `_geometry_launcher_args`)."""
+    dims = range(len(conv.stride))
+    if conv.geometry_from is None:
+        return ([str(v) for v in conv.stride], [str(v) for v in conv.padding], [str(v) for v in conv.dilation])
+    return ([f"stride[{d}]" for d in dims], [f"padding[{d}]" for d in dims], [f"dilation[{d}]" for d in dims])
+
+
+def _geometry_launcher_args(conv: Conv) -> list[LauncherArg]:
+    """`self.<conv>.stride`, `.padding`, `.dilation`, passed to the launcher when they differ between instances."""
+    if conv.geometry_from is None:
+        return []
+    return [LauncherArg(name, scalar=Scalar(0, attr=f"{conv.geometry_from}.{name}"))
+            for name in ("stride", "padding", "dilation")]
+
+
 def _geometry_args(conv: Conv) -> list[str]:
-    kernel_size = _kernel_size(conv)
-    s = len(conv.stride)
-    return ([f"STRIDE{d}={conv.stride[d]}" for d in range(s)] + [f"PAD{d}={conv.padding[d]}" for d in range(s)]
-            + [f"DIL{d}={conv.dilation[d]}" for d in range(s)] + [f"K{d}={kernel_size[d]}" for d in range(s)])
+    kernel_size = _kernel_exprs(conv)
+    dims = range(len(conv.stride))
+    stride, padding, dilation = _geometry(conv)
+    return ([f"STRIDE{d}={stride[d]}" for d in dims] + [f"PAD{d}={padding[d]}" for d in dims]
+            + [f"DIL{d}={dilation[d]}" for d in dims] + [f"K{d}={kernel_size[d]}" for d in dims])
 
 
 def _position_lines(spatial: int, flat: str, size: str = "P", coordinate: str = "p") -> list[str]:
@@ -128,20 +172,24 @@ def _flat(names: list[str], sizes: list[str]) -> str:
 def _out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
     spatial = len(conv.stride)
     lines = [f"D{d} = {x}.shape[{2 + d}]" for d in range(spatial)]
+    strides, paddings, dilations = _geometry(conv)
+    kernel = _kernel_exprs(conv)
     for d in range(spatial):
-        k = _kernel_size(conv)[d]
-        s, p, dil = conv.stride[d], conv.padding[d], conv.dilation[d]
-        if conv.transposed:
-            lines.append(f"P{d} = (D{d} - 1) * {s} - {2 * p} + {dil * (k - 1)} + {conv.output_padding[d]} + 1")
+        s, p, dil, k = strides[d], paddings[d], dilations[d], kernel[d]
+        if conv.geometry_from is not None or not k.isdigit():  # forward only: per-instance values
+            lines.append(f"P{d} = (D{d} + 2 * {p} - {dil} * ({k} - 1) - 1) // {s} + 1")
+        elif conv.transposed:
+            lines.append(f"P{d} = (D{d} - 1) * {s} - {2 * int(p)} + {int(dil) * (int(k) - 1)} + "
+                         f"{conv.output_padding[d]} + 1")
         else:
-            lines.append(f"P{d} = (D{d} + {2 * p} - {dil * (k - 1)} - 1) // {s} + 1")
-    groups = conv.groups
+            lines.append(f"P{d} = (D{d} + {2 * int(p)} - {int(dil) * (int(k) - 1)} - 1) // {s} + 1")
+    lines.append(_groups_line(conv, x, w))
     if conv.transposed:
-        lines += [f"C_in_g = {x}.shape[1] // {groups}", f"C_out_g = {w}.shape[1]"]
+        lines += [f"C_in_g = {x}.shape[1] // G", f"C_out_g = {w}.shape[1]"]
     else:
-        lines += [f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // {groups}"]
+        lines += [f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // G"]
     sizes = ", ".join(f"P{d}" for d in range(spatial))
-    lines += [f"C_out = C_out_g * {groups}",
+    lines += ["C_out = C_out_g * G",
               f"out = torch.empty(({x}.shape[0], C_out, {sizes}), device={x}.device, dtype=torch.float32)",
               "shape = out.shape"]
     return lines
@@ -178,7 +226,7 @@ def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...]) -> tuple[MatmulTile, .
         while common % k_cap:
             k_cap //= 2  # stops at 16 at the latest: every group's channels are a multiple of 16
     else:
-        k_cap = max(_MIN_TILE, 1 << (min(c_in) * math.prod(_taps(conv)) - 1).bit_length())
+        k_cap = max(_MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
     cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
     return tuple(dict.fromkeys(cut))
 
@@ -331,8 +379,8 @@ def _tiled_call(conv: Conv, dot: bool, epilogue, indexer, scalar_args) -> str:
 def _tiled_constants(conv: Conv, dot: bool) -> list[str]:
     """Keyword arguments for the kernel's constexprs beyond the geometry."""
     dims = range(len(conv.stride))
-    taps = _taps(conv)
-    constants = ([f"T{d}={taps[d]}" for d in dims] if dot else []) + [f"GROUPS={conv.groups}"]
+    taps = _tap_exprs(conv)
+    constants = ([f"T{d}={taps[d]}" for d in dims] if dot else []) + ["GROUPS=G"]
     if conv.transposed:  # inverse of the dilation mod the stride (0 when the stride is 1: one phase)
         constants += [f"INV{d}={pow(conv.dilation[d], -1, conv.stride[d]) if conv.stride[d] > 1 else 0}"
                       for d in dims]
@@ -342,15 +390,15 @@ def _tiled_constants(conv: Conv, dot: bool) -> list[str]:
 def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, autotune: bool) -> list[str]:
     dims = range(len(conv.stride))
     rows = " * ".join((f"Q{d}" if conv.transposed else f"P{d}") for d in dims)
-    grid_z = conv.groups * (math.prod(conv.stride) if conv.transposed else 1)
+    grid_z = f"G * {math.prod(conv.stride)}" if conv.transposed else "G"
     # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
     to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
     lines = ([f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
              + (["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"]
                 if dot else [])
-             + [f"w_gemm = w.reshape({conv.groups}, -1, *w.shape[1:]){to_gemm}.contiguous()",
+             + [f"w_gemm = w.reshape(G, -1, *w.shape[1:]){to_gemm}.contiguous()",
                 f"M = x.shape[0] * {rows}"]
-             + ([f"K_TOTAL = C_in_g * {math.prod(_taps(conv))}"] if dot else []))
+             + ([f"K_TOTAL = C_in_g * {' * '.join(_tap_exprs(conv))}"] if dot else []))
     positions = " * ".join(f"P{d}" for d in dims)
 
     def row_tiles(block_m) -> str:
@@ -399,6 +447,7 @@ def {name}({", ".join(params)}):
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     call = _tiled_call(conv, dot, epilogue, indexer, scalar_args)
+    scalar_args += _geometry_launcher_args(conv)
     lines = ([f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w")
              + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
              + _tiled_launch_lines(conv, dot, name, call, tiles, variant.autotune))
@@ -508,6 +557,7 @@ def {name}({", ".join(params)}):
     else:
         block, warps = variant.pool[0]
         lines += [f"{name}[(_cdiv(numel, {block}),)]({call}, BLOCK={block}, num_warps={warps})"]
+    scalar_args += _geometry_launcher_args(conv)
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
     description = f"direct {kind}{' + ' + ops if ops else ''} (FMA, no tl.dot)"

@@ -193,18 +193,35 @@ def _conv_padding(padding, weight: Value, spatial: int, dilation: tuple[int, ...
     return tuple_arg(padding, spatial, "padding")
 
 
+def per_config_values(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def conv(b: Builder, x: Value, weight: Value, bias: Value | None, *, transposed: bool, stride, padding,
-         dilation, output_padding, groups) -> Value:
+         dilation, output_padding, groups, geometry_from: str | None = None) -> Value:
+    """stride, padding, dilation and groups: one value for every input config, or (from a module whose
+    instances differ, read at run time from `geometry_from`) a list with one per config."""
     spatial = weight.rank - 2
     if x.rank != weight.rank:
         raise UnsupportedSubproblem(f"convolution of a rank-{x.rank} input (unbatched input is not supported)")
-    if len({s[2:] for s in weight.shapes}) > 1:
-        raise UnsupportedSubproblem("the convolution kernel size differs between input configs")
-    dilation = tuple_arg(b.const(dilation, "dilation"), spatial, "dilation")
-    out = b.conv(x, weight, transposed=transposed, stride=tuple_arg(b.const(stride, "stride"), spatial, "stride"),
-                 padding=_conv_padding(b.const(padding, "padding"), weight, spatial, dilation), dilation=dilation,
+    configs = len(x.shapes)
+    if len({s[2:] for s in weight.shapes}) > 1 and (transposed or "same" in per_config_values(padding)):
+        raise UnsupportedSubproblem("a transposed or padding='same' convolution whose kernel size differs "
+                                    "between input configs")
+
+    def per_config(value, what: str) -> list:
+        return value if isinstance(value, list) else [b.const(value, what)] * configs
+
+    dilations = [tuple_arg(d, spatial, "dilation") for d in per_config(dilation, "dilation")]
+    strides = [tuple_arg(s, spatial, "stride") for s in per_config(stride, "stride")]
+    paddings = [_conv_padding(p, weight, spatial, d) for p, d in zip(per_config(padding, "padding"), dilations)]
+    groups = tuple(int(g) for g in per_config(groups, "groups"))
+    if transposed and (len(set(groups)) > 1 or geometry_from is not None):
+        # the weight [C_in, C_out / groups, K..] does not tell the groups apart, and phases follow the stride
+        raise UnsupportedSubproblem("a transposed convolution whose groups or geometry differ between input configs")
+    out = b.conv(x, weight, transposed=transposed, stride=strides, padding=paddings, dilation=dilations,
                  output_padding=tuple_arg(b.const(output_padding, "output_padding"), spatial, "output_padding"),
-                 groups=int(b.const(groups, "groups")))
+                 groups=groups, geometry_from=geometry_from)
     return b.pw("add", out, b.channel_view(bias, out.rank)) if bias is not None else out
 
 
@@ -237,10 +254,17 @@ def _conv_module(b: Builder, call: Call):
     transposed = isinstance(module, nn.modules.conv._ConvTransposeNd)
     if transposed and call.arg(1, "output_size", None) is not None:
         raise UnsupportedSubproblem("ConvTranspose with an explicit output_size")
+    # A subproblem's instances may differ in groups (depthwise layers of several widths) and in stride,
+    # padding or dilation (a MobileNet's or ResNet's blocks): those the launcher takes per call.
+    geometry = {name: [getattr(m, name) for m in call.modules] for name in ("stride", "padding", "dilation")}
+    varying = any(len(set(values)) > 1 for values in geometry.values())
+    if varying and any(isinstance(p, str) for p in geometry["padding"]):
+        raise UnsupportedSubproblem(f"{type(module).__name__} with padding='same' whose geometry differs "
+                                    "between input configs")
     return conv(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"),
-                transposed=transposed, stride=call.module_attr("stride"), padding=call.module_attr("padding"),
-                dilation=call.module_attr("dilation"), output_padding=call.module_attr("output_padding"),
-                groups=call.module_attr("groups"))
+                transposed=transposed, output_padding=call.module_attr("output_padding"),
+                groups=[m.groups for m in call.modules], geometry_from=call.path if varying else None,
+                **{name: values if varying else values[0] for name, values in geometry.items()})
 
 
 # --- pooling ----------------------------------------------------------------------------------------

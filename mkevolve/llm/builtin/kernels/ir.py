@@ -130,7 +130,10 @@ class Conv(Value):
     padding: tuple[int, ...] = ()
     dilation: tuple[int, ...] = ()
     output_padding: tuple[int, ...] = ()
-    groups: int = 1
+    groups: tuple[int, ...] = ()         # per input config: a subproblem's instances may differ (MobileNet)
+    # the module whose stride/padding/dilation the launcher reads at run time, when they differ between
+    # input configs (stride, padding and dilation above are then the first config's); None otherwise
+    geometry_from: str | None = None
 
     def operands(self) -> list[Value]:
         return [self.x, self.w]

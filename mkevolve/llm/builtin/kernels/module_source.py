@@ -193,7 +193,7 @@ class ForwardWriter:
         if value.id in self.names:
             return self.names[value.id]
         if isinstance(value, Param):
-            name = "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in value.path.split("."))
+            name = _attribute(value.path)
         elif isinstance(value, View):
             base = self.tensor(value.base)
             name = f"v{value.id}"
@@ -207,7 +207,7 @@ class ForwardWriter:
 
     def scalar(self, scalar: Scalar) -> str:
         if scalar.attr is not None:
-            return "self." + scalar.attr
+            return _attribute(scalar.attr)
         if scalar.expr is not None:
             return self.shape_value(scalar.expr)
         raise AssertionError("literal scalars are inlined in kernels")
@@ -333,3 +333,8 @@ def _main_block(stem: str) -> str:
             with torch.no_grad():
                 median, p20, p80 = triton.testing.do_bench(lambda: candidate(*inputs), quantiles=[0.5, 0.2, 0.8])
             print(f"config {{i}}: median {{median:.4f}} ms, p20 {{p20:.4f}} ms, p80 {{p80:.4f}} ms")'''
+
+
+def _attribute(path: str) -> str:
+    """`self.<path>` as Python: "blocks.0.conv.stride" -> self.blocks[0].conv.stride."""
+    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
