@@ -32,6 +32,8 @@ from mkevolve.workers.pool import Job
 BEST = "best"
 STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
 
+SPLIT_REASONS = 3  # failed candidates whose verdicts the Split prompt quotes, per subproblem
+
 
 @dataclass
 class RunOutcome:
@@ -231,7 +233,8 @@ class Orchestrator:
             return fuse_agent.total_fuse(self.problem_path, decomposition, **self._agent_args()), "total_fuse"
         if plan.agent == "split":
             self._phase(t, f"splitting {', '.join(plan.failing)}")
-            split = split_agent.split(self.problem_path, decomposition, list(plan.failing), **self._agent_args())
+            split = split_agent.split(self.problem_path, decomposition, list(plan.failing),
+                                      why={n: self._why_failing(n) for n in plan.failing}, **self._agent_args())
             return split, "split"
         self._phase(t, "fusing")
         return fuse_agent.fuse(self.problem_path, decomposition, **self._agent_args()), "fuse"
@@ -265,6 +268,15 @@ class Orchestrator:
         is new, not failing."""
         beam = self._beam(name)
         return (beam.next_seq > 0 or self._exhausted(name) is not None) and beam.best is None
+
+    def _why_failing(self, name: str) -> list[str]:
+        """What the verifier said of a failing subproblem's best-ranked candidates (and why the agent has no
+        more), for the Split prompt: the model cuts better knowing what went wrong."""
+        beam = self._beam(name)
+        lines = [f"{c.id}: {c.result.status.value}: {c.result.reason}".rstrip(": ")
+                 for c in beam.members[:SPLIT_REASONS]]
+        exhausted = self._exhausted(name)
+        return lines + ([f"the agent has no further kernel: {exhausted}"] if exhausted else [])
 
     def _settled(self, decomposition: Decomposition) -> list[str]:
         """Subproblems with an accepted kernel where kernels are not timed: a refined kernel could only tie with

@@ -182,6 +182,19 @@ def test_replayed_split_replaces_the_failing_subproblem(tmp_path, pool):
     assert result.subproblem("relu").instances == 2
 
 
+def test_the_split_prompt_quotes_why_no_kernel_passed(tmp_path, pool):
+    """The replayed reply answers only a prompt that carries the failed candidates' verdicts."""
+    previous = Decomposition.read(FIXTURES / "decompositions" / "good")
+    why = {"linear_relu": ["c0002: incorrect: output mismatch: max abs error 0.5"]}
+    config, client = _replay(tmp_path, [{"reply": "split_linear_relu.md", "agent": "split",
+                                         "prompt_contains": "linear_relu:\n- c0002: incorrect: output mismatch"}])
+    assert split(PROBLEM, previous, ["linear_relu"], config, client, pool, why=why).names == ["linear", "relu",
+                                                                                           "scale"]
+    unanswered, _ = _replay(tmp_path, [{"reply": "split_linear_relu.md", "agent": "split",
+                                        "prompt_contains": "## Why no kernel passed"}], retries=0)
+    assert split(PROBLEM, previous, ["linear_relu"], unanswered, make_client(unanswered), pool) is previous
+
+
 def test_a_split_that_fails_every_round_returns_the_previous_decomposition(tmp_path, pool):
     previous = Decomposition.read(FIXTURES / "decompositions" / "good")
     config, client = _replay(tmp_path, [{"reply": "unparsable.md"}, {"reply": "good.md"}], retries=1)

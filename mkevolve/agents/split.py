@@ -33,9 +33,10 @@ class SplitTask:
 
 
 def split(problem_path: str | Path, decomposition: Decomposition, failing: list[str], config: RunConfig,
-          client: LLMClient, pool: Executor, events: EventLog | None = None) -> Decomposition:
+          client: LLMClient, pool: Executor, events: EventLog | None = None,
+          why: dict[str, list[str]] | None = None) -> Decomposition:
     """A decomposition in which every failing subproblem is replaced by two; `decomposition` itself when no
-    attempt passes the checks."""
+    attempt passes the checks. `why`: per failing subproblem, what the verifier said of its candidates."""
     unknown = [name for name in failing if name not in decomposition.names]
     if unknown or not failing:
         raise ValueError(f"split needs names of current subproblems; got {failing} (have {decomposition.names})")
@@ -43,7 +44,8 @@ def split(problem_path: str | Path, decomposition: Decomposition, failing: list[
     loop = AttemptLoop("split", problem_path, config, client, pool, events)
 
     def requests(feedback: list[Feedback]) -> list[LLMRequest]:
-        prompt = render("split.j2", failing=list(failing), **prompt_variables(problem_path, feedback, decomposition))
+        prompt = render("split.j2", failing=list(failing), why=why or {},
+                        **prompt_variables(problem_path, feedback, decomposition))
         task = SplitTask(str(problem_path), decomposition.top_level, tuple(failing), config.eval_mode)
         return [LLMRequest(agent="split", prompt=prompt, task=task,
                            subproblem=failing[0] if len(failing) == 1 else None)]
