@@ -218,7 +218,7 @@ class Orchestrator:
             return Refinement("total_fuse")
         if t % self.config.refine_every != 0:
             return None
-        failing = tuple(n for n in decomposition.names if self._failing(n))
+        failing = tuple(n for n in decomposition.names if self._failing(n) and self._debugged(n))
         if failing:
             return Refinement("split", failing)
         return Refinement("fuse") if self.config.fuse else None
@@ -268,6 +268,9 @@ class Orchestrator:
         is new, not failing."""
         beam = self._beam(name)
         return (beam.next_seq > 0 or self._exhausted(name) is not None) and beam.best is None
+
+    def _debugged(self, name: str) -> bool:
+        return self._beam(name).split_allowed(agent_exhausted=self._exhausted(name) is not None)
 
     def _why_failing(self, name: str) -> list[str]:
         """What the verifier said of a failing subproblem's best-ranked candidates (and why the agent has no

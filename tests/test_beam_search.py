@@ -383,3 +383,20 @@ def test_scripted_sequence_through_the_real_verifier(tmp_path):
         assert saved(tmp_path, "c0002")["result"]["rule"] == "torch-compute"
         speedups = {cid: saved(tmp_path, cid)["result"]["speedup"] for cid in ("c0001", "c0003")}
         assert beam.best.id == max(speedups, key=lambda cid: (speedups[cid], cid == "c0001"))
+
+
+def _failed(seq: int, kind: PromptKind, source: str = "def f(): pass") -> Candidate:
+    return Candidate(candidate_id(seq), "sub", None, kind, source, EvalResult(status=Status.COMPILE_ERROR))
+
+
+def test_a_failing_beam_is_split_only_after_a_debug_round():
+    beam = Beam(width=4)
+    beam.select([_failed(0, PromptKind.GENERATE), _failed(1, PromptKind.GENERATE)])
+    assert not beam.split_allowed(agent_exhausted=False)       # fixable-looking failures: debug first
+    assert beam.split_allowed(agent_exhausted=True)            # the agent has nothing more to offer
+    beam.select([_failed(2, PromptKind.DEBUG)])
+    assert beam.debug_rounds == 1 and beam.split_allowed(agent_exhausted=False)
+    assert Beam.from_dict(beam.to_dict()).debug_rounds == 1    # survives a resume
+    codeless = Beam(width=4)
+    codeless.select([_failed(0, PromptKind.GENERATE, source="")])
+    assert codeless.split_allowed(agent_exhausted=False)       # nothing to debug

@@ -93,6 +93,7 @@ class Beam:
     # Why the newest reply without code had none: such candidates never join the beam, and without this the
     # reason would live only in their candidate files.
     codeless: str = ""
+    debug_rounds: int = 0                    # beam steps that included a debug child (before a Split)
 
     def exhausted_for(self, model: str) -> str | None:
         """Why `model` has nothing more for this subproblem, or None when it may still be asked."""
@@ -108,6 +109,14 @@ class Beam:
         codeless = [c for c in children if not c.source]
         if codeless:
             self.codeless = codeless[-1].result.reason
+        if any(c.kind is PromptKind.DEBUG for c in children):
+            self.debug_rounds += 1
+
+    def split_allowed(self, agent_exhausted: bool) -> bool:
+        """Whether a failing subproblem may be split now: after a debug round, or when there is nothing to
+        debug (the agent has no further kernel, or no reply had code). A kernel with a compile error or a
+        small mismatch is usually one fix from passing, and a Split throws the beam away."""
+        return self.debug_rounds > 0 or agent_exhausted or not self.members
 
     @property
     def best(self) -> Candidate | None:
@@ -117,14 +126,16 @@ class Beam:
     def to_dict(self) -> dict:
         return {"width": self.width, "members": [c.to_dict() for c in self.members],
                 "next_seq": self.next_seq, "input_shapes": self.input_shapes,
-                "exhausted": asdict(self.exhausted) if self.exhausted else None, "codeless": self.codeless}
+                "exhausted": asdict(self.exhausted) if self.exhausted else None, "codeless": self.codeless,
+                "debug_rounds": self.debug_rounds}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Beam":
         exhausted = data.get("exhausted")  # absent from the checkpoints of earlier versions
         return cls(width=data["width"], members=[Candidate.from_dict(c) for c in data["members"]],
                    next_seq=data["next_seq"], input_shapes=data["input_shapes"],
-                   exhausted=Exhausted(**exhausted) if exhausted else None, codeless=data.get("codeless", ""))
+                   exhausted=Exhausted(**exhausted) if exhausted else None, codeless=data.get("codeless", ""),
+                   debug_rounds=data.get("debug_rounds", 0))
 
     def copy(self) -> "Beam":
         return Beam.from_dict(self.to_dict())
