@@ -1,26 +1,34 @@
 """Convolutions (1-3 spatial dims, strided, padded, dilated, grouped, transposed) with a fused epilogue.
 
-Two templates.
+Three templates, chosen by shape (`conv_template`).
 
 Implicit GEMM, on tensor cores through tl.dot: for one group, C[M, N] = A[M, K] @ B[K, N] with
 M = output positions (batch and spatial), N = output channels and K = (kernel tap, input channel).
 The launcher hands the kernel the input channels-last ([N, D.., C_in], a pixel's channels adjacent)
 and the weight as [groups, taps.., C_in_g, C_out_g], so both tiles are read along contiguous memory.
 K is walked in BLOCK_K steps: when BLOCK_K divides the channels of a group each step stays inside
-one kernel tap (its masks are per output position); with few channels (an RGB input, 8 channels)
-a step spans several taps, so no tl.dot lane is wasted on padding. A transposed convolution is
-split by output phase (output coordinate mod stride): in one phase only every stride-th kernel tap
-reaches an input pixel, so each program walks those taps alone instead of masking the others.
+one kernel tap (its masks are per output position); otherwise a step spans several taps. A transposed
+convolution is split by output phase (output coordinate mod stride): in one phase only every
+stride-th kernel tap reaches an input pixel, so each program walks those taps alone instead of
+masking the others.
+
+Outer products, for forward convolutions with fewer than 16 input channels per group (an RGB or
+8-channel input, where most tl.dot lanes would be padding): the same output tile, accumulated in
+exact fp32 as one masked column of x times one row of w per (tap, channel).
 
 Direct: one program per BLOCK output elements, each summing its window with FMAs; used when a group
-has too few channels for a tl.dot tile (depthwise convolutions) and for transposed convolutions
+has too few output channels for a tile (depthwise convolutions) and for transposed convolutions
 whose dilation and stride share a factor.
+
+A subproblem's instances may differ in groups, stride, padding, dilation and kernel size: the
+launcher then reads them from the instance's module and weight, so one file serves them all.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from enum import Enum
 
 from .configs import MatmulTile, Variant
 from .emit_common import (
@@ -99,26 +107,32 @@ def _phases_split(conv: Conv) -> bool:
     return all(math.gcd(d, s) == 1 for d, s in zip(conv.dilation, conv.stride))
 
 
-def conv_template(conv: Conv) -> str:
-    """"implicit_gemm", "outer_product" or "direct" (see the module docstring)."""
-    c_in, c_out = _group_channels(conv)
+class ConvTemplate(Enum):
+    IMPLICIT_GEMM = "implicit GEMM"
+    OUTER_PRODUCT = "outer products"
+    DIRECT = "direct"
+
+
+def conv_template(conv: Conv) -> ConvTemplate:
+    """Which template fits this convolution's shapes (see the module docstring)."""
+    _, c_out = _group_channels(conv)
     if min(c_out) < _MIN_DOT_N or _min_reduction(conv) < _MIN_DOT_K:
-        return "direct"
+        return ConvTemplate.DIRECT
     if conv.transposed:
-        return "implicit_gemm" if _phases_split(conv) else "direct"
-    return "implicit_gemm" if _tap_per_block(conv) else "outer_product"
+        return ConvTemplate.IMPLICIT_GEMM if _phases_split(conv) else ConvTemplate.DIRECT
+    return ConvTemplate.IMPLICIT_GEMM if _tap_per_block(conv) else ConvTemplate.OUTER_PRODUCT
 
 
 def conv_uses_dot(conv: Conv) -> bool:
-    return conv_template(conv) == "implicit_gemm"
+    return conv_template(conv) is ConvTemplate.IMPLICIT_GEMM
 
 
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
     conv: Conv = kernel.anchor
     template = conv_template(conv)
-    if template == "direct":
+    if template is ConvTemplate.DIRECT:
         return _emit_direct(kernel, name, variant, program)
-    return _emit_tiled(kernel, name, variant, program, dot=template == "implicit_gemm")
+    return _emit_tiled(kernel, name, variant, program, dot=template is ConvTemplate.IMPLICIT_GEMM)
 
 
 def _geometry_params(conv: Conv) -> list[str]:
@@ -208,7 +222,7 @@ def _epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict
     return epilogue, indexer, scalars, emitter, lines, result
 
 
-# -- implicit GEMM ----------------------------------------------------------------------------------
+# -- tiled: implicit GEMM and outer products --------------------------------------------------------
 
 def _tap_per_block(conv: Conv) -> bool:
     """Every group has a multiple of 16 input channels: a BLOCK_K step then stays inside one tap."""
