@@ -22,7 +22,7 @@ from mkevolve.fsutil import write_atomic
 from mkevolve.llm.providers import ProviderError, make_provider
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
-from mkevolve.search.beam import Beam
+from mkevolve.search.beam import Beam, Candidate
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
                                pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
@@ -76,6 +76,13 @@ def iteration_dir(run_dir: Path, index: int) -> Path:
 
 def beam_hash(source: str) -> str:
     return sha256_of(source)[:16]
+
+
+def _failure_reason(candidate: Candidate) -> str:
+    """Why a candidate of a failing subproblem did not count: its verdict, or the final cheating check."""
+    if candidate.passed and candidate.accepted is False:
+        return "passed its checks, but the final cheating check rejected it"
+    return candidate.result.reason
 
 
 class Orchestrator:
@@ -276,7 +283,7 @@ class Orchestrator:
         """What the verifier said of a failing subproblem's best-ranked candidates (and why the agent has no
         more), for the Split prompt: the model cuts better knowing what went wrong."""
         beam = self._beam(name)
-        lines = [f"{c.id}: {c.result.status.value}: {c.result.reason}".rstrip(": ")
+        lines = [f"{c.id}: {c.result.status.value}: {_failure_reason(c)}".rstrip(": ")
                  for c in beam.members[:SPLIT_REASONS]]
         exhausted = self._exhausted(name)
         return lines + ([f"the agent has no further kernel: {exhausted}"] if exhausted else [])

@@ -193,10 +193,6 @@ def _conv_padding(padding, weight: Value, spatial: int, dilation: tuple[int, ...
     return tuple_arg(padding, spatial, "padding")
 
 
-def per_config_values(value) -> list:
-    return value if isinstance(value, list) else [value]
-
-
 def conv(b: Builder, x: Value, weight: Value, bias: Value | None, *, transposed: bool, stride, padding,
          dilation, output_padding, groups, geometry_from: str | None = None) -> Value:
     """stride, padding, dilation and groups: one value for every input config, or (from a module whose
@@ -205,7 +201,8 @@ def conv(b: Builder, x: Value, weight: Value, bias: Value | None, *, transposed:
     if x.rank != weight.rank:
         raise UnsupportedSubproblem(f"convolution of a rank-{x.rank} input (unbatched input is not supported)")
     configs = len(x.shapes)
-    if len({s[2:] for s in weight.shapes}) > 1 and (transposed or "same" in per_config_values(padding)):
+    paddings_given = padding if isinstance(padding, list) else [padding]
+    if len({s[2:] for s in weight.shapes}) > 1 and (transposed or "same" in paddings_given):
         raise UnsupportedSubproblem("a transposed or padding='same' convolution whose kernel size differs "
                                     "between input configs")
 
