@@ -284,18 +284,8 @@ def test_grouped_and_depthwise_conv2d(case, tmp_path):
     _assert_all_variants_match(path, tmp_path)
 
 
-CONV_CONFIGS = """
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, in_channels, out_channels, groups):
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1, groups=groups)
-
-    def forward(self, x):
-        return self.conv(x)
+# What a multi-config problem file ends with; `_with_configs` appends the config entries.
+_CONFIG_ACCESSORS = '''
 
 
 def get_inputs():
@@ -308,15 +298,34 @@ def get_init_inputs():
 
 def get_input_configs():
     return [
-{configs}
-    ]
+'''
+
+
+CONV_MODEL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, groups):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1, groups=groups)
+
+    def forward(self, x):
+        return self.conv(x)
+
 """
 
 
+def _with_configs(model: str, configs: list[tuple[list, tuple[int, ...]]]) -> str:
+    """A problem file: `model`, and one input config per (init arguments, input shape)."""
+    lines = "\n".join(f'        {{"get_init_inputs": lambda: {init}, "get_inputs": lambda: [torch.randn{shape}]}},'
+                      for init, shape in configs)
+    return model.rstrip() + _CONFIG_ACCESSORS + lines + "\n    ]\n"
+
+
 def _conv_configs(configs: list[tuple[list[int], tuple[int, ...]]]) -> str:
-    lines = [f'        {{"get_init_inputs": lambda: {init}, "get_inputs": lambda: [torch.randn{shape}]}},'
-             for init, shape in configs]
-    return CONV_CONFIGS.format(configs="\n".join(lines))
+    return _with_configs(CONV_MODEL, configs)
 
 
 SHARED_GROUPS_CONFIGS = {
@@ -350,7 +359,7 @@ def test_conv_whose_groups_differ_between_configs(case, tmp_path):
     _assert_all_variants_match(path, tmp_path)
 
 
-STRIDED_CONFIGS = """
+STRIDED_MODEL = """
 import torch
 import torch.nn as nn
 
@@ -363,22 +372,6 @@ class Model(nn.Module):
     def forward(self, x):
         return torch.relu(self.conv(x))
 
-
-def get_inputs():
-    return get_input_configs()[0]["get_inputs"]()
-
-
-def get_init_inputs():
-    return get_input_configs()[0]["get_init_inputs"]()
-
-
-def get_input_configs():
-    return [
-        {{"get_init_inputs": lambda: [{c}, 1, 1], "get_inputs": lambda: [torch.randn(2, {c}, 6, 5)]}},
-        {{"get_init_inputs": lambda: [{c}, 2, 1], "get_inputs": lambda: [torch.randn(1, {c}, 7, 8)]}},
-        {{"get_init_inputs": lambda: [{c}, 2, 0], "get_inputs": lambda: [torch.randn(1, {c}, 9, 6)]}},
-        {{"get_init_inputs": lambda: [{c}, 1, 0, 1], "get_inputs": lambda: [torch.randn(1, {c}, 4, 5)]}},
-    ]
 """
 
 
@@ -387,7 +380,9 @@ def test_conv_whose_stride_and_padding_differ_between_configs(channels, tmp_path
     """A ResNet's or MobileNet's blocks: one subproblem, instances with stride 1 and 2 and a 1x1 one; the
     launcher takes the instance's stride, padding and dilation from its module and the kernel size from
     its weight."""
-    path = _write_problem(tmp_path, f"strided_{channels}", STRIDED_CONFIGS.format(c=channels))
+    configs = [([channels, 1, 1], (2, channels, 6, 5)), ([channels, 2, 1], (1, channels, 7, 8)),
+               ([channels, 2, 0], (1, channels, 9, 6)), ([channels, 1, 0, 1], (1, channels, 4, 5))]
+    path = _write_problem(tmp_path, f"strided_{channels}", _with_configs(STRIDED_MODEL, configs))
     source = generate_kernel(path, 0, TARGET).source
     assert "self.conv.stride, self.conv.padding, self.conv.dilation" in source
     _assert_all_variants_match(path, tmp_path)
@@ -481,18 +476,15 @@ def test_every_keyword_of_leaky_relu_is_read():
     assert {k: s.value for k, s in value.attrs.items()} == {"negative_slope": 0.2}
 
 
-ALIASED = """
+# A forward over one [4, 16] input; `body` is the forward's code after its signature.
+_ROW_MODEL = """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
 class Model(nn.Module):
-    def forward(self, x):
-        y = x * 1.0
-        v = y.view(-1)
-        z = F.leaky_relu(y, 0.2, inplace=True)
-        return v * 2.0 + z.sum()
+    def forward(self, x):{body}
 
 
 def get_inputs():
@@ -502,6 +494,12 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+
+ALIASED = _ROW_MODEL.format(body="""
+        y = x * 1.0
+        v = y.view(-1)
+        z = F.leaky_relu(y, 0.2, inplace=True)
+        return v * 2.0 + z.sum()""")
 
 
 def test_inplace_op_on_a_tensor_whose_view_is_read_later_is_refused(tmp_path):
@@ -511,25 +509,9 @@ def test_inplace_op_on_a_tensor_whose_view_is_read_later_is_refused(tmp_path):
         variant_count(path, TARGET)
 
 
-INPUT_MUTATED = """
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Model(nn.Module):
-    def forward(self, x):
+INPUT_MUTATED = _ROW_MODEL.format(body="""
         F.leaky_relu_(x, 0.2)
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(4, 16)]
-
-
-def get_init_inputs():
-    return []
-"""
+        return x * 2.0""")
 
 
 def test_inplace_statement_on_a_forward_input_is_still_refused(tmp_path):
