@@ -151,3 +151,5 @@ def test_tiles_are_cut_to_the_convolution():
     per_tap = conv_tiles(_conv(48, 64), tiles)      # 48 channels: a step must divide them
     assert {t.block_k for t in per_tap} == {16} and {t.block_n for t in per_tap} == {64}
     assert {t.block_k for t in conv_tiles(_conv(128, 64), tiles)} == {32, 64}
+    outer = conv_tiles(_conv(3, 16), tiles, dot=False)   # no BLOCK_K: tiles differing only there are one
+    assert [(t.block_m, t.block_n) for t in outer] == [(128, 16), (64, 16)]

@@ -229,12 +229,15 @@ def _tap_per_block(conv: Conv) -> bool:
     return all(c % _MIN_TILE == 0 for c in _group_channels(conv)[0])
 
 
-def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...]) -> tuple[MatmulTile, ...]:
+def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> tuple[MatmulTile, ...]:
     """The variant's tiles cut to this convolution: BLOCK_N no wider than its output channels per group,
-    BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap."""
+    BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap.
+    Outer products have no BLOCK_K: tiles that differ only there are one."""
     c_in, c_out = _group_channels(conv)
     n_cap = max(_MIN_TILE, 1 << (max(c_out) - 1).bit_length())
-    if _tap_per_block(conv):
+    if not dot:
+        k_cap = _MIN_TILE
+    elif _tap_per_block(conv):
         common = math.gcd(*c_in)
         k_cap = _MAX_BLOCK_K
         while common % k_cap:
@@ -439,7 +442,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
         kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
     ops = describe_body(kernel, program.values)
     params = _tiled_params(conv, dot, epilogue, indexer, scalars)
-    tiles = conv_tiles(conv, variant.conv)
+    tiles = conv_tiles(conv, variant.conv, dot)
     decorator = tile_autotune(tiles, ["M", "C_in_g", "C_out_g"], group_m=False, block_k=dot) \
         if variant.autotune else ""
     kind = f"{len(conv.stride)}-d {'transposed convolution' if conv.transposed else 'convolution'}"

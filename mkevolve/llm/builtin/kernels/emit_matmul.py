@@ -22,10 +22,10 @@ from .plan import KernelPlan
 
 def tile_autotune(tiles: tuple[MatmulTile, ...], key: list[str], group_m: bool = True, block_k: bool = True) -> str:
     group = ', "GROUP_M": 8' if group_m else ""
-    configs = ",\n        ".join(dict.fromkeys(  # without BLOCK_K, tiles that differ only there are one config
+    configs = ",\n        ".join(
         f'triton.Config({{"BLOCK_M": {t.block_m}, "BLOCK_N": {t.block_n}'
         + (f', "BLOCK_K": {t.block_k}' if block_k else "") + f"{group}}}, "
-        f"num_warps={t.warps}, num_stages={t.stages})" for t in tiles))
+        f"num_warps={t.warps}, num_stages={t.stages})" for t in tiles)
     return f"@triton.autotune(\n    configs=[\n        {configs},\n    ],\n    key={key!r},\n)\n"
 
 
