@@ -65,11 +65,11 @@ class _Lowering:
     def run(self) -> Program:
         graph_nodes = self.nodes[0]
         output = graph_nodes[-1]
-        live = self._keep_mutations(graph_nodes, _live(self._user_outputs(output)))
+        order = {node: index for index, node in enumerate(graph_nodes)}  # position in the forward
+        live = self._keep_mutations(graph_nodes, order, _live(self._user_outputs(output)))
         missing = self._missing_handlers(graph_nodes, live)
         if missing:
             raise UnsupportedOps(missing)
-        order = {node: index for index, node in enumerate(graph_nodes)}
         for index, node in enumerate(graph_nodes):
             if node.op == "output":
                 break
@@ -98,11 +98,10 @@ class _Lowering:
             return _pytree.tree_unflatten(values, self.trace.out_spec)
         return values[0]
 
-    def _keep_mutations(self, nodes: list[fx.Node], live: set[fx.Node]) -> set[fx.Node]:
+    def _keep_mutations(self, nodes: list[fx.Node], order: dict[fx.Node, int], live: set[fx.Node]) -> set[fx.Node]:
         """`y.relu_()` as a statement: its result is unused, yet it is live when `y` is read after it.
         One on a forward input or a parameter stays dead, so _check_dead refuses the caller-visible mutation."""
         module_of = self.trace.configs[0].model.get_submodule
-        order = {node: index for index, node in enumerate(nodes)}
         changed = True
         while changed:      # a kept op makes its inputs live, which can keep an earlier in-place op
             changed = False
