@@ -47,6 +47,7 @@ def environment() -> jinja2.Environment:
     # A model that knows the versions writes their API (`input_precision=` rather than `allow_tf32=`).
     env.globals["versions"] = _versions()
     env.filters["excerpt"] = excerpt
+    env.filters["numbered"] = numbered
     return env
 
 
@@ -64,6 +65,17 @@ def excerpt(code: str, line: int, context: int = 3) -> str:
     first, last = max(1, line - context), min(len(lines), line + context)
     width = len(str(last))
     return "\n".join(f"{'>' if n == line else ' '} {n:>{width}} | {lines[n - 1]}" for n in range(first, last + 1))
+
+
+def numbered(code: str, limit: int | None = None) -> str:
+    """`code` with its lines numbered from 1, the first `limit` of them when given, and a last line saying
+    how many were left out: a verdict's "line 33" can be found without counting, and a long file stays bounded."""
+    lines = code.rstrip().splitlines()
+    shown = lines if limit is None else lines[:limit]
+    width = len(str(len(shown)))
+    text = "\n".join(f"{n:>{width}} | {line}".rstrip() for n, line in enumerate(shown, start=1))
+    cut = len(lines) - len(shown)
+    return text + (f"\n... ({cut} more line{'s' * (cut != 1)} not shown)" if cut else "")
 
 
 def render(template_name: str, **variables) -> str:

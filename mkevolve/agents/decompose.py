@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mkevolve.agents.attempts import AttemptLoop, Feedback, emit_result, prompt_variables
+from mkevolve.agents.attempts import Attempt, AttemptLoop, Feedback, emit_result, prompt_variables
 from mkevolve.codebase import Decomposition, wrap_original
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
@@ -19,6 +19,12 @@ from mkevolve.verify.decomposition import CheckReport, check_decomposition
 from mkevolve.workers.executor import Executor, make_executor
 
 EXIT_OK, EXIT_FALLBACK = 0, 1
+
+# A retry prompt shows the rejected attempts' files, so that a reason's "line 33" can be found; these bound
+# what that adds: lines of one file, and lines of all rejected files together (older attempts' files past
+# that are named, not shown).
+REJECTED_FILE_LINES = 300
+REJECTED_TOTAL_LINES = 1200
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,9 @@ def decompose(problem_path: str | Path, config: RunConfig, client: LLMClient, po
     loop = AttemptLoop("decompose", problem_path, config, client, pool, events)
 
     def requests(feedback: list[Feedback]) -> list[LLMRequest]:
-        prompt = render("decompose.j2", **prompt_variables(problem_path, feedback))
+        variables = prompt_variables(problem_path, feedback)
+        variables["feedback"] = rejected_attempts(feedback, loop.history)
+        prompt = render("decompose.j2", rejected_file_lines=REJECTED_FILE_LINES, **variables)
         task = DecomposeTask(str(problem_path), config.eval_mode)
         return [LLMRequest(agent="decompose", prompt=prompt, task=task, sample=i)
                 for i in range(config.decompose_attempts)]
@@ -60,6 +68,73 @@ def decompose(problem_path: str | Path, config: RunConfig, client: LLMClient, po
     fallback = fallback.with_configs(report.instances)
     emit_result(events, "decompose", "fallback" if report.passed else "failed", fallback)
     return fallback, report
+
+
+@dataclass(frozen=True)
+class RejectedFile:
+    """One file of a rejected attempt as a retry prompt lists it."""
+
+    path: str
+    # As the checker read it, so its line numbers are the reasons' (the model's file with its load_subproblem
+    # replaced by the canonical one, which keeps the lines of a loader copied as asked).
+    source: str
+    same_as: str = ""      # the attempt ("1.2") already listed with this identical file
+    omitted: bool = False  # not shown: the prompt's room for rejected files is used up
+
+    @property
+    def line_count(self) -> int:
+        return len(self.source.rstrip().splitlines())
+
+
+@dataclass(frozen=True)
+class RejectedAttempt:
+    """A failed attempt as a retry prompt shows it: why it failed, and the files the reasons point into."""
+
+    round: int
+    sample: int
+    reasons: tuple[str, ...]
+    files: tuple[RejectedFile, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.round + 1}.{self.sample + 1}"
+
+
+def rejected_attempts(feedback: list[Feedback], history: list[Attempt]) -> list[RejectedAttempt]:
+    """The feedback (newest first) with each attempt's files; an unparsed reply has none to show."""
+    parsed = {(a.round, a.sample): a.decomposition for a in history if a.decomposition is not None}
+    listing = _Listing(REJECTED_TOTAL_LINES)
+    shown = []
+    for item in feedback:
+        attempt = RejectedAttempt(item.round, item.sample, item.reasons)
+        decomposition = parsed.get((item.round, item.sample))
+        if decomposition is not None:
+            attempt = replace(attempt, files=listing.add(attempt.label, decomposition.files()))
+        shown.append(attempt)
+    return shown
+
+
+@dataclass
+class _Listing:
+    """Lists files across attempts: an identical file once, and no more lines than the budget."""
+
+    lines_left: int
+    first_seen: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, label: str, files: dict[str, str]) -> tuple[RejectedFile, ...]:
+        return tuple(self._one(label, path, source) for path, source in files.items())
+
+    def _one(self, label: str, path: str, source: str) -> RejectedFile:
+        earlier = self.first_seen.get((path, source))
+        if earlier is not None:
+            return RejectedFile(path, source, same_as=earlier)
+        file = RejectedFile(path, source)
+        cost = min(file.line_count, REJECTED_FILE_LINES)
+        if cost > self.lines_left:
+            return RejectedFile(path, source, omitted=True)
+        self.lines_left -= cost
+        self.first_seen[(path, source)] = label
+        return file
 
 
 def decompose_command(args) -> int:

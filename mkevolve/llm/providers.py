@@ -16,6 +16,7 @@ import yaml
 
 from mkevolve.config import ConfigError
 from mkevolve.fsutil import write_atomic
+from mkevolve.llm.tokens import estimate_usage
 from mkevolve.llm.types import BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TokenUsage
 from mkevolve.prompts import render
 from mkevolve.workers.pool import Job, WorkerPool
@@ -64,6 +65,7 @@ class ProviderError(LLMConfigError):
 class Provider(Protocol):
     name: str
     cacheable: bool  # whether replies are worth keeping on disk (they cost time or money)
+    in_call_order: bool  # whether a reply depends on the order of the calls (then callers keep that order)
 
     def check(self) -> None:
         """Raise LLMConfigError when the provider cannot work at all."""
@@ -85,6 +87,7 @@ class BuiltinProvider:
 
     name = "builtin"
     cacheable = False  # free, and its reply depends on the task object, which the cache key leaves out
+    in_call_order = False
 
     def __init__(self):
         self._workers = WorkerPool(size=1)  # no GPU: tracing runs on the meta device
@@ -210,6 +213,7 @@ class ReplayProvider:
     """
 
     cacheable = True
+    in_call_order = True  # an entry goes to the first request that matches it
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -261,10 +265,12 @@ class ExchangeProvider:
     """A folder through which a person (or an agent with no API) plays the model.
 
     Each request becomes `requests/<id>.md`; the reply is read from `responses/<id>.md` once that file
-    exists and has stopped changing. Both folders are kept, so every exchange stays on record.
+    exists and has stopped changing. Both folders are kept, so every exchange stays on record. Nothing
+    reports token counts here, so each reply's usage is an estimate from the length of prompt and reply.
     """
 
     cacheable = True
+    in_call_order = False
 
     def __init__(self, root: str | Path, poll_s: float = 0.5):
         self.root = Path(root)
@@ -298,7 +304,8 @@ class ExchangeProvider:
         reply_path = self.root / "responses" / f"{exchange_id}.md"
         # The request file is the prompt alone, exactly as a model would get it; README.md explains.
         write_atomic(self.root / "requests" / f"{exchange_id}.md", request.prompt)
-        return LLMResponse(text=self._wait_for(reply_path, timeout))
+        text = self._wait_for(reply_path, timeout)
+        return LLMResponse(text=text, usage=estimate_usage(request.prompt, text))
 
     def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
         return None  # a model (or a person) can always be asked again
@@ -323,6 +330,7 @@ class LiteLLMProvider:
     """Any provider's model through litellm; imported only here, so offline runs need no litellm."""
 
     cacheable = True
+    in_call_order = False
 
     def __init__(self, model: str, api_base: str | None = None):
         self.model = model

@@ -9,6 +9,18 @@ from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
 
 # Requests that belong to no subproblem (decomposition agents) are counted under this key.
 WHOLE_PROBLEM = "-"
+# A rule of thumb for BPE tokenizers on English and code; used only where a provider reports no counts.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_usage(prompt: str, reply: str) -> TokenUsage:
+    """Token counts guessed from the text, for a provider that reports none (the exchange folder): a rough
+    figure keeps per-agent totals comparable, where 0 would say the calls cost nothing. No reasoning count."""
+    return TokenUsage(prompt=_estimate(prompt), completion=_estimate(reply))
+
+
+def _estimate(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)  # rounded up: any text is at least one token
 
 
 @dataclass
