@@ -104,3 +104,42 @@ def test_worker_count_defaults(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert LocalExecutor(0).size == 2
     assert LocalExecutor(6).size == 6
+
+
+def _measure_baseline_in_a_job(lock_path: str, cache_dir: str, delay_s: float) -> None:
+    """A worker's job that needs torch.compile's time: measured once, under the key's lock, and timed alone."""
+    import os
+    from pathlib import Path
+
+    os.environ[LOCK_ENV] = lock_path
+    from mkevolve.verify.result import Timing
+    from mkevolve.verify.timing import cached_baseline
+    from mkevolve.workers.gpu_share import gpu_alone, job_on_gpu
+
+    def measure() -> Timing:
+        time.sleep(0.5)  # compiling, with the GPU shared: the other job reaches the key's lock meanwhile
+        with gpu_alone():
+            return Timing(median_ms=1.0, p10_ms=1.0, p20_ms=1.0, p80_ms=1.0, p90_ms=1.0, runs=1)
+
+    with job_on_gpu():
+        time.sleep(delay_s)
+        cached_baseline(Path(cache_dir), "key", measure)
+
+
+def test_jobs_waiting_for_one_baseline_let_its_timing_have_the_gpu(tmp_path):
+    """Two workers ask for the same uncached baseline: the second waits for the first's result, and must not
+    keep its shared hold meanwhile, or the first's timed runs (alone) and the second wait for each other."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    jobs = [spawn.Process(target=_measure_baseline_in_a_job, args=(str(tmp_path / "gpu0"), str(tmp_path), delay))
+            for delay in (0.0, 0.2)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(timeout=30)
+    stuck = [job for job in jobs if job.is_alive()]
+    for job in stuck:
+        job.kill()
+    assert not stuck, "the two jobs deadlocked on the baseline's lock and the GPU lock"
+    assert [job.exitcode for job in jobs] == [0, 0]

@@ -28,6 +28,7 @@ from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, f
                               make_inputs)
 from mkevolve.verify.timing import default_cache_dir
 from mkevolve.workers import wire
+from mkevolve.workers.gpu_share import lock_file
 
 _SALT_FILE = "salt"
 # Reference outputs a trusted worker keeps between candidates (bytes, on the device they are compared
@@ -65,7 +66,16 @@ class ReferenceSet:
         init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
         if not self.init_file.exists():
             _write_atomic_values(self.init_file, init)
-        missing = [name for name in names if not self.outputs_file(name).exists()]
+        if all(self.outputs_file(name).exists() for name in names):
+            return
+        # Once even when several workers ask at the same moment (the first candidates of a beam step
+        # all need the same sets): the first takes the folder's lock and computes, the others wait and
+        # find the files. Released when the file closes, or when this process dies.
+        with open(self.folder / ".lock", "a") as lock:
+            lock_file(lock)
+            self._compute([name for name in names if not self.outputs_file(name).exists()], config, init)
+
+    def _compute(self, missing: list[str], config, init: list) -> None:
         if not missing:
             return
         model = build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -13,7 +12,7 @@ from typing import Callable
 import torch
 
 from mkevolve.fsutil import write_atomic
-from mkevolve.workers.gpu_share import gpu_alone
+from mkevolve.workers.gpu_share import gpu_alone, lock_file
 from mkevolve.verify.result import Timing
 
 WARMUP_RUNS = 10
@@ -98,7 +97,7 @@ def cached_baseline(cache_dir: Path, key: str, measure: Callable[[], Timing]) ->
         return Timing(**json.loads(path.read_text()))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        lock_file(lock)  # released when the file closes, or when this process dies
         if path.exists():
             return Timing(**json.loads(path.read_text()))
         timing = measure()

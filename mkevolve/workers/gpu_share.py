@@ -15,7 +15,7 @@ import os
 import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import ContextManager, Iterator
+from typing import IO, ContextManager, Iterator
 
 LOCK_ENV = "MKEVOLVE_GPU_LOCK"
 
@@ -110,3 +110,11 @@ def gpu_lent() -> ContextManager:
     """Held by a trusted worker while a candidate process it started works on the same GPU."""
     share = _process_share()
     return share.lent() if share else nullcontext()
+
+
+def lock_file(lock: IO) -> None:
+    """Take an exclusive flock on `lock` (kept until the file closes), with this process's GPU hold given up
+    while it waits. The holder may need the GPU alone before it lets go (a baseline is timed under its
+    key's lock): a waiter that kept its shared hold would wait for it forever, and it for the waiter."""
+    with gpu_lent():
+        fcntl.flock(lock, fcntl.LOCK_EX)
