@@ -12,6 +12,9 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
     candidate.setup, candidate.import, candidate.build,                 inside the candidate process, so
     candidate.first_call, candidate.other_calls,                        part of `candidate`; Triton's JIT
     candidate.profiler_stop, candidate.save                             and autotuning are in first_call
+    judge.accounting, judge.read, judge.compare                         part of `judge`: what ran on the
+                                                                        GPU, reading and hashing the saved
+                                                                        outputs, comparing them
 
 Per phase the table gives how many evaluations had it, the median and p90 (linear interpolation between
 ranks, as numpy's default) and the total, in seconds, and its share of the evaluations' summed wall
@@ -37,7 +40,8 @@ from pathlib import Path
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
 PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
                "candidate.build", "candidate.first_call", "candidate.other_calls", "candidate.profiler_stop",
-               "candidate.save", "candidate.unaccounted", "judge", "baseline", "waiting")
+               "candidate.save", "candidate.unaccounted", "judge", "judge.accounting", "judge.read",
+               "judge.compare", "baseline", "waiting")
 WAITING = "waiting"
 CANDIDATE = "candidate"
 UNACCOUNTED = "candidate.unaccounted"

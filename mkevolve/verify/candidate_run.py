@@ -121,7 +121,7 @@ class CandidateReport:
         if not isinstance(entry, dict) or "file" not in entry:
             reason = entry.get("error") if isinstance(entry, dict) else "missing"
             raise Rejected(Status.INCORRECT, f"an output could not be read back: {reason}")
-        data = self._read_all(scratch).get(name)
+        data = self.read_outputs(scratch).get(name)
         if data is None:
             raise _forged("an output file was changed after the harness wrote it")
         try:
@@ -129,7 +129,7 @@ class CandidateReport:
         except wire.WireError as err:
             raise _forged(f"an output file does not follow the layout ({err})") from None
 
-    def _read_all(self, scratch: Path) -> dict[str, bytearray | None]:
+    def read_outputs(self, scratch: Path) -> dict[str, bytearray | None]:
         """Every kept output's bytes, each read once and hashed in parallel (hashlib lets go of the GIL):
         the bytes whose digest is checked are the bytes parsed; None where the digest differs."""
         if self._verified is None:

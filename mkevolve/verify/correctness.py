@@ -149,16 +149,20 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
         raise report.error
     gpu_violations = []
     if device().type == "cuda":
-        gpu_violations = gpu_accounting(report.activities, request.code_files or (request.solution_path,),
-                                        scratch, pytorch_allowed=bool(request.trusted_files))
+        with _phase(errors, "judge.accounting"):
+            gpu_violations = gpu_accounting(report.activities, request.code_files or (request.solution_path,),
+                                            scratch, pytorch_allowed=bool(request.trusted_files))
     violations = report.violations + gpu_violations
     if _all_declared_pytorch(request):
         # Every subkernel of this composite is declared PyTorch (guarded completion found no kernel for
         # any): no Triton launch is expected, and the run says the solution is 0 of n in Triton.
         violations = [v for v in violations if v.rule is not Rule.NO_LAUNCH]
     _raise_violations(violations)
-    for index, (reference, plan) in enumerate(zip(references, plans)):
-        _check_outputs(problem, index, reference, plan, report, scratch, errors)
+    with _phase(errors, "judge.read"):
+        report.read_outputs(scratch)
+    with _phase(errors, "judge.compare"):
+        for index, (reference, plan) in enumerate(zip(references, plans)):
+            _check_outputs(problem, index, reference, plan, report, scratch, errors)
     return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
                       precision=dot_precision(Path(request.solution_path).read_text()),
                       peak_rss_mb=round(report.peak_rss_mb, 1))
