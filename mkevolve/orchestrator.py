@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,6 +102,7 @@ class Orchestrator:
         self.display = display
         self.events: EventLog = verifier.events
         self.client.clock = verifier.clock  # one clock: time in LLM calls or evaluation, counted once
+        self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -310,10 +314,18 @@ class Orchestrator:
             self.state.budget = self._budget(t, decomposition)
             self.events.emit("budget", iteration=t, calls=self.state.budget)
         self._show_rows(decomposition)
-        for name in decomposition.names:
-            if name not in self.state.evolved:
-                self._evolve_one(t, name)
+        pending = [name for name in decomposition.names if name not in self.state.evolved]
+        with ThreadPoolExecutor(max_workers=self._search_lanes(len(pending))) as lanes:
+            list(lanes.map(partial(self._evolve_one, t), pending))  # list(): a search's error is raised here
         self._checkpoint(Step.EVOLVED)
+
+    def _search_lanes(self, pending: int) -> int:
+        """How many subproblems evolve at once. Their searches are independent (each spends its own budget),
+        so one waits for its model or its checks while another's run; a replay file answers in call order,
+        so a replayed run evolves them one after another."""
+        if self.client.in_call_order:
+            return 1
+        return max(1, min(pending, self.config.llm_parallel))
 
     def _evolve_one(self, t: int, name: str) -> None:
         folder = iteration_dir(self.run_dir, t)
@@ -329,13 +341,14 @@ class Orchestrator:
         before = self._beam(name)
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
                              self.client, self.config, folder / "candidates", context, progress=self._progress)
-        self.state.beams[name] = beam.to_dict()
-        self.state.evolved.append(name)
-        self.state.made[name] = beam.next_seq - before.next_seq
-        self.display.set_row(name, self._row(name, done=self.state.made[name]))
-        self.display.view.tokens = self.client.tokens().total.total
-        self._log_evolved(t, name, before)
-        self.state.save(self.run_dir)
+        with self._state_lock:  # other subproblems' searches end at the same time
+            self.state.beams[name] = beam.to_dict()
+            self.state.evolved.append(name)
+            self.state.made[name] = beam.next_seq - before.next_seq
+            self.display.set_row(name, self._row(name, done=self.state.made[name]))
+            self.display.view.tokens = self.client.tokens().total.total
+            self._log_evolved(t, name, before)
+            self.state.save(self.run_dir)
 
     def _progress(self, progress: SearchProgress) -> None:
         self.display.set_row(progress.subproblem, SubproblemRow(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures.replay_kernels.fakes import GPU_VERDICTS, PROBLEM, FakeVerifier, timed_ok
+from fixtures.replay_kernels.fakes import GPU_VERDICTS, PROBLEM, FakeVerifier, marker, timed_ok
 
 from mkevolve.agents.evolve import KernelTask, RefineContext, evolve_kernel
 from mkevolve.config import RunConfig
@@ -63,8 +64,8 @@ def test_prompts_carry_the_verdict_and_the_measurements(tmp_path):
     config = RunConfig(model=f"replay:{SCRIPT}", beam_width=1)
     client = make_client(config, retry=NO_RETRY_WAIT)
     prompts = []
-    complete_many = client.complete_many
-    client.complete_many = lambda requests: prompts.extend(requests) or complete_many(requests)
+    complete = client.complete
+    client.complete = lambda request: prompts.append(request) or complete(request)
     evolve_kernel("relu_shift", PROBLEM, Beam(width=1), 4, FakeVerifier(), client, config,
                   tmp_path / "candidates", RefineContext(share=0.4, end_to_end_ms=0.5))
 
@@ -256,7 +257,7 @@ def test_parallel_sampling_spends_the_budget_on_independent_generations(tmp_path
         for i, name in enumerate(["broken.md", "refined.md", "debugged.md"])))
     verifier = FakeVerifier()
     beam, client, _ = run_script(tmp_path, script, verifier, width=2, budget=3, search="parallel")
-    assert verifier.batches == [3]
+    assert verifier.batches == [1, 1, 1]  # each reply is checked on its own, as soon as it is in
     assert [(m.id, m.kind) for m in beam.members] == [("c0001", "generate"), ("c0002", "generate")]
     assert beam.best.id == "c0001" and all(m.parent is None for m in beam.members)
 
@@ -324,7 +325,8 @@ def test_builtin_model_gives_each_request_the_next_variant_and_stops_at_the_last
     verifier = FakeVerifier(verdicts, device_name="cpu")
     beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 4, verifier, client, config,
                          tmp_path / "candidates")
-    assert verifier.checked == ["cpu-single-block-rows", "cpu-looped-rows", "cpu-split-rows"]
+    # The two generations of the first step are checked side by side, in either order.
+    assert sorted(verifier.checked) == ["cpu-looped-rows", "cpu-single-block-rows", "cpu-split-rows"]
     assert [m.id for m in beam.members] == ["c0002", "c0000"]  # the passing one first, then the older
     assert saved(tmp_path, "c0002")["kind"] == "debug" and beam.next_seq == 3
     assert not (tmp_path / "candidates" / "relu_shift" / "c0003.json").exists()
@@ -400,3 +402,30 @@ def test_a_failing_beam_is_split_only_after_a_debug_round():
     codeless = Beam(width=4)
     codeless.select([_failed(0, PromptKind.GENERATE, source="")])
     assert codeless.split_allowed(agent_exhausted=False)       # nothing to debug
+
+
+class _ClockedVerifier(FakeVerifier):
+    """Records when each kernel's check began, in seconds since `start`."""
+
+    def __init__(self):
+        super().__init__()
+        self.start = time.monotonic()
+        self.began: dict[str, float] = {}
+
+    def check_kernels(self, pairs, *, timed=True):
+        for _, solution in pairs:
+            self.began[marker(Path(solution).read_text(encoding="utf-8"))] = time.monotonic() - self.start
+        return super().check_kernels(pairs, timed=timed)
+
+
+def test_a_reply_is_checked_while_the_next_one_is_still_being_written(tmp_path):
+    """One call at a time, the second reply slow: the first kernel's check must not wait for it."""
+    script = tmp_path / "slow.yaml"
+    script.write_text("replies:\n"
+                      f"  - {{agent: generate, sample: 0, reply_file: {FIXTURES / 'broken.md'}}}\n"
+                      f"  - {{agent: generate, sample: 1, delay_s: 0.6, reply_file: {FIXTURES / 'refined.md'}}}\n")
+    config = RunConfig(model=f"replay:{script}", beam_width=2, search="parallel", llm_parallel=1)
+    client = make_client(config, retry=NO_RETRY_WAIT)
+    verifier = _ClockedVerifier()
+    evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 2, verifier, client, config, tmp_path / "candidates")
+    assert verifier.began["broken"] < 0.4 <= 0.6 <= verifier.began["refined"]

@@ -100,6 +100,7 @@ class _CountingProvider:
 
     name = "counting"
     cacheable = True
+    in_call_order = False
 
     def __init__(self):
         self.active = self.peak = 0

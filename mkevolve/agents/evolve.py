@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -253,36 +254,44 @@ class KernelAgent:
     # -- proposals --------------------------------------------------------------------------------------
 
     def propose(self, parents: list[Candidate | None]) -> list[Candidate]:
+        """One child per parent. Each reply is checked as soon as it is in, while later replies are still
+        being written; calls go out in request order (a replay file answers in call order)."""
+        if not parents:
+            return []
         seqs = [self.beam.take_seq() for _ in parents]
         requests = [self.request(parent, seq) for parent, seq in zip(parents, seqs, strict=True)]
-        responses = self.client.complete_many(requests)
-        replies = [_code_or_failure(response) for response in responses]
-        ids = [candidate_id(seq) for seq in seqs]
-        verdicts = self._verify({cid: source for cid, (source, failure) in zip(ids, replies, strict=True)
-                                 if failure is None})
-        children = []
-        rows = zip(ids, parents, requests, responses, replies, strict=True)
-        for cid, parent, request, response, (source, failure) in rows:
-            child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
-                              kind=PromptKind(request.agent), source=source, result=failure or verdicts[cid],
-                              tokens=response.usage, cached=response.cached)
-            self._save(child, response)
-            self._emit("candidate", child)
-            children.append(child)
-        return children
+        with ThreadPoolExecutor(max_workers=min(self.client.parallel, len(requests))) as calls, \
+                ThreadPoolExecutor(max_workers=len(requests)) as checks:
+            replies = [calls.submit(self.client.complete, request) for request in requests]
+            children = [checks.submit(self._child, candidate_id(seq), parent, request, reply)
+                        for seq, parent, request, reply in zip(seqs, parents, requests, replies, strict=True)]
+            return [child.result() for child in children]
 
-    def _verify(self, sources: dict[str, str]) -> dict[str, EvalResult]:
-        """Write each kernel to its candidate file and check them all at once (in parallel over workers).
+    def _child(self, cid: str, parent: Candidate | None, request: LLMRequest,
+               reply: Future[LLMResponse]) -> Candidate:
+        """The candidate of one reply, checked and saved: its code's verdict, or why the reply has no code."""
+        response = reply.result()
+        source, failure = _code_or_failure(response)
+        child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
+                          kind=PromptKind(request.agent), source=source,
+                          result=failure or self._verdict(cid, source), tokens=response.usage,
+                          cached=response.cached)
+        self._save(child, response)
+        self._emit("candidate", child)
+        return child
+
+    def _verdict(self, cid: str, source: str) -> EvalResult:
+        """Write the kernel to its candidate file and check it.
 
         A candidate this folder already holds with the same source, for the same problem, keeps its saved
         verdict: a resumed run then builds the same prompts (timings included) and its replies come from
         the response cache.
         """
-        verdicts = {cid: self._saved_verdict(cid, source) for cid, source in sources.items()}
-        fresh = [cid for cid, verdict in verdicts.items() if verdict is None]
-        pairs = [(self.problem_path, write_atomic(self.folder / f"{cid}.py", sources[cid])) for cid in fresh]
-        verdicts.update(zip(fresh, self.verifier.check_kernels(pairs, timed=True), strict=True))
-        return verdicts
+        saved = self._saved_verdict(cid, source)
+        if saved is not None:
+            return saved
+        path = write_atomic(self.folder / f"{cid}.py", source)
+        return self.verifier.check_kernels([(self.problem_path, path)], timed=True)[0]
 
     def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"

@@ -76,6 +76,12 @@ class LLMClient:
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(requests))) as pool:
             return list(pool.map(self.complete, requests))
 
+    @property
+    def in_call_order(self) -> bool:
+        """Whether the provider's replies depend on the order of the calls (a replay file's do), so that
+        callers must keep that order to get the same run."""
+        return self.provider.in_call_order
+
     def repertoire(self, request: LLMRequest) -> Repertoire | None:
         """How many replies the provider has for the request's subject (None: no fixed limit); not a call,
         so it is neither counted nor cached. Raises LLMCallError when the provider cannot tell."""
