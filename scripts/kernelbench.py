@@ -7,7 +7,8 @@ the next part may run on a fresh machine, and the file is what it resumes from.
     PYTHONPATH=. python3 scripts/kernelbench.py --time-limit 540 \
         --results scripts/results/kernelbench_h200.json && cp scripts/results/kernelbench_h200.json $OUT/
     # again, with the returned file in scripts/results/, until it prints "all 37 problems finished"
-    python3 scripts/kernelbench.py --render scripts/results/kernelbench_h200.json --render-to scripts/results
+    python3 scripts/kernelbench_report.py scripts/results/kernelbench_h200.json \
+        --markdown docs/kernelbench_h200.md --svg docs/kernelbench_h200.svg     # the README's Results
 
 For each problem it runs
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -59,7 +61,6 @@ DEFAULT_KERNELBENCH = next((p for p in (ROOT / "shared" / "kernelbench", ROOT.pa
 DEFAULT_WORK = ROOT / "outputs" / "kernelbench"
 DEFAULT_ROUNDS = 5
 KILL_GRACE_S = 15            # after SIGINT, seconds a run gets to stop its workers before SIGKILL
-UNKNOWN = "unknown"
 
 
 # ---- rows and the results file ---------------------------------------------------------------------------
@@ -513,119 +514,29 @@ def select_problems(kernelbench: Path, names: list[str]) -> list[str]:
     return keys
 
 
-# ---- rendering -------------------------------------------------------------------------------------------
+# ---- rendering: scripts/kernelbench_report.py -----------------------------------------------------------
 
 
-def fmt_bool(value: bool | None) -> str:
-    return UNKNOWN if value is None else ("yes" if value else "no")
+def load_report_module():
+    """The table and the plot are scripts/kernelbench_report.py's. scripts/ is not a package, and this file is
+    itself imported by path (the tests), so its sibling is loaded by path too, once."""
+    name = "kernelbench_report"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module      # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
-def fmt_speedup(value: float | None) -> str:
-    return UNKNOWN if value is None else f"{value:.2f}x"
+report = load_report_module()
+# The progress lines of a part show a value the way the table will.
+fmt_bool, fmt_speedup, fmt_err, fmt_number = report.fmt_bool, report.fmt_speedup, report.fmt_err, report.fmt_number
 
 
-def fmt_err(value: float | None) -> str:
-    return UNKNOWN if value is None else f"{value:.1e}"
-
-
-def fmt_number(value: float | None, digits: int = 0) -> str:
-    return UNKNOWN if value is None else f"{value:.{digits}f}"
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
-
-
-def markdown_table(data: dict) -> str:
-    rows = [Row(**r) for r in data["rows"]]
-    settings = data.get("settings", {})
-    timed = [r.speedup_vs_compile for r in rows if r.correct and r.speedup_vs_compile is not None]
-    lines = [
-        f"KernelBench, {len(rows)} problems, {data.get('gpu', UNKNOWN)}, {data.get('date', UNKNOWN)}; "
-        f"torch {data.get('torch', UNKNOWN)}, triton {data.get('triton', UNKNOWN)}, "
-        f"python {data.get('python', UNKNOWN)}; "
-        f"`mkevolve run --model {settings.get('model', UNKNOWN)} --iterations {settings.get('iterations', UNKNOWN)} "
-        f"--budget {settings.get('budget', UNKNOWN)}{''.join(' ' + a for a in settings.get('run_args', []))}`.",
-        "",
-        f"Correct end to end: {sum(1 for r in rows if r.correct)}/{len(rows)}; all subkernels in Triton: "
-        f"{sum(1 for r in rows if r.correct and r.all_triton)}/{len(rows)}; geometric mean speedup vs "
-        f"torch.compile over the {len(timed)} timed correct problems: {fmt_speedup(geomean(timed))}.",
-        "",
-        "| problem | correct | all Triton | vs torch.compile | vs eager | max error vs fp64 | eager fp32 error "
-        "| wall s | LLM calls |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(f"| {r.problem.removesuffix('.py')} | {fmt_bool(r.correct)} | {fmt_bool(r.all_triton)} "
-                     f"| {fmt_speedup(r.speedup_vs_compile)} | {fmt_speedup(r.speedup_vs_eager)} "
-                     f"| {fmt_err(r.err_solution)} | {fmt_err(r.err_eager)} | {fmt_number(r.wall_s)} "
-                     f"| {fmt_number(r.llm_calls)} |")
-    notes = [f"- {r.problem.removesuffix('.py')}: {r.note}" for r in rows if r.note]
-    if notes:      # why a value is unknown or a run failed, so "unknown" is never left unexplained
-        lines += ["", "Notes:", "", *notes]
-    return "\n".join(lines) + "\n"
-
-
-def short_label(key: str, width: int = 30) -> str:
-    """'level2/63_Gemm_ReLU_Divide.py' -> 'L2/63 Gemm_ReLU_Divide', cut to `width` characters."""
-    label = key.removesuffix(".py").replace("level", "L").replace("_", " ", 1)
-    return label if len(label) <= width else label[:width - 1] + "…"
-
-
-def speedup_plot(data: dict, path: Path) -> None:
-    """Bars of speedup vs torch.compile and vs eager per problem, log scale, a line at 1.0 (parity).
-    A problem without a timing gets the word 'unknown' instead of a bar; a partial solution (some
-    subkernels run PyTorch code) gets hatched bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullFormatter
-
-    rows = [Row(**r) for r in data["rows"]]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(rows) + 2), 5.5))
-    width = 0.4
-    for offset, attr, name in ((-width / 2, "speedup_vs_compile", "vs torch.compile"),
-                               (width / 2, "speedup_vs_eager", "vs eager")):
-        timed = [(i, r) for i, r in enumerate(rows) if getattr(r, attr) is not None]
-        bars = ax.bar([i + offset for i, _ in timed], [getattr(r, attr) for _, r in timed], width, label=name)
-        for bar, (_, r) in zip(bars, timed):
-            if r.all_triton is False:
-                bar.set_hatch("//")
-    ax.set_yscale("log")
-    ax.axhline(1.0, color="black", linewidth=1)
-    known = [v for r in rows for v in (r.speedup_vs_compile, r.speedup_vs_eager) if v is not None]
-    low, high = min(known + [1.0]) / 1.5, max(known + [1.0]) * 1.5
-    ax.set_ylim(low, high)
-    # Ticks at powers of two, labelled "0.5x", "1x", "2x": matplotlib's own log labels (10^-1 ...) say little here.
-    ticks = [2.0 ** e for e in range(math.floor(math.log2(low)), math.ceil(math.log2(high)) + 1)]
-    ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(lambda value, _: f"{value:g}x")
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    for i, r in enumerate(rows):
-        if r.speedup_vs_compile is None and r.speedup_vs_eager is None:
-            ax.text(i, 1.0, UNKNOWN, rotation=90, ha="center", va="bottom", fontsize=7, color="gray")
-    ax.set_xticks(range(len(rows)), [short_label(r.problem) for r in rows], rotation=70, ha="right", fontsize=7)
-    ax.set_xlim(-0.6, len(rows) - 0.4)
-    ax.set_ylabel("speedup of the mkevolve solution (log scale)")
-    ax.set_title(f"mkevolve on KernelBench, {data.get('gpu', UNKNOWN)}, {data.get('date', UNKNOWN)}"
-                 + ("; hatched: partial solution" if any(r.all_triton is False for r in rows) else ""), fontsize=9)
-    if known:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="svg")
-    plt.close(fig)
-
-
-def render(results_path: Path, folder: Path) -> tuple[Path, Path]:
-    data = json.loads(results_path.read_text())
-    data["rows"] = [{k: v for k, v in r.items() if k in {f.name for f in fields(Row)}} for r in data["rows"]]
-    table, plot = folder / "kernelbench.md", folder / "kernelbench_speedup.svg"
-    folder.mkdir(parents=True, exist_ok=True)
-    table.write_text(markdown_table(data))
-    speedup_plot(data, plot)
-    return table, plot
+def render(results_path: Path, folder: Path, kernelbench: Path | None = None) -> None:
+    """kernelbench.md and kernelbench_speedup.svg in `folder` (the plot skipped, with a note, without matplotlib)."""
+    report.write_report(results_path, folder / "kernelbench.md", folder / "kernelbench_speedup.svg", kernelbench)
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -653,7 +564,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="alternating timing rounds of eager, torch.compile and the solution")
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
-                        help="write a Markdown table and an SVG plot from a results file, and run nothing")
+                        help="write a Markdown table and an SVG plot from a results file, and run nothing "
+                             "(scripts/kernelbench_report.py has more options)")
     parser.add_argument("--render-to", type=Path, metavar="DIR",
                         help="folder for --render's kernelbench.md and kernelbench_speedup.svg "
                              "(default: the results file's folder)")
@@ -667,8 +579,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
-        table, plot = render(args.render, args.render_to or args.render.parent)
-        print(f"wrote {table} and {plot}")
+        render(args.render, args.render_to or args.render.parent, args.kernelbench.resolve())
         return 0
     if args.measure:
         measured = asdict(measure(*args.measure, eval_mode=args.eval_mode, rounds=args.rounds))
