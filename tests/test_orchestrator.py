@@ -177,3 +177,20 @@ def test_bad_problem_exits_2_before_any_run(tmp_path, capsys):
     assert main(["run", str(bad), "--out", str(tmp_path / "runs")]) == 2
     assert "defines no class named Model" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_subproblems_evolve_at_the_same_time(finished_run):
+    """Each subproblem's search (its first call to its beam's verdict) overlaps another's: they are
+    independent, so one waits for its checks while another's run."""
+    events = [json.loads(line) for line in (finished_run / "events.jsonl").read_text().splitlines()]
+    first_beam = next(i for i, e in enumerate(events) if e["kind"] == "beam")
+    spans = {}
+    for event in events[:first_beam + 1]:
+        name = event.get("subproblem")
+        if event["kind"] == "llm_call" and name and name != "None":
+            spans.setdefault(name, [event["t"], None])
+        if event["kind"] == "beam":
+            spans[name][1] = event["t"]
+    started = [span[0] for span in spans.values()]
+    ended_first = spans[events[first_beam]["subproblem"]][1]
+    assert len(spans) >= 2 and sorted(started)[1] < ended_first
