@@ -65,7 +65,7 @@ def test_prompts_carry_the_verdict_and_the_measurements(tmp_path):
     client = make_client(config, retry=NO_RETRY_WAIT)
     prompts = []
     complete = client.complete
-    client.complete = lambda request: prompts.append(request) or complete(request)
+    client.complete = lambda request, on_text=None: prompts.append(request) or complete(request, on_text)
     evolve_kernel("relu_shift", PROBLEM, Beam(width=1), 4, FakeVerifier(), client, config,
                   tmp_path / "candidates", RefineContext(share=0.4, end_to_end_ms=0.5))
 

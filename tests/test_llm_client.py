@@ -109,7 +109,7 @@ class _CountingProvider:
     def check(self):
         return None
 
-    def call(self, request, timeout):
+    def call(self, request, timeout, on_text=None):
         with self.lock:
             self.active += 1
             self.peak = max(self.peak, self.active)

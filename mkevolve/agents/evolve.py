@@ -7,9 +7,11 @@ import json
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+from mkevolve.agents.speculation import SpeculativeCheck
 from mkevolve.config import RunConfig
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.client import LLMClient
@@ -254,28 +256,36 @@ class KernelAgent:
     # -- proposals --------------------------------------------------------------------------------------
 
     def propose(self, parents: list[Candidate | None]) -> list[Candidate]:
-        """One child per parent. Each reply is checked as soon as it is in, while later replies are still
-        being written; calls go out in request order (a replay file answers in call order)."""
+        """One child per parent. Each kernel is checked as soon as its reply's code block has closed, while
+        that reply and later ones are still being written; calls go out in request order (a replay file
+        answers in call order)."""
         if not parents:
             return []
         seqs = [self.beam.take_seq() for _ in parents]
         requests = [self.request(parent, seq) for parent, seq in zip(parents, seqs, strict=True)]
         with ThreadPoolExecutor(max_workers=min(self.client.parallel, len(requests))) as calls, \
+                ThreadPoolExecutor(max_workers=len(requests)) as early, \
                 ThreadPoolExecutor(max_workers=len(requests)) as checks:
-            replies = [calls.submit(self.client.complete, request) for request in requests]
-            children = [checks.submit(self._child, candidate_id(seq), parent, request, reply)
-                        for seq, parent, request, reply in zip(seqs, parents, requests, replies, strict=True)]
+            children = []
+            for seq, parent, request in zip(seqs, parents, requests, strict=True):
+                cid = candidate_id(seq)
+                speculation = SpeculativeCheck(partial(self._verdict, cid), early)
+                reply = calls.submit(self.client.complete, request, speculation.on_text)
+                children.append(checks.submit(self._child, cid, parent, request, reply, speculation))
             return [child.result() for child in children]
 
-    def _child(self, cid: str, parent: Candidate | None, request: LLMRequest,
-               reply: Future[LLMResponse]) -> Candidate:
+    def _child(self, cid: str, parent: Candidate | None, request: LLMRequest, reply: Future[LLMResponse],
+               speculation: SpeculativeCheck) -> Candidate:
         """The candidate of one reply, checked and saved: its code's verdict, or why the reply has no code."""
         response = reply.result()
-        source, failure = _code_or_failure(response)
+        source, result = _code_or_failure(response)  # result: why the reply has no code, if it has none
+        if result is None:
+            result = speculation.verdict_for(source)
+        if result is None:
+            result = self._verdict(cid, source)
         child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
-                          kind=PromptKind(request.agent), source=source,
-                          result=failure or self._verdict(cid, source), tokens=response.usage,
-                          cached=response.cached)
+                          kind=PromptKind(request.agent), source=source, result=result,
+                          tokens=response.usage, cached=response.cached)
         self._save(child, response)
         self._emit("candidate", child)
         return child

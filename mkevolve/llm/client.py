@@ -16,7 +16,7 @@ from mkevolve.llm.cache import ResponseCache
 from mkevolve.llm.providers import (LLMCallError, LLMConfigError, Provider, ProviderError, TransientLLMError,
                                     make_provider)
 from mkevolve.llm.tokens import TokenLedger, TokenReport
-from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
+from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire, TextSink
 
 __all__ = ["LLMClient", "LLMConfigError", "ProviderError", "RetryPolicy", "make_client"]
 
@@ -54,15 +54,16 @@ class LLMClient:
         self._count_lock = threading.Lock()
         self._broken: ProviderError | None = None  # once the provider failed for good, no call is tried again
 
-    def complete(self, request: LLMRequest) -> LLMResponse:
+    def complete(self, request: LLMRequest, on_text: TextSink | None = None) -> LLMResponse:
         """The reply, or a response whose `error` says why there is none. Raises ProviderError only, when the
-        provider can answer no call at all (unreachable, credentials refused, model unknown)."""
+        provider can answer no call at all (unreachable, credentials refused, model unknown). `on_text` hears
+        the reply as it streams in, where the provider streams (a cached reply arrives whole)."""
         start = time.monotonic()
         response = self.cache.get(request) if self.cache is not None else None
         attempts = 0
         if response is None:
             with self._slots, self.clock.busy():
-                response, attempts = self._call_or_stop(request)
+                response, attempts = self._call_or_stop(request, on_text)
             if self.cache is not None:
                 self.cache.put(request, response)
         self.ledger.record(request, response)
@@ -98,25 +99,25 @@ class LLMClient:
             self.events.emit("llm_tokens", model=self.provider.name, **report.to_dict())
         return report
 
-    def _call_or_stop(self, request: LLMRequest) -> tuple[LLMResponse, int]:
+    def _call_or_stop(self, request: LLMRequest, on_text: TextSink | None) -> tuple[LLMResponse, int]:
         """Calls queued beside the one that found the provider broken (complete_many) fail at once with the
         same error instead of each waiting for its own connection error."""
         if self._broken is not None:
             raise self._broken
         try:
-            return self._call_with_retries(request)
+            return self._call_with_retries(request, on_text)
         except ProviderError as err:
             self._broken = err
             self._emit_provider_error(request, err)
             raise
 
-    def _call_with_retries(self, request: LLMRequest) -> tuple[LLMResponse, int]:
+    def _call_with_retries(self, request: LLMRequest, on_text: TextSink | None) -> tuple[LLMResponse, int]:
         last: TransientLLMError | None = None
         for attempt in range(1, self.retry.attempts + 1):
             with self._count_lock:
                 self.provider_calls += 1
             try:
-                return self.provider.call(request, self.timeout_s), attempt
+                return self.provider.call(request, self.timeout_s, on_text), attempt
             except TransientLLMError as err:
                 last = err
                 if attempt < self.retry.attempts:

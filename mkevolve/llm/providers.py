@@ -17,7 +17,8 @@ import yaml
 from mkevolve.config import ConfigError
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.tokens import estimate_usage
-from mkevolve.llm.types import BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TokenUsage
+from mkevolve.llm.types import (BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TextSink,
+                                TokenUsage)
 from mkevolve.prompts import render
 from mkevolve.workers.pool import Job, WorkerPool
 
@@ -70,8 +71,9 @@ class Provider(Protocol):
     def check(self) -> None:
         """Raise LLMConfigError when the provider cannot work at all."""
 
-    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
-        """One attempt; raise TransientLLMError or LLMCallError on failure."""
+    def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
+        """One attempt; raise TransientLLMError or LLMCallError on failure. A provider that streams calls
+        `on_text` with the reply so far as it grows; the others return the whole reply only."""
 
     def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
         """What the provider can answer for the request's subject, asked before any call; None where there
@@ -96,7 +98,7 @@ class BuiltinProvider:
     def check(self) -> None:
         return None
 
-    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+    def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
         if request.task is None:
             raise ValueError(f"builtin provider: the '{request.agent}' request carries no task to answer")
         outcome = self._workers.run(Job("mkevolve.llm.providers:answer_task", {"task": request.task}, timeout))
@@ -150,6 +152,7 @@ class ReplayEntry:
     usage: TokenUsage = field(default_factory=TokenUsage)
     fail: str | None = None
     delay_s: float = 0.0
+    stream_s: float = 0.0  # after delay_s, the reply arrives line by line over this many seconds
 
     def matches(self, request: LLMRequest) -> bool:
         return ((self.agent is None or self.agent == request.agent)
@@ -159,7 +162,7 @@ class ReplayEntry:
 
 
 _ENTRY_KEYS = {"reply", "reply_file", "agent", "subproblem", "sample", "prompt_contains", "usage", "fail",
-               "delay_s"}
+               "delay_s", "stream_s"}
 
 
 def load_replay(path: Path) -> list[ReplayEntry]:
@@ -209,7 +212,8 @@ class ReplayProvider:
     (`prompt`, `completion`, `reasoning` token counts); `fail` (rate_limit, server_error or timeout, which
     the client retries; bad_request, which it does not; connection_error, authentication_error or
     model_not_found, which stop the run as a ProviderError); `delay_s` (a delay longer than the call timeout
-    fails as a timeout). A request that no unused entry matches fails for good, naming its agent and sample.
+    fails as a timeout); `stream_s` (the reply then streams in line by line over that many seconds, as a
+    model writes it). A request that no unused entry matches fails for good, naming its agent and sample.
     """
 
     cacheable = True
@@ -240,9 +244,9 @@ class ReplayProvider:
         raise LLMCallError(f"replay file {self.path} has no unused reply for agent={request.agent}, "
                            f"subproblem={request.subproblem}, sample={request.sample}")
 
-    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+    def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
         entry = self._take(request)
-        if entry.delay_s > timeout:
+        if entry.delay_s + entry.stream_s > timeout:
             time.sleep(timeout)
             raise TransientLLMError(f"no reply within the {timeout:g} s call timeout")
         time.sleep(entry.delay_s)
@@ -252,6 +256,8 @@ class ReplayProvider:
         if entry.fail is not None:
             error, message = _FAILURES[entry.fail]
             raise error(f"replayed failure: {message}")
+        if entry.stream_s > 0:
+            _stream_lines(entry.reply, entry.stream_s, on_text)
         return LLMResponse(text=entry.reply, usage=entry.usage)
 
     def repertoire(self, request: LLMRequest, timeout: float) -> Repertoire | None:
@@ -259,6 +265,15 @@ class ReplayProvider:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _stream_lines(text: str, seconds: float, on_text: TextSink | None) -> None:
+    """Hand out `text` a line at a time, evenly over `seconds`, each time as the whole text so far."""
+    lines = text.splitlines(keepends=True) or [""]
+    for count in range(1, len(lines) + 1):
+        time.sleep(seconds / len(lines))
+        if on_text is not None:
+            on_text("".join(lines[:count]))
 
 
 class ExchangeProvider:
@@ -299,7 +314,7 @@ class ExchangeProvider:
         label = "-".join(part for part in (request.agent, request.subproblem) if part)
         return f"{number:04d}-{_UNSAFE.sub('_', label)}"
 
-    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+    def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
         exchange_id = self._new_id(request)
         reply_path = self.root / "responses" / f"{exchange_id}.md"
         # The request file is the prompt alone, exactly as a model would get it; README.md explains.
@@ -363,14 +378,17 @@ class LiteLLMProvider:
             raise LLMConfigError(f"model '{self.model}' ({provider}) needs {missing} in the environment "
                                  f"(or {API_KEY_ENV})")
 
-    def call(self, request: LLMRequest, timeout: float) -> LLMResponse:
+    def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
         litellm = self._litellm()
         import openai  # installed with litellm
 
+        arguments = dict(model=self.model, messages=[{"role": "user", "content": request.prompt}],
+                         api_base=self.api_base, api_key=self.api_key, timeout=timeout, num_retries=0)
         try:
-            reply = litellm.completion(
-                model=self.model, messages=[{"role": "user", "content": request.prompt}],
-                api_base=self.api_base, api_key=self.api_key, timeout=timeout, num_retries=0)
+            if on_text is not None:
+                return _streamed(litellm.completion(**arguments, stream=True,
+                                                    stream_options={"include_usage": True}), on_text)
+            reply = litellm.completion(**arguments)
         except openai.OpenAIError as err:  # litellm's exception classes all derive from it
             raise self._classify(err, litellm.exceptions) from err
         return LLMResponse(text=reply.choices[0].message.content or "", usage=_usage(reply.usage))
@@ -418,6 +436,18 @@ def _connect_failure(err: BaseException) -> BaseException | None:
 
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0][:300]
+
+
+def _streamed(chunks, on_text: TextSink) -> LLMResponse:
+    """A streamed reply, `on_text` told of every piece; the usage comes with the last chunk."""
+    text, usage = "", None
+    for chunk in chunks:
+        usage = getattr(chunk, "usage", None) or usage
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if piece:
+            text += piece
+            on_text(text)
+    return LLMResponse(text=text, usage=_usage(usage))
 
 
 def _usage(usage) -> TokenUsage:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+# Told of a reply as it streams in: the whole text so far, each time it grows.
+TextSink = Callable[[str], None]
 
 
 class BuiltinTask(Protocol):
