@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from mkevolve.fsutil import write_atomic
+from mkevolve.pysource import parse_python
 
 PROBLEM_FILE = "decomposed_problem.py"
 SOLUTION_FILE = "decomposed_solution.py"
@@ -184,7 +185,7 @@ def _is_subproblem_path(path: str) -> bool:
 
 def is_fallback_source(top_level: str) -> bool:
     try:
-        doc = ast.get_docstring(ast.parse(top_level)) or ""
+        doc = ast.get_docstring(parse_python(top_level)) or ""
     except SyntaxError:
         return False
     return doc.startswith(FALLBACK_MARKER)
@@ -193,7 +194,7 @@ def is_fallback_source(top_level: str) -> bool:
 def referenced_subproblems(top_level: str) -> list[str]:
     """Names passed as string literals to load_subproblem, in order of first use (empty if unparsable)."""
     try:
-        tree = ast.parse(top_level)
+        tree = parse_python(top_level)
     except SyntaxError:
         return []
     names: list[str] = []
@@ -208,7 +209,7 @@ def referenced_subproblems(top_level: str) -> list[str]:
 def instances_in_source(source: str) -> int:
     """Entries of a literal `get_input_configs()` list; 1 for a file without one (or one built by code)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return 1
     for node in tree.body:
@@ -222,7 +223,7 @@ def instances_in_source(source: str) -> int:
 def _function_span(source: str, name: str) -> tuple[int, int] | None:
     """First and last line (1-based) of a module-level function, decorators included."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     for node in tree.body:
@@ -294,7 +295,7 @@ class ProblemSkeleton:
 
     @classmethod
     def from_source(cls, name: str, source: str) -> ProblemSkeleton:
-        tree = ast.parse(source)
+        tree = parse_python(source)
         model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
         if model is None:
             raise CodebaseError(f"{name}: defines no class Model")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from mkevolve.codebase import LOADER, Decomposition
+from mkevolve.pysource import parse_python
 
 GRAPH_INPUT, GRAPH_OUTPUT = "<input>", "<output>"
 _INPUT_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs", "get_input_configs"})
@@ -82,7 +83,7 @@ def normalised_source(source: str) -> str:
     """The module's classes and functions (input functions, imports, constants and docstrings left out)
     with constants and names abstracted, as an AST dump: equal for files that differ only in naming,
     numbers, comments and test inputs."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     kept = frozenset(_imported_names(tree) | set(dir(builtins)))
     definitions = [node for node in tree.body
                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -146,7 +147,7 @@ class Fingerprint:
     @classmethod
     def of(cls, name: str, source: str) -> Fingerprint:
         try:
-            tree = ast.parse(source)
+            tree = parse_python(source)
             normal = normalised_source(source)
         except SyntaxError:
             # An unparsable file matches nothing: its hash is its own text's.
@@ -281,7 +282,7 @@ def subproblem_graph(decomposition: Decomposition) -> nx.DiGraph:
         graph.add_node(spec.name, instances=spec.instances)
     graph.add_node(GRAPH_OUTPUT)
     try:
-        tree = ast.parse(decomposition.top_level)
+        tree = parse_python(decomposition.top_level)
     except SyntaxError:
         return graph
     methods = _model_methods(tree)

@@ -14,6 +14,7 @@ from mkevolve.codebase import SOLUTION_FILE, SOLUTION_LOADER
 from mkevolve.evaluate import SubkernelKind, open_solution
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError
+from mkevolve.pysource import parse_python
 from mkevolve.verify.verifier import packed_section_marker
 
 _INPUT_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs", "get_input_configs"})
@@ -204,7 +205,7 @@ def _is_main_guard(node: ast.stmt) -> bool:
 
 def _parse(source: str, path: Path) -> ast.Module:
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = parse_python(source, filename=str(path))
     except SyntaxError as err:
         raise ProblemError(path, f"syntax error at line {err.lineno}: {err.msg}") from None
     if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in ast.walk(tree)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import itertools
@@ -15,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from mkevolve.pysource import parse_python
 
 
 class ProblemError(ValueError):
@@ -68,7 +69,7 @@ def read_source(path: str | Path) -> str:
     if not source.strip():
         raise ProblemError(path, "file is empty")
     try:
-        ast.parse(source, filename=str(path))
+        parse_python(source, filename=str(path))
     except SyntaxError as err:
         raise ProblemError(path, f"syntax error at line {err.lineno}: {err.msg}") from None
     return source

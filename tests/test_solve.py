@@ -53,7 +53,7 @@ def test_parallel_sampling_baseline(tmp_path):
     config = RunConfig(model=f"replay:{script}", beam_width=4, budget=3, search="parallel")
     verifier = FakeVerifier()
     outcome = solve(PROBLEM, config, tmp_path / "run", verifier=verifier)
-    assert verifier.batches == [3] and outcome.best.kind == "generate"
+    assert verifier.batches == [1, 1, 1] and outcome.best.kind == "generate"  # each reply checked as it is in
     assert "# fixture: debugged" in (tmp_path / "run" / "solution.py").read_text()
     assert all(m.parent is None for m in outcome.beam.members)
 

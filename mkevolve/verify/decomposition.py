@@ -43,6 +43,7 @@ from mkevolve.problem import (
 )
 from mkevolve.verify.correctness import fp32_strict
 from mkevolve.workers.executor import Executor
+from mkevolve.pysource import parse_python
 from mkevolve.workers.pool import Job, JobOutcome
 
 STRUCTURE, PURITY, STANDALONE = "structure", "purity", "standalone"
@@ -154,7 +155,7 @@ def structure_problems(files: dict[str, str]) -> list[str]:
     if top is None:
         return [f"there is no {PROBLEM_FILE}"]
     try:
-        tree = ast.parse(top)
+        tree = parse_python(top)
     except SyntaxError as err:
         return [f"{PROBLEM_FILE} line {err.lineno}: syntax error: {err.msg}"]
     problems = []
@@ -194,7 +195,7 @@ def _module_level_names(tree: ast.Module) -> set[str]:
 def _subproblem_file_problems(name: str, source: str) -> list[str]:
     where = f"{PROBLEMS_DIR}/{name}.py"
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as err:
         return [f"{where} line {err.lineno}: syntax error: {err.msg}"]
     defined = _module_level_names(tree)
@@ -206,7 +207,7 @@ def _subproblem_file_problems(name: str, source: str) -> list[str]:
 
 def top_level_violations(source: str) -> list[str]:
     """Ways the top-level's Model does more than build subproblem modules, call them and reshape results."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     torch_names = _torch_bound_names(tree)
     aliases = {t.id for node in tree.body if isinstance(node, ast.Assign) and _is_loader_call(node.value)
                for t in node.targets if isinstance(t, ast.Name)}

@@ -31,6 +31,7 @@ from torch import fx, nn
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, ProblemSkeleton, class_alias, safe_name, wrap_original
 from mkevolve.llm.builtin import expansions
 from mkevolve.problem import ProblemError, call_inputs, load_problem, make_inputs, read_source, seed_everything
+from mkevolve.pysource import parse_python
 
 
 class UnsupportedModule(Exception):
@@ -285,7 +286,7 @@ class InitSource:
 
     @classmethod
     def of(cls, source: str, module_globals: dict[str, Any], class_name: str = "Model") -> InitSource:
-        tree = ast.parse(source)
+        tree = parse_python(source)
         model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
         init = next((n for n in (model.body if model else []) if isinstance(n, ast.FunctionDef)
                      and n.name == "__init__"), None)
@@ -625,7 +626,8 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
     shape_nodes = _shape_nodes(gm, values)
     tensor_constants = _tensor_constants(gm, model)
     units = _units(gm, values, shape_nodes, model, tracer, construction, tensor_constants)
-    imports = tuple(ast.unparse(n) for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom)))
+    imports = tuple(ast.unparse(n) for n in parse_python(source).body
+                    if isinstance(n, (ast.Import, ast.ImportFrom)))
     constants = _constants(module_globals)
     import_names = _import_names(imports)
     raws = _raw_records(units, construction, init_source, model, constants, import_names, source)
@@ -933,10 +935,10 @@ def _substitute_names(statement: str, literals: dict[str, str]) -> str:
     class Substitute(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name):
             if isinstance(node.ctx, ast.Load) and node.id in literals:
-                return ast.parse(literals[node.id], mode="eval").body
+                return parse_python(literals[node.id], mode="eval").body
             return node
 
-    return ast.unparse(Substitute().visit(ast.parse(statement)))
+    return ast.unparse(Substitute().visit(parse_python(statement)))
 
 
 def _constants(module_globals: dict[str, Any]) -> dict[str, Any]:
@@ -956,7 +958,7 @@ def _constants(module_globals: dict[str, Any]) -> dict[str, Any]:
 def _import_names(imports: tuple[str, ...]) -> set[str]:
     names = {"torch", "nn", "F", "math", "operator"}
     for statement in imports:
-        for node in ast.walk(ast.parse(statement)):
+        for node in ast.walk(parse_python(statement)):
             if isinstance(node, ast.alias):
                 names.add((node.asname or node.name).split(".")[0])
     return names
@@ -1693,7 +1695,7 @@ def _dedupe(labels: list[str]) -> list[str]:
 def _rename_self_attribute(statement: str, old: str, new: str) -> str:
     if old == new:
         return statement
-    tree = ast.parse(statement)
+    tree = parse_python(statement)
     for node in ast.walk(tree):
         if _is_self_attr(node, old):
             node.attr = new

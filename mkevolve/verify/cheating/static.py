@@ -10,6 +10,7 @@ from enum import Enum
 import torch
 from torch import nn
 
+from mkevolve.pysource import parse_python
 from mkevolve.verify.cheating.rules import (
     KERNEL_ADVICE,
     Rule,
@@ -964,7 +965,7 @@ def _launch_violations(tree: ast.Module, checker: _StaticChecker, kernels: dict[
 
 
 def _parse_executed(source: str, filename: str) -> tuple[ast.Module, _Names]:
-    tree = _executed_module(ast.parse(source, filename=filename))
+    tree = _executed_module(parse_python(source, filename=filename))
     names = _collect_names(tree)
     names.kernels = _kernel_names(names, tree)
     bindings = _bindings(tree)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
+from mkevolve.pysource import parse_python
+
 # Calls that compute a value and do nothing else.
 _PURE_CALLS = {"minimum", "maximum", "to", "arange", "program_id", "cdiv", "next_power_of_2", "min", "max"}
 
@@ -17,7 +19,7 @@ _PURE_CALLS = {"minimum", "maximum", "to", "arange", "program_id", "cdiv", "next
 def drop_unused_assignments(source: str) -> str:
     """`source` without its dead assignments; repeated, since one removal can leave another value unread."""
     while True:
-        dead = [stmt for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)
+        dead = [stmt for node in ast.walk(parse_python(source)) if isinstance(node, ast.FunctionDef)
                 for stmt in _unread_assignments(node)]
         if not dead:
             return source

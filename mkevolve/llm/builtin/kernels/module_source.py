@@ -6,6 +6,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkevolve.pysource import parse_python
+
 from .cleanup import drop_unused_assignments
 from .emit_common import KernelSource
 from .errors import UnsupportedSubproblem
@@ -71,7 +73,7 @@ class ProblemSource:
 
     @classmethod
     def parse(cls, path: Path, source: str) -> "ProblemSource":
-        tree = ast.parse(source)
+        tree = parse_python(source)
         model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
         if model is None:
             raise UnsupportedSubproblem("Model is not a top-level class statement in the problem file")
@@ -80,7 +82,7 @@ class ProblemSource:
             raise UnsupportedSubproblem("Model defines no forward method")
         init = methods.get("__init__")
         if init is not None:
-            init = _SuperCall().visit(ast.parse(ast.unparse(init)).body[0])
+            init = _SuperCall().visit(parse_python(ast.unparse(init)).body[0])
         bases = [ast.unparse(b) for b in model.bases] or ["nn.Module"]
         roots = ([init] if init is not None else []) + list(model.bases)
         return cls(path.stem, init, methods["forward"].args, bases, _support(tree, roots))
@@ -145,7 +147,7 @@ def _without_forward(stmt: ast.stmt) -> ast.stmt:
     """Helper modules keep their constructors; their forward (torch math) is never called by ModelNew."""
     if not isinstance(stmt, ast.ClassDef):
         return stmt
-    copy = ast.parse(ast.unparse(stmt)).body[0]
+    copy = parse_python(ast.unparse(stmt)).body[0]
     copy.body = [n for n in copy.body if not (isinstance(n, ast.FunctionDef) and n.name == "forward")] or [ast.Pass()]
     return copy
 
