@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures.replay_kernels.fakes import GPU_VERDICTS, PROBLEM, FakeVerifier, marker, timed_ok
+from fixtures.replay_kernels.fakes import GPU_VERDICTS, PROBLEM, ClockedVerifier, FakeVerifier, timed_ok
 
 from mkevolve.agents.evolve import KernelTask, RefineContext, evolve_kernel
 from mkevolve.config import RunConfig
@@ -404,20 +403,6 @@ def test_a_failing_beam_is_split_only_after_a_debug_round():
     assert codeless.split_allowed(agent_exhausted=False)       # nothing to debug
 
 
-class _ClockedVerifier(FakeVerifier):
-    """Records when each kernel's check began, in seconds since `start`."""
-
-    def __init__(self):
-        super().__init__()
-        self.start = time.monotonic()
-        self.began: dict[str, float] = {}
-
-    def check_kernels(self, pairs, *, timed=True):
-        for _, solution in pairs:
-            self.began[marker(Path(solution).read_text(encoding="utf-8"))] = time.monotonic() - self.start
-        return super().check_kernels(pairs, timed=timed)
-
-
 def test_a_reply_is_checked_while_the_next_one_is_still_being_written(tmp_path):
     """One call at a time, the second reply slow: the first kernel's check must not wait for it."""
     script = tmp_path / "slow.yaml"
@@ -426,6 +411,6 @@ def test_a_reply_is_checked_while_the_next_one_is_still_being_written(tmp_path):
                       f"  - {{agent: generate, sample: 1, delay_s: 0.6, reply_file: {FIXTURES / 'refined.md'}}}\n")
     config = RunConfig(model=f"replay:{script}", beam_width=2, search="parallel", llm_parallel=1)
     client = make_client(config, retry=NO_RETRY_WAIT)
-    verifier = _ClockedVerifier()
+    verifier = ClockedVerifier()
     evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 2, verifier, client, config, tmp_path / "candidates")
     assert verifier.began["broken"] < 0.4 <= 0.6 <= verifier.began["refined"]

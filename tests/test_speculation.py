@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fixtures.replay_kernels.fakes import PROBLEM, FakeVerifier, marker
+from fixtures.replay_kernels.fakes import PROBLEM, ClockedVerifier
 
 from mkevolve.agents.evolve import evolve_kernel
 from mkevolve.agents.speculation import closed_code
@@ -22,26 +22,12 @@ FIXTURES = PROBLEM.parent
 EXPLANATION = "".join(f"Line {i} of what the model says after its code.\n" for i in range(80))
 
 
-class _ClockedVerifier(FakeVerifier):
-    """Records when each kernel's check began, in seconds since it was made."""
-
-    def __init__(self):
-        super().__init__()
-        self.start = time.monotonic()
-        self.began: dict[str, float] = {}
-
-    def check_kernels(self, pairs, *, timed=True):
-        for _, solution in pairs:
-            self.began[marker(Path(solution).read_text(encoding="utf-8"))] = time.monotonic() - self.start
-        return super().check_kernels(pairs, timed=timed)
-
-
 def _streamed_run(tmp_path: Path, reply: str, stream_s: float = 2.0):
     (tmp_path / "reply.md").write_text(reply)
     script = tmp_path / "stream.yaml"
     script.write_text(f"replies:\n  - {{agent: generate, sample: 0, stream_s: {stream_s}, reply_file: reply.md}}\n")
     config = RunConfig(model=f"replay:{script}", beam_width=1, search="parallel")
-    verifier = _ClockedVerifier()
+    verifier = ClockedVerifier()
     beam = evolve_kernel("relu_shift", PROBLEM, Beam(width=1), 1, verifier, make_client(config), config,
                          tmp_path / "candidates")
     verifier.finished = time.monotonic() - verifier.start  # the whole reply was in before this
