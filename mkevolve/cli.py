@@ -96,6 +96,17 @@ def _subcommands(sub) -> None:
     p.add_argument("run_dir", help="a run directory, OUT/<problem>/<run-id>/")
     p.set_defaults(handler="mkevolve.report:report_command")
 
+    p = sub.add_parser("capture", help="profile a model, rank its regions by time share, write the top as problems")
+    p.add_argument("model_file", metavar="MODEL.py",  # not `model`: that is the LLM setting
+                   help="a model file: get_model() and get_inputs(), or a KernelBench problem file")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="write problem files for the top K regions "
+                                                                   "(default: 5)")
+    p.add_argument("--runs", type=int, default=20, help="timed forward passes; times are medians (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed forward passes first (default: 3)")
+    add_config_flags(p, ["out", "seed", "eval_mode"],
+                     {"out": "parent folder: capture.json and the problem files go to OUT/<model>/capture/"})
+    p.set_defaults(handler="mkevolve.capture:capture_command")
+
 
 def _version() -> str:
     try:
