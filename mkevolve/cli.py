@@ -61,7 +61,7 @@ def _subcommands(sub) -> None:
                                               "against the run's")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue an interrupted or finished run; flags given change its saved config")
-    add_config_flags(p, ["model", "api_base", "iterations", "budget", "beam_width", "expansion",
+    add_config_flags(p, ["model", "api_base", "judge", "iterations", "budget", "beam_width", "expansion",
                          "refine_every", "fuse", "swap", "tau", "search", "decompose_attempts", "retries",
                          "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS, RUN_HELP)
     p.set_defaults(handler="mkevolve.orchestrator:run_command")

@@ -21,8 +21,9 @@ class ConfigError(ValueError):
 
 
 def _opt(default, help: str, **meta):
-    """A setting; meta may carry `choices`, and `key` where its public name (YAML key and flag) is not the
-    field's own (the field keeps its name so the code that reads it need not change)."""
+    """A setting; meta may carry `choices`, `metavar` (the flag's argument in --help, else the key in capitals),
+    and `key` where its public name (YAML key and flag) is not the field's own (the field keeps its name so
+    the code that reads it need not change)."""
     return field(default=default, metadata={"help": help, **meta})
 
 
@@ -31,6 +32,10 @@ class RunConfig:
     # The agent that writes decompositions and kernels.
     model: str = _opt("builtin", "LLM model string for litellm, 'builtin', 'replay:FILE' or 'exchange:DIR'")
     api_base: str | None = _opt(None, "base URL of the model's API (else the provider's default)")
+    # Off when empty. The judge can only take acceptance away from a kernel every hard check passed.
+    judge: str = _opt("", "LLM model (litellm string, 'replay:FILE' or 'exchange:DIR') that reads each accepted "
+                          "kernel beside its reference and may reject a semantic cheat",
+                      metavar="MODEL")
     # Algorithm 1 and 2.
     iterations: int = _opt(5, "outer iterations T")
     budget: int = _opt(32, "LLM calls per iteration, shared among subproblems")
@@ -153,6 +158,10 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("config: 'workers' and 'retries' must be >= 0")
     if not 0 < config.tau <= 10:
         raise ConfigError(f"config: 'tau' must be in (0, 10], got {config.tau}")
+    if config.judge == "builtin":
+        # The offline agent writes template kernels; it has no opinion of someone else's.
+        raise ConfigError("config: 'judge' cannot be the builtin agent: name an LLM model, replay:FILE or "
+                          "exchange:DIR")
     for f in fields(RunConfig):
         choices = f.metadata.get("choices")
         if choices and getattr(config, f.name) not in choices:
@@ -177,7 +186,8 @@ def add_config_flags(parser: argparse.ArgumentParser, names: list[str], helps: d
     defaults = RunConfig()
     for name in names:
         f, default = by_name[name], getattr(defaults, name)
-        help_text = f"{(helps or {}).get(name, f.metadata['help'])} (default: {default})"
+        shown = "off" if default == "" else default  # an empty setting (no judge) is a feature left off
+        help_text = f"{(helps or {}).get(name, f.metadata['help'])} (default: {shown})"
         if isinstance(default, bool):
             # --fuse/--no-fuse: a YAML file's true can be turned off for one command.
             parser.add_argument(flag_of(f), dest=name, action=argparse.BooleanOptionalAction, default=None,
@@ -185,7 +195,8 @@ def add_config_flags(parser: argparse.ArgumentParser, names: list[str], helps: d
             continue
         choices = f.metadata.get("choices")
         parser.add_argument(flag_of(f), dest=name, type=type(default) if default is not None else str,
-                            default=None, choices=choices, metavar=None if choices else key_of(f).upper(),
+                            default=None, choices=choices,
+                            metavar=None if choices else f.metadata.get("metavar", key_of(f).upper()),
                             help=help_text)
 
 

@@ -16,6 +16,7 @@ from mkevolve.agents import decompose as decompose_agent
 from mkevolve.agents import fuse as fuse_agent
 from mkevolve.agents import split as split_agent
 from mkevolve.agents.evolve import UNTIMED_NOTE, RefineContext, SearchProgress, evolve_kernel, times_kernels
+from mkevolve.agents.judge import check_judge, make_judge
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
@@ -92,16 +93,19 @@ class Orchestrator:
     """One run: owns its folder, checkpoint, LLM client and verifier; `run()` goes to the end."""
 
     def __init__(self, problem_path: Path, config: RunConfig, run_dir: Path, state: RunState,
-                 client, verifier, display: RunDisplay):
+                 client, verifier, display: RunDisplay, judge=None):
         self.problem_path = Path(problem_path).resolve()
         self.config = config
         self.run_dir = Path(run_dir)
         self.state = state
         self.client = client
+        self.judge = judge  # the optional LLM judge (--judge); None: off
         self.verifier = verifier
         self.display = display
         self.events: EventLog = verifier.events
         self.client.clock = verifier.clock  # one clock: time in LLM calls or evaluation, counted once
+        if judge is not None:
+            judge.client.clock = verifier.clock
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -340,7 +344,8 @@ class Orchestrator:
                                 end_to_end_ms=total_ms)
         before = self._beam(name)
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
-                             self.client, self.config, folder / "candidates", context, progress=self._progress)
+                             self.client, self.config, folder / "candidates", context, progress=self._progress,
+                             judge=self.judge)
         with self._state_lock:  # other subproblems' searches end at the same time
             self.state.beams[name] = beam.to_dict()
             self.state.evolved.append(name)
@@ -626,6 +631,7 @@ def prepare_run(args) -> tuple[Path, RunConfig, Path, RunState]:
     problem_path = Path(args.problem)
     load_problem(problem_path)
     make_provider(config.model, config.api_base).check()  # a missing API key or replay file: nothing made yet
+    check_judge(config)
     run_dir = new_run_dir(config.out, problem_path)
     write_atomic(run_dir / "config.yaml", config.to_yaml())
     state = RunState(problem=str(problem_path.resolve()), run_id=run_dir.name)
@@ -682,11 +688,12 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
 
     events = EventLog(run_dir / "events.jsonl")
     client = make_client(config, events, cache_dir=run_dir / "llm_cache")
+    judge = make_judge(config, events, cache_dir=run_dir / "llm_cache")  # its cache keys name its model
     display = RunDisplay(RunView(problem=Path(problem_path).name, iterations=config.iterations))
     display.console.print(f"run directory: {run_dir}")
     try:
         with Verifier(config, events) as verifier, display:
-            outcome = Orchestrator(problem_path, config, run_dir, state, client, verifier, display).run()
+            outcome = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge).run()
     except KeyboardInterrupt:
         display.console.print(f"interrupted; best/ is consistent. Continue with: "
                               f"python -m mkevolve run --resume {run_dir}")
@@ -694,9 +701,13 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     except ProviderError as err:
         # Every further call would fail the same way: stop here, at the last checkpoint, resumable.
         client.emit_totals()
+        if judge is not None:
+            judge.emit_totals()
         raise err.with_note(f"the run stopped; once the provider answers, continue it with: "
                             f"python -m mkevolve run --resume {run_dir}") from err
     client.emit_totals()
+    if judge is not None:
+        judge.emit_totals()
     _write_report(run_dir, display)
     _print_summary(outcome, display)
     return outcome, client.provider_calls

@@ -30,7 +30,7 @@ from mkevolve.evaluate import amdahl_contribution
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
 from mkevolve.orchestrator import BEST, iteration_dir
-from mkevolve.verify.result import not_started_cause
+from mkevolve.verify.result import JudgeVerdict, not_started_cause
 from mkevolve.problem import ProblemError
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, sha256_of
@@ -78,6 +78,7 @@ class CandidateVerdict:
     reason: str
     passed: bool
     href: str | None         # its source file; None when the reply had no code
+    judge: str = ""          # the LLM judge's verdict and reason (--judge), when it was judged
 
 
 @dataclass
@@ -370,7 +371,15 @@ def _read_candidate(run_dir: Path, path: Path, iteration: int, digest: str | Non
     return CandidateVerdict(id=str(record.get("id", path.stem)), iteration=iteration, status=status,
                             reason=_clip(str(result.get("reason") or "")),
                             passed=status == "ok" and record.get("accepted") is not False,
-                            href=_href(run_dir, path.with_suffix(".py")))
+                            href=_href(run_dir, path.with_suffix(".py")), judge=_judge_line(record.get("judge")))
+
+
+def _judge_line(record) -> str:
+    """The judge's verdict as the report quotes it; "" when there was no judge (or its record is unreadable)."""
+    try:
+        return _clip(JudgeVerdict.from_dict(record).summary()) if isinstance(record, dict) else ""
+    except (KeyError, TypeError, ValueError):
+        return ""
 
 
 def candidate_verdicts(run_dir: Path, name: str, last: int) -> list[CandidateVerdict]:
@@ -414,17 +423,19 @@ def _no_kernel_reason(state: RunState, name: str, sub: SubkernelRecord | None,
     return f"none of its {len(verdicts)} candidate(s) passed"
 
 
-def _accepted_line(sub: SubkernelRecord) -> str:
+def _accepted_line(sub: SubkernelRecord, verdicts: list[CandidateVerdict]) -> str:
     precision = f", {sub.precision} precision" if sub.precision else ""
+    # What the LLM judge said of it, from its last saved record (a resumed run may have saved it again).
+    judged = next((v.judge for v in reversed(verdicts) if v.id == sub.candidate and v.judge), "")
     return (f"accepted kernel {sub.candidate} ({sub.origin or 'unknown origin'}{precision}): it passed its "
-            "subproblem's correctness and cheating checks")
+            "subproblem's correctness and cheating checks" + (f"; {judged}" if judged else ""))
 
 
 def _classify(state: RunState, manifest: Manifest | None, name: str, record: IterationRecord,
               verdicts: list[CandidateVerdict]) -> tuple[Outcome, str]:
     sub = record.subkernels.get(name)
     accepted = sub is not None and sub.candidate is not None and name not in record.pytorch
-    state_then = (_accepted_line(sub) if accepted
+    state_then = (_accepted_line(sub, verdicts) if accepted
                   else f"no accepted kernel: {_no_kernel_reason(state, name, sub, verdicts)}")
     later = next((r for r in state.history if r.index > record.index), None)
     if later is not None:

@@ -81,7 +81,8 @@ def test_corpus_covers_every_rule_with_well_formed_files():
         if status == "cheating":
             assert rule in only.get(constants["CAUGHT_BY"], {rule}), path
         covered.add(rule)
-    assert covered == set(Rule)
+    # The LLM judge's rule is no program's finding: tests/test_llm_judge.py replays its verdicts.
+    assert covered == set(Rule) - {Rule.LLM_JUDGE}
 
 
 # ---------------------------------------------------------------------------------------------

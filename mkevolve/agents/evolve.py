@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+from mkevolve.agents.judge import Judge, KernelUnderReview, judge_rejection
 from mkevolve.agents.speculation import SpeculativeCheck
 from mkevolve.config import RunConfig
 from mkevolve.fsutil import write_atomic
@@ -172,7 +173,7 @@ class KernelAgent:
 
     def __init__(self, subproblem: str, problem_path: Path, beam: Beam, verifier: KernelVerifier,
                  client: LLMClient, config: RunConfig, candidates_dir: Path,
-                 context: RefineContext | None = None):
+                 context: RefineContext | None = None, judge: Judge | None = None):
         self.subproblem = subproblem
         self.problem_path = Path(problem_path)
         self.problem_source = read_source(problem_path)
@@ -185,6 +186,7 @@ class KernelAgent:
         self.context = context or RefineContext()
         self.events = client.events
         self.device = verifier.device_name
+        self.judge = judge  # None: off (the default); else it reads each kernel the hard checks accept
 
     def _input_shapes(self) -> list[str]:
         job = Job("mkevolve.agents.evolve:input_shapes_job",
@@ -334,7 +336,8 @@ class KernelAgent:
     # -- acceptance -------------------------------------------------------------------------------------
 
     def accept_members(self) -> None:
-        """The cheating check once more, on every passing member not yet checked; a failure is its verdict."""
+        """The cheating check once more, on every passing member not yet checked; a failure is its verdict.
+        With a judge, each member that check accepts is then judged, once: its reject is a failure too."""
         for member in self.beam.members:
             if not member.passed or member.accepted is not None:
                 continue
@@ -342,27 +345,46 @@ class KernelAgent:
             member.accepted = rejection is None
             if rejection is not None:
                 member.result = rejection
+            elif self.judge is not None:
+                self._judge(member)
             self._save(member)
             self._emit("final_check", member)
         self.beam.members.sort(key=Candidate.rank_key)
 
+    def _judge(self, member: Candidate) -> None:
+        """Only a member every hard check accepted comes here, so the judge can take an acceptance away but
+        never give one. A rejected member fails like a cheat (its reason feeds its debug prompt); any other
+        verdict changes nothing but the record."""
+        item = KernelUnderReview(subproblem=self.subproblem, sample=member.seq, reference=self.problem_source,
+                                 kernel=member.source)
+        member.judge = self.judge.review(item)
+        if member.judge.rejects:
+            member.accepted = False
+            member.result = judge_rejection(member.result, member.judge)
+        if self.events is not None:
+            self.events.emit("judge", subproblem=self.subproblem, id=member.id, model=member.judge.model,
+                             verdict=member.judge.ruling.value, reason=member.judge.reason[:300],
+                             accepted=member.accepted)
+
 
 def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: int, verifier: KernelVerifier,
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
-                  context: RefineContext | None = None, progress: ProgressHook | None = None) -> Beam:
+                  context: RefineContext | None = None, progress: ProgressHook | None = None,
+                  judge: Judge | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`) or parallel
     sampling (independent generations). Candidates are saved under `candidates_dir/<subproblem_name>/`.
     Where kernels are not timed (no GPU), beam search stops at the first passing kernel. `progress` hears
-    of every evaluated batch. Raises ProviderError when the provider can answer no call.
+    of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
+    Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
     evolved = beam.copy()
     evolved.width = config.beam_width
     if budget <= 0:
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
-                        Path(candidates_dir), context)
+                        Path(candidates_dir), context, judge)
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose

@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Callable
 
 from mkevolve.llm.types import TokenUsage
-from mkevolve.verify.result import EvalResult
+from mkevolve.verify.result import EvalResult, JudgeVerdict
 
 ID_PREFIX = "c"
 
@@ -31,6 +31,7 @@ class Candidate:
     tokens: TokenUsage = field(default_factory=TokenUsage)
     cached: bool = False             # the reply came from the response cache
     accepted: bool | None = None     # the final cheating check: None until it has run
+    judge: JudgeVerdict | None = None  # the LLM judge's (--judge), given once, when the hard checks accept it
 
     @property
     def seq(self) -> int:
@@ -54,14 +55,17 @@ class Candidate:
     def to_dict(self) -> dict:
         return {"id": self.id, "subproblem": self.subproblem, "parent": self.parent, "kind": self.kind.value,
                 "source": self.source, "result": self.result.to_dict(), "tokens": asdict(self.tokens),
-                "cached": self.cached, "accepted": self.accepted}
+                "cached": self.cached, "accepted": self.accepted,
+                "judge": self.judge.to_dict() if self.judge else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Candidate":
+        judge = data.get("judge")  # absent from the records of earlier versions
         return cls(id=data["id"], subproblem=data["subproblem"], parent=data["parent"],
                    kind=PromptKind(data["kind"]), source=data["source"],
                    result=EvalResult.from_dict(data["result"]), tokens=TokenUsage(**data["tokens"]),
-                   cached=data["cached"], accepted=data["accepted"])
+                   cached=data["cached"], accepted=data["accepted"],
+                   judge=JudgeVerdict.from_dict(judge) if judge else None)
 
 
 def candidate_id(seq: int) -> str:

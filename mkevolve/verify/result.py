@@ -93,6 +93,39 @@ class EvalResult:
         return f"{text} ({speed})"
 
 
+class JudgeRuling(str, Enum):
+    """What the optional LLM judge said of a kernel every hard check accepted."""
+
+    PASS = "pass"
+    REJECT = "reject"
+    NONE = "none"        # no verdict: the call failed or the reply was not in the verdict form
+
+
+@dataclass(frozen=True)
+class JudgeVerdict:
+    """The LLM judge's reading of one accepted kernel: `model` ruled `ruling` because of `reason`. Only a
+    REJECT changes anything (the kernel loses its acceptance); NONE leaves the hard checks' verdict standing."""
+
+    ruling: JudgeRuling
+    reason: str
+    model: str
+
+    @property
+    def rejects(self) -> bool:
+        return self.ruling is JudgeRuling.REJECT
+
+    def summary(self) -> str:
+        said = "no verdict" if self.ruling is JudgeRuling.NONE else self.ruling.value
+        return f"judge: {said} ({self.reason})"
+
+    def to_dict(self) -> dict:
+        return {"ruling": self.ruling.value, "reason": self.reason, "model": self.model}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JudgeVerdict":
+        return cls(ruling=JudgeRuling(data["ruling"]), reason=data["reason"], model=data["model"])
+
+
 class Rejected(Exception):
     """A verdict other than OK, raised where it is found and turned into an EvalResult by the evaluation."""
 

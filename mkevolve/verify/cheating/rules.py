@@ -25,6 +25,9 @@ class Rule(str, Enum):
     SANDBOX = "sandbox"                        # the candidate process tried what its confinement denies
     TIMED_OUTPUT = "timed-output"              # a call outside the correctness trials returned a wrong result
     FORGED_RESULT = "forged-result"            # the result channel carried a report the harness did not sign
+    # Found by neither: the optional LLM judge (--judge) read the kernel beside its reference and named a semantic
+    # cheat (the test shapes special-cased, work the reference does skipped).
+    LLM_JUDGE = "llm-judge"
 
 
 @dataclass(frozen=True)
