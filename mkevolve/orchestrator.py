@@ -16,7 +16,7 @@ from mkevolve.agents import decompose as decompose_agent
 from mkevolve.agents import fuse as fuse_agent
 from mkevolve.agents import split as split_agent
 from mkevolve.agents.evolve import UNTIMED_NOTE, RefineContext, SearchProgress, evolve_kernel, times_kernels
-from mkevolve.agents.judge import check_judge, make_judge
+from mkevolve.agents.judge import Judge, check_judge, make_judge
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
@@ -93,7 +93,7 @@ class Orchestrator:
     """One run: owns its folder, checkpoint, LLM client and verifier; `run()` goes to the end."""
 
     def __init__(self, problem_path: Path, config: RunConfig, run_dir: Path, state: RunState,
-                 client, verifier, display: RunDisplay, judge=None):
+                 client, verifier, display: RunDisplay, judge: Judge | None = None):
         self.problem_path = Path(problem_path).resolve()
         self.config = config
         self.run_dir = Path(run_dir)
