@@ -107,6 +107,19 @@ def _subcommands(sub) -> None:
                      {"out": "parent folder: capture.json and the problem files go to OUT/<model>/capture/"})
     p.set_defaults(handler="mkevolve.capture:capture_command")
 
+    p = sub.add_parser("integrate", help="put runs' best solutions for captured regions into the model, guarded")
+    p.add_argument("model_file", metavar="MODEL.py", help="the model file given to `capture`")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="`run` directories of problems `capture` wrote")
+    p.add_argument("-o", "--output", default=None, metavar="FILE.json",
+                   help="the JSON report (default: OUT/<model>/integrate/integrate.json)")
+    p.add_argument("--accept-untimed", action="store_true",
+                   help="without a GPU, use correct replacements without a speed check (nothing can be timed)")
+    p.add_argument("--runs", type=int, default=20, help="timed calls; times are medians (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default: 3)")
+    add_config_flags(p, ["out", "seed", "eval_mode"],
+                     {"out": "parent folder: the report goes to OUT/<model>/integrate/integrate.json"})
+    p.set_defaults(handler="mkevolve.integration:integrate_command")
+
 
 def _version() -> str:
     try:
