@@ -124,6 +124,12 @@ def load_model_file(path: str | Path) -> ModelFile:
     return ModelFile(path=path, module=module)
 
 
+def captured_inputs(model_file: ModelFile, seed: int, device: torch.device) -> list:
+    """The model's inputs as capture draws them, and integrate again: get_inputs() seeded with seed + 1 (the
+    weights were drawn after seeding with seed)."""
+    return model_file.inputs(seed + 1, device)
+
+
 # ---- regions -------------------------------------------------------------------------------------------
 
 
@@ -411,7 +417,7 @@ def capture(path: str | Path, out_dir: str | Path, settings: CaptureSettings) ->
     model_file = load_model_file(path)
     model = model_file.build(settings.seed).to(settings.device)
     model = model.eval() if settings.eval_mode else model
-    inputs = model_file.inputs(settings.seed + 1, settings.device)
+    inputs = captured_inputs(model_file, settings.seed, settings.device)
     timing = _timed(model_file, model, inputs, settings)
     rows = rank(timing)
     if not rows:

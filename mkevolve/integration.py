@@ -11,25 +11,25 @@ from __future__ import annotations
 
 import ast
 import json
-import statistics
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import yaml
 from rich.table import Table
 from torch import nn
 
 from mkevolve.codebase import SOLUTION_FILE
-from mkevolve.config import TOLERANCE, ConfigError, config_from_args
+from mkevolve.config import TOLERANCE, ConfigError, build_config, config_from_args
 from mkevolve.display import make_console
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import (ProblemError, call_inputs, clone_values, flatten_outputs, import_file,
                               seed_everything)
+from mkevolve.pysource import parse_python
 from mkevolve.run_state import RunState, StateError
 from mkevolve.solution import Manifest, SolutionError
+from mkevolve.verify.timing import time_forward
 
 UNKNOWN_NO_GPU = "unknown (no GPU)"
 
@@ -160,7 +160,7 @@ def _problem_of(run_dir: Path) -> Path:
 def _constant(problem: Path, name: str, kind: type) -> Any:
     """A module-level `NAME = literal` of a problem file capture wrote; read without running the file."""
     try:
-        tree = ast.parse(problem.read_text(encoding="utf-8"))
+        tree = parse_python(problem.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError) as err:
         raise IntegrateError(problem, f"cannot be read ({type(err).__name__})") from None
     for node in tree.body:
@@ -176,21 +176,20 @@ def _region_of(problem: Path) -> str:
 
 
 def model_inputs(run: RunDir) -> list:
-    """The whole model's inputs as capture drew them: MODEL.py's get_inputs() after seeding with SEED + 1."""
-    from mkevolve.capture import load_model_file
+    """The whole model's inputs as capture drew them."""
+    from mkevolve.capture import captured_inputs, load_model_file
 
     model_file = load_model_file(_constant(run.problem, "MODEL_FILE", str))
-    return model_file.inputs(_constant(run.problem, "SEED", int) + 1, torch.device("cpu"))
+    return captured_inputs(model_file, _constant(run.problem, "SEED", int), torch.device("cpu"))
 
 
 def _seed_of(run_dir: Path) -> int:
+    """The run's seed, read as the run reads its config.yaml (the default one without it)."""
     config = run_dir / "config.yaml"
-    if not config.is_file():
-        return 0  # the package default seed
     try:
-        return int((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("seed", 0))
-    except (yaml.YAMLError, TypeError, ValueError) as err:
-        raise IntegrateError(config, f"unreadable ({type(err).__name__})") from None
+        return build_config(config if config.is_file() else None).seed
+    except ConfigError as err:
+        raise IntegrateError(config, str(err)) from None
 
 
 def _captured_share(run: RunDir) -> float | None:
@@ -292,20 +291,9 @@ def _close(reference: Any, output: Any, tolerance: float) -> bool:
 
 
 def cuda_ms(fn: Callable[[], Any], settings: Settings) -> float:
-    """Median milliseconds of fn() over settings.runs calls, by CUDA events (device time)."""
-    with torch.no_grad():
-        for _ in range(settings.warmup):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(settings.runs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of fn() over settings.runs calls, timed as the verifier times kernels (CUDA
+    events, L2 flushed before each call), so a region and its replacement are measured alike."""
+    return time_forward(fn, warmup=settings.warmup, runs=settings.runs).median_ms
 
 
 def amdahl(used: list[RegionResult]) -> float | None:
