@@ -45,7 +45,8 @@ class RunConfig:
     fuse: bool = _opt(False, "let the refinement step fuse subproblems")
     swap: bool = _opt(False, "swap subkernels slower than tau x torch.compile for their PyTorch code")
     tau: float = _opt(0.9, "swap threshold, as a fraction of torch.compile's speed")
-    search: str = _opt("beam", "kernel search: beam search or parallel sampling", choices=("beam", "parallel"))
+    search: str = _opt("beam", "kernel search: beam search, parallel sampling or MCTS",
+                       choices=("beam", "parallel", "mcts"))
     decompose_attempts: int = _opt(3, "parallel decomposition attempts before the fallback")
     retries: int = _opt(2, "retries of a failed decomposition agent, each told why the last failed")
     # The verifier.

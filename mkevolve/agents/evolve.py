@@ -22,6 +22,7 @@ from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.prompts import render
 from mkevolve.search.beam import Beam, Candidate, Exhausted, PromptKind, beam_search, candidate_id
+from mkevolve.search.mcts import mcts_search
 from mkevolve.search.parallel import parallel_sampling
 from mkevolve.verify.result import EvalResult, Status
 from mkevolve.workers.pool import Job, JobOutcome
@@ -373,9 +374,10 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
                   judge: Judge | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
-    The search is `config.search`: beam search (expand every member, keep the best `width`) or parallel
-    sampling (independent generations). Candidates are saved under `candidates_dir/<subproblem_name>/`.
-    Where kernels are not timed (no GPU), beam search stops at the first passing kernel. `progress` hears
+    The search is `config.search`: beam search (expand every member, keep the best `width`), parallel
+    sampling (independent generations) or MCTS (a tree of candidates, widened progressively; the beam keeps
+    the best `width` of everything made). Candidates are saved under `candidates_dir/<subproblem_name>/`.
+    Where kernels are not timed (no GPU), beam search and MCTS stop at the first passing kernel. `progress` hears
     of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
     Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
@@ -390,6 +392,8 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
     if calls > 0 and config.search == "parallel":
         parallel_sampling(evolved, calls, propose)
+    elif calls > 0 and config.search == "mcts":
+        mcts_search(evolved, calls, propose, settled=agent.settled)
     elif calls > 0:
         beam_search(evolved, calls, config.expansion, propose, settled=agent.settled)
     agent.accept_members()
