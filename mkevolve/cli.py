@@ -8,10 +8,8 @@ import importlib.metadata
 import sys
 
 from mkevolve.config import ConfigError, add_config_flags
+from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError
-
-# Exit codes shared by every command.
-EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 
 VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "atol", "rtol", "workers", "seed"]
 SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_parallel", "llm_timeout"]
@@ -22,7 +20,7 @@ SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_p
 SOLVE_HELP = {
     "budget": "LLM calls in total, all for the one kernel of the whole problem",
     "beam_width": "beam width of the one search",
-    "search": "search for the whole problem's kernel: beam search or parallel sampling",
+    "search": "search for the whole problem's kernel: beam search, parallel sampling or MCTS",
     "out": "parent folder: solution.py and the candidates go to OUT/<problem>/solve-<search>-<time>/",
 }
 RUN_HELP = {"out": "parent folder: the run directory is OUT/<problem>/<run-id>/"}
@@ -54,7 +52,7 @@ def _subcommands(sub) -> None:
     p = sub.add_parser("solve", help="monolithic baseline: search one kernel for the whole problem")
     p.add_argument("problem", help=PROBLEM_HELP)
     add_config_flags(p, SEARCH_FLAGS + ["search", "out"] + VERIFY_FLAGS, SOLVE_HELP)
-    p.set_defaults(handler="mkevolve.search.solve:solve_command")
+    p.set_defaults(handler="mkevolve.solve:solve_command")
 
     p = sub.add_parser("run", help="MKEvolve end to end: decompose, evolve subkernels, compose the best")
     p.add_argument("problem", nargs="?", help=PROBLEM_HELP + "; with --resume, optional and checked "
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except (ProblemError, ConfigError) as err:
         print(f"mkevolve {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print(f"mkevolve {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED

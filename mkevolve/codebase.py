@@ -367,3 +367,28 @@ def wrap_original(problem_name: str, problem_source: str) -> Decomposition:
                                 [f"return self.{name}({skeleton.forward_call})"])
     spec = SubproblemSpec(name=name, source=problem_source, instances=instances_in_source(problem_source))
     return Decomposition(top_level=top_level, subproblems=[spec], fallback=True)
+
+
+# ---- a packed file (`mkevolve pack`): one section per subkernel, each opened by a marker comment --------
+# pack writes the markers and the verifier reads them back to say which subkernel a violation falls in.
+
+_PACK_MARKER = "# ==== mkevolve pack: "
+_PACK_SECTION = re.compile(
+    r"^# ==== mkevolve pack: (?:subkernel (?P<name>\w+) \((?P<kind>\w+)\)|top-level ModelNew) ====$")
+
+
+def packed_section_marker(subkernel: str | None, kind: str | None) -> str:
+    """The comment line that opens a section of a packed file: one subkernel (and its kind), or the top-level."""
+    if subkernel is None:
+        return f"{_PACK_MARKER}top-level ModelNew ===="
+    return f"{_PACK_MARKER}subkernel {subkernel} ({kind}) ===="
+
+
+def packed_sections(source: str) -> list[tuple[int, str, str | None]]:
+    """(first line, subkernel or "the top-level ModelNew", kind) of each section of a packed file."""
+    sections = []
+    for number, text in enumerate(source.splitlines(), start=1):
+        found = _PACK_SECTION.match(text)
+        if found:
+            sections.append((number, found.group("name") or "the top-level ModelNew", found.group("kind")))
+    return sections

@@ -15,12 +15,14 @@ from mkevolve.codebase import (
     Decomposition,
 )
 from mkevolve.config import config_from_args
+from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.solution import (
     MANIFEST,
     Coverage,
     Manifest,
     SolutionError,
+    amdahl_contribution,
     is_pytorch_alternative,
     sha256_of,
 )
@@ -169,15 +171,6 @@ def resolve_problem(solution: SolutionFolder, override: str | None) -> Path:
 # ---- evaluation ----------------------------------------------------------------------------------------
 
 
-def amdahl_contribution(share: float | None, speedup: float | None) -> float | None:
-    """How much faster end to end is because this subkernel runs `speedup` x its torch.compile: with it
-    at a fraction `share` of the time, running torch.compile's version instead would take
-    (1 - share) + share * speedup of the time."""
-    if share is None or speedup is None:
-        return None
-    return (1.0 - share) + share * speedup
-
-
 def describe_speedup(value: float | None, on_gpu: bool) -> str:
     if value is None:
         return "unknown" if on_gpu else UNKNOWN_NO_GPU
@@ -269,7 +262,7 @@ def eval_command(args) -> int:
         print(json.dumps(evaluation.to_dict(), indent=1))
     else:
         print_evaluation(evaluation)
-    return 0 if evaluation.passed else 1
+    return ExitCode.OK if evaluation.passed else ExitCode.FAILED
 
 
 def _row_cells(row: SubkernelEvaluation) -> list[str]:

@@ -22,9 +22,12 @@ from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
 from mkevolve.display import RunDisplay, RunView, SubproblemRow, final_table
 from mkevolve.events import EventLog
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.providers import ProviderError, make_provider
 from mkevolve.problem import ProblemError, load_problem
+from mkevolve.report import write_report
+from mkevolve.run_layout import BEST, ITERATIONS, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
 from mkevolve.search.beam import Beam, Candidate
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
@@ -33,7 +36,6 @@ from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import EvalResult, Status, not_started_cause
 from mkevolve.workers.pool import Job
 
-BEST = "best"
 STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
 
 SPLIT_REASONS = 3  # failed candidates whose verdicts the Split prompt quotes, per subproblem
@@ -72,10 +74,6 @@ def new_run_dir(out: str | Path, problem_path: Path) -> Path:
         run_dir = base / f"{stamp}-{n}"
     run_dir.mkdir(parents=True)
     return run_dir
-
-
-def iteration_dir(run_dir: Path, index: int) -> Path:
-    return run_dir / "iterations" / f"iter_{index:02d}"
 
 
 def beam_hash(source: str) -> str:
@@ -726,14 +724,10 @@ def run_command(args) -> int:
     # would make it look like no best/ at all. What the user got is said in the last line and the manifest,
     # and `pack` lists, and `check` rejects, a file with PyTorch subkernels, so nothing downstream takes a
     # partial solution for an all-Triton one.
-    return 0 if outcome.passed else 1
+    return ExitCode.OK if outcome.passed else ExitCode.FAILED
 
 
 def _write_report(run_dir: Path, display: RunDisplay) -> None:
-    try:
-        from mkevolve.report import write_report
-    except ImportError:
-        return
     display.console.print(f"report: {write_report(run_dir)}")
 
 
@@ -765,5 +759,5 @@ def _print_failure(outcome: RunOutcome, display: RunDisplay) -> None:
     if outcome.last is not None:
         for name, sub in outcome.last.subkernels.items():
             display.console.print(f"  {name}: {sub.outcome()}", markup=False, highlight=False, soft_wrap=True)
-    display.console.print(f"candidates and verdicts are in {outcome.run_dir / 'iterations'}", markup=False,
+    display.console.print(f"candidates and verdicts are in {outcome.run_dir / ITERATIONS}", markup=False,
                           highlight=False, soft_wrap=True)

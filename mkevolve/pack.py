@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mkevolve.codebase import SOLUTION_FILE, SOLUTION_LOADER
+from mkevolve.codebase import SOLUTION_FILE, SOLUTION_LOADER, packed_section_marker
 from mkevolve.evaluate import SubkernelKind, open_solution
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError
 from mkevolve.pysource import parse_python
-from mkevolve.verify.verifier import packed_section_marker
 
 _INPUT_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs", "get_input_configs"})
 _DEFINITION_NAME = re.compile(r"\b(?:async\s+def|def|class)\s+([A-Za-z_]\w*)")
@@ -55,13 +55,13 @@ class _Positions:
         return self.starts[first - 1], self.starts[min(last, len(self.lines))]
 
 
-def _first_line(node: ast.stmt) -> int:
+def _start_line(node: ast.stmt) -> int:
     decorators = getattr(node, "decorator_list", [])
     return min([node.lineno] + [d.lineno for d in decorators])
 
 
 def _deletion(positions: _Positions, node: ast.stmt, path: Path) -> _Edit:
-    start, end = positions.whole_lines(_first_line(node), node.end_lineno)
+    start, end = positions.whole_lines(_start_line(node), node.end_lineno)
     line_text = positions.lines[node.end_lineno - 1]
     after = line_text.encode("utf-8")[node.end_col_offset:].decode("utf-8", errors="ignore").strip()
     if after and not after.startswith("#"):
@@ -381,4 +381,4 @@ def pack_command(args) -> int:
         print(f"PyTorch subkernels (listed in the file's header): {', '.join(packed.pytorch)}; "
               "`mkevolve check` will reject the file as a PyTorch fallback")
     print(f"verify it with: python -m mkevolve check PROBLEM {output}")
-    return 0
+    return ExitCode.OK

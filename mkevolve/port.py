@@ -12,10 +12,13 @@ from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, Decomposition
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.evaluate import SolutionFolder, SubkernelKind, open_solution
 from mkevolve.events import EventLog
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import Match, match_subproblems
-from mkevolve.orchestrator import BEST, execute_run, iteration_dir, seed_run
+from mkevolve.orchestrator import execute_run, seed_run
 from mkevolve.problem import ProblemError, load_problem
+from mkevolve.report import write_report
+from mkevolve.run_layout import BEST, iteration_dir
 from mkevolve.run_state import RunState, Step
 from mkevolve.search.beam import Beam, Candidate, PromptKind, candidate_id
 from mkevolve.solution import MANIFEST, Manifest, sha256_of
@@ -201,7 +204,6 @@ def port_solution(solution_dir: str | Path, variant_path: str | Path, config: Ru
     """Decompose the variant, match its subproblems to the solution's, reuse every matched kernel that passes
     on the variant's shapes, and run one iteration that evolves only the rest; a normal run directory results."""
     from mkevolve.llm.client import make_client
-    from mkevolve.report import write_report
 
     solution = open_solution(solution_dir)
     if not (solution.path / PROBLEM_FILE).is_file():
@@ -254,4 +256,4 @@ def port_command(args) -> int:
     print(f"LLM calls: {outcome.llm_calls} ({outcome.decompose_calls} to decompose the variant, "
           f"{outcome.evolve_calls} to evolve kernels)")
     print(f"run directory: {outcome.run_dir}")
-    return 0 if outcome.passed else 1
+    return ExitCode.OK if outcome.passed else ExitCode.FAILED

@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from mkevolve.config import TOLERANCE
+from mkevolve.verify.cheating.rules import Rule
 
 PACKAGED_DIR = "prompt_templates"
 
@@ -44,6 +45,8 @@ def environment() -> jinja2.Environment:
     # The default tolerance, from the one place the verifier takes it too (a looser --atol/--rtol
     # is the user's choice; the prompts keep asking for the strict one).
     env.globals["tolerance"] = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # "1e-4"
+    # The rules the checker enforces, each with its id and what it asks: _rules.j2 lists them all.
+    env.globals["rules"] = list(Rule)
     # A model that knows the versions writes their API (`input_precision=` rather than `allow_tf32=`).
     env.globals["versions"] = _versions()
     env.filters["excerpt"] = excerpt

@@ -26,14 +26,14 @@ from matplotlib.patches import Circle, FancyArrowPatch
 from matplotlib.path import Path as PlotPath
 
 from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE, CodebaseError, Decomposition
-from mkevolve.evaluate import amdahl_contribution
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
-from mkevolve.orchestrator import BEST, iteration_dir
 from mkevolve.verify.result import JudgeVerdict, not_started_cause
 from mkevolve.problem import ProblemError
+from mkevolve.run_layout import BEST, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
-from mkevolve.solution import MANIFEST, Manifest, SolutionError, sha256_of
+from mkevolve.solution import MANIFEST, Manifest, SolutionError, amdahl_contribution, sha256_of
 
 REPORT_FILE = "report.html"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -1045,4 +1045,4 @@ def report_command(args) -> int:
     except StateError as err:
         raise ProblemError(run_dir, str(err).split(": ", 1)[-1]) from None
     print(f"wrote {path}")
-    return 0
+    return ExitCode.OK

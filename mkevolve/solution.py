@@ -94,6 +94,15 @@ class Coverage:
                 f"({', '.join(self.pytorch)} {verb} PyTorch code)")
 
 
+def amdahl_contribution(share: float | None, speedup: float | None) -> float | None:
+    """How much faster end to end is because this subkernel runs `speedup` x its torch.compile: with it
+    at a fraction `share` of the time, running torch.compile's version instead would take
+    (1 - share) + share * speedup of the time."""
+    if share is None or speedup is None:
+        return None
+    return (1.0 - share) + share * speedup
+
+
 def sha256_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -20,8 +20,10 @@ from mkevolve.evaluate import (
     open_solution,
     resolve_problem,
 )
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError
+from mkevolve.run_layout import ITERATIONS
 from mkevolve.search.beam import ID_PREFIX
 from mkevolve.solution import (
     ORIGIN_PYTORCH,
@@ -78,7 +80,7 @@ def require_subkernel(solution: SolutionFolder, name: str) -> None:
 
 def _run_dir_of(solution: SolutionFolder) -> Path:
     run_dir = solution.path.resolve().parent
-    if not (run_dir / "iterations").is_dir():
+    if not (run_dir / ITERATIONS).is_dir():
         raise ProblemError(solution.path, "a candidate id needs the run's candidates, but this folder is not "
                                           "inside a run directory (no ../iterations/)")
     return run_dir
@@ -247,4 +249,4 @@ def swap_command(args) -> int:
     with Verifier(config) as verifier:
         outcome = swap_subkernel(solution.path, args.subkernel, replacement, problem_path, verifier)
     print_outcome(outcome, solution.path)
-    return 0 if outcome.accepted else 1
+    return ExitCode.OK if outcome.accepted else ExitCode.FAILED

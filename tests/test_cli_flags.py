@@ -148,7 +148,7 @@ def _option_for_dest(command: str, dest: str) -> argparse.Action:
 
 def test_fixed_choices_are_shown_in_help(capsys):
     text = _help("run", capsys)
-    assert "--search {beam,parallel}" in text and "--executor {local,ray}" in text
+    assert "--search {beam,parallel,mcts}" in text and "--executor {local,ray}" in text
     assert "--fuse, --no-fuse" in text and "--swap, --no-swap" in text and "--eval, --no-eval" in text
 
 

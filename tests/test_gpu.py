@@ -7,7 +7,7 @@ import pytest
 
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
-from mkevolve.orchestrator import BEST
+from mkevolve.run_layout import BEST
 from mkevolve.solution import Manifest
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.workers.pool import Job

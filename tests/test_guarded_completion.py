@@ -29,7 +29,8 @@ from mkevolve.config import RunConfig
 from mkevolve.display import RunDisplay, RunView
 from mkevolve.evaluate import SubkernelKind, evaluate_solution
 from mkevolve.llm.client import make_client
-from mkevolve.orchestrator import BEST, Orchestrator, solution_rank
+from mkevolve.orchestrator import Orchestrator, solution_rank
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import IterationRecord, RunState, Step
 from mkevolve.solution import ORIGIN_PYTORCH, Manifest, is_pytorch_alternative
 from mkevolve.verify.verifier import Verifier

@@ -16,8 +16,8 @@ from mkevolve.cli import main
 from mkevolve.config import ConfigError, RunConfig, build_config
 from mkevolve.events import EventLog
 from mkevolve.llm.client import RetryPolicy, make_client
-from mkevolve.orchestrator import BEST
 from mkevolve.report import build_page
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState
 from mkevolve.search.beam import Beam, PromptKind
 from mkevolve.solution import Manifest

@@ -15,7 +15,7 @@ import torch
 
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
-from mkevolve.orchestrator import BEST
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState, Step
 from mkevolve.solution import Manifest
 from mkevolve.verify.verifier import Verifier

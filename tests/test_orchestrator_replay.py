@@ -42,7 +42,7 @@ from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.client import make_client
 from mkevolve.llm.parse import extract_code
-from mkevolve.orchestrator import BEST
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState, Step
 from mkevolve.solution import Manifest
 from mkevolve.workers.pool import WorkerPool

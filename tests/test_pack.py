@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from mkevolve.cli import main
+from mkevolve.codebase import packed_section_marker
 from mkevolve.pack import pack_solution
 from mkevolve.problem import import_file
 from mkevolve.solution import pytorch_alternative
-from mkevolve.verify.verifier import declared_pytorch_fallback, packed_section_marker
+from mkevolve.verify.verifier import declared_pytorch_fallback
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "problems" / "gemm_chain.py"

@@ -23,7 +23,8 @@ from mkevolve.cli import main
 from mkevolve.config import RunConfig
 from mkevolve.display import RunDisplay, RunView, SubproblemRow, elapsed_text
 from mkevolve.events import EventLog
-from mkevolve.orchestrator import BEST, Orchestrator, RunOutcome, _print_failure, composite_not_run
+from mkevolve.orchestrator import Orchestrator, RunOutcome, _print_failure, composite_not_run
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import IterationRecord, RunState, Step, SubkernelRecord
 from mkevolve.search.beam import Beam, Candidate, Exhausted, PromptKind
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status

@@ -12,7 +12,7 @@ from mkevolve.cli import main
 from mkevolve.config import RunConfig
 from mkevolve.llm.client import RetryPolicy, make_client
 from mkevolve.problem import ProblemError
-from mkevolve.search.solve import solve
+from mkevolve.solve import solve
 from mkevolve.verify.result import EvalResult, Status
 
 FIXTURES = PROBLEM.parent
@@ -93,7 +93,7 @@ def test_cli_exits_1_when_no_kernel_passes_and_leaves_no_solution(tmp_path, caps
     out = tmp_path / "run"
     out.mkdir()
     (out / "solution.py").write_text("# left by an earlier run\n")
-    monkeypatch.setattr("mkevolve.search.solve.default_out_dir", lambda config, problem: out)
+    monkeypatch.setattr("mkevolve.solve.default_out_dir", lambda config, problem: out)
     code = main(["solve", str(PROBLEM), "--model", f"replay:{script}", "--budget", "2", "--workers", "1"])
     assert code == 1
     assert f"no kernel passed every check; candidates are in {out / 'candidates'}" in capsys.readouterr().out

@@ -14,7 +14,8 @@ from mkevolve.cli import main
 from mkevolve.config import RunConfig
 from mkevolve.display import RunDisplay, RunView
 from mkevolve.llm.client import make_client
-from mkevolve.orchestrator import BEST, Orchestrator
+from mkevolve.orchestrator import Orchestrator
+from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState, Step
 from mkevolve.solution import ORIGIN_PYTORCH, Manifest, is_pytorch_alternative
 from mkevolve.verify.verifier import Verifier

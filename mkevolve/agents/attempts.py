@@ -13,6 +13,7 @@ from mkevolve.events import EventLog
 from mkevolve.llm.client import LLMClient
 from mkevolve.llm.parse import ReplyFormatError, extract_files
 from mkevolve.llm.types import LLMRequest, LLMResponse
+from mkevolve.text import first_line
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
 from mkevolve.workers.executor import Executor
 
@@ -94,7 +95,7 @@ class AttemptLoop:
         try:
             attempt.decomposition = build(extract_files(response.text))
         except (ReplyFormatError, CodebaseError) as err:
-            note = _first_line(response.text)
+            note = first_line(response.text, limit=200)
             attempt.reasons = [f"reply format: {err}" + (f" (the reply says: {note})" if note else "")]
         return attempt
 
@@ -156,13 +157,6 @@ def emit_result(events: EventLog | None, agent: str, outcome: str, decomposition
 
 def _clip(text: str) -> str:
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return _clip(line.strip())[:200]
-    return ""
 
 
 def prompt_variables(problem_path: Path, feedback: list[Feedback],

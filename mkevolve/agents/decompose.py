@@ -10,6 +10,7 @@ from mkevolve.agents.attempts import Attempt, AttemptLoop, Feedback, emit_result
 from mkevolve.codebase import Decomposition, wrap_original
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
+from mkevolve.exit_codes import ExitCode
 from mkevolve.llm.builtin.decomposer import UnsupportedModule, decomposition_files, format_reply
 from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.types import LLMRequest
@@ -17,8 +18,6 @@ from mkevolve.problem import ProblemError, load_problem, read_source
 from mkevolve.prompts import render
 from mkevolve.verify.decomposition import CheckReport, check_decomposition
 from mkevolve.workers.executor import Executor, make_executor
-
-EXIT_OK, EXIT_FALLBACK = 0, 1
 
 # A retry prompt shows the rejected attempts' files, so that a reason's "line 33" can be found; these bound
 # what that adds: lines of one file, and lines of all rejected files together (older attempts' files past
@@ -157,7 +156,7 @@ def decompose_command(args) -> int:
         print(json.dumps(_summary(decomposition, report, folder), indent=2))
     else:
         _print_table(problem.name, decomposition, report, folder)
-    return EXIT_FALLBACK if decomposition.fallback else EXIT_OK
+    return ExitCode.FAILED if decomposition.fallback else ExitCode.OK
 
 
 def _summary(decomposition: Decomposition, report: CheckReport, folder: Path) -> dict:

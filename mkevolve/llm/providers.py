@@ -20,6 +20,7 @@ from mkevolve.llm.tokens import estimate_usage
 from mkevolve.llm.types import (BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TextSink,
                                 TokenUsage)
 from mkevolve.prompts import render
+from mkevolve.text import first_line
 from mkevolve.workers.pool import Job, WorkerPool
 
 # A key that overrides the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...), and an API
@@ -402,8 +403,8 @@ class LiteLLMProvider:
             # InternalServerError, and uses APIConnectionError for any exception it could not map.
             where = f"at {self.api_base}: " if self.api_base else ""
             return ProviderError(self.name, ProviderFailure.CONNECTION,
-                                 f"{where}{type(unreachable).__name__}: {_first_line(unreachable)}")
-        said = f"{type(err).__name__}: {_first_line(err)}"
+                                 f"{where}{type(unreachable).__name__}: {first_line(str(unreachable), limit=300)}")
+        said = f"{type(err).__name__}: {first_line(str(err), limit=300)}"
         if isinstance(err, (errors.AuthenticationError, errors.PermissionDeniedError)):
             return ProviderError(self.name, ProviderFailure.AUTHENTICATION, said)
         if isinstance(err, errors.NotFoundError):
@@ -432,10 +433,6 @@ def _connect_failure(err: BaseException) -> BaseException | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:300]
 
 
 def _streamed(chunks, on_text: TextSink) -> LLMResponse:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import sys
 import tokenize
 import time
@@ -13,8 +12,9 @@ from pathlib import Path
 from mkevolve.busy import BusyClock
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
+from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError, read_source
-from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER
+from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER, packed_sections
 from mkevolve.verify.cheating import Rule, headline, static_violations
 from mkevolve.verify.decomposition import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest, tolerance_text
@@ -165,32 +165,11 @@ def composite_top_level_violations(solution_source: str) -> list[str]:
 
 # ---- files written by `mkevolve pack`: which packed subkernel a static violation falls in ------------------
 
-_PACK_MARKER = "# ==== mkevolve pack: "
-_PACK_SECTION = re.compile(
-    r"^# ==== mkevolve pack: (?:subkernel (?P<name>\w+) \((?P<kind>\w+)\)|top-level ModelNew) ====$")
-
-
-def packed_section_marker(subkernel: str | None, kind: str | None) -> str:
-    """The comment line that opens a section of a packed file: one subkernel (and its kind), or the top-level."""
-    if subkernel is None:
-        return f"{_PACK_MARKER}top-level ModelNew ===="
-    return f"{_PACK_MARKER}subkernel {subkernel} ({kind}) ===="
-
-
-def _packed_sections(source: str) -> list[tuple[int, str, str | None]]:
-    """(first line, subkernel or "the top-level ModelNew", kind) of each section of a packed file."""
-    sections = []
-    for number, text in enumerate(source.splitlines(), start=1):
-        found = _PACK_SECTION.match(text)
-        if found:
-            sections.append((number, found.group("name") or "the top-level ModelNew", found.group("kind")))
-    return sections
-
 
 def packed_sections_note(source: str, lines: list[int | None]) -> str:
     """For a packed file, the sections the violations at `lines` fall in, PyTorch ones named as such;
     "" for any other file."""
-    starts = _packed_sections(source)
+    starts = packed_sections(source)
     sections = []
     for line in lines:
         section = next((s for s in reversed(starts) if line is not None and s[0] <= line), None)
@@ -210,7 +189,7 @@ def packed_sections_note(source: str, lines: list[int | None]) -> str:
 def declared_pytorch_fallback(source: str) -> EvalResult | None:
     """A packed file whose sections declare PyTorch subkernels is a PyTorch fallback even where the AST rules
     see no PyTorch compute (an elementwise `x + y` in a reference forward); None for any other file."""
-    pytorch = [name for _, name, kind in _packed_sections(source) if kind == "pytorch"]
+    pytorch = [name for _, name, kind in packed_sections(source) if kind == "pytorch"]
     if not pytorch:
         return None
     verb = "runs" if len(pytorch) == 1 else "run"
@@ -252,8 +231,8 @@ def check_command(args) -> int:
         _print_result(result, time.monotonic() - started)
     if result.status is Status.BAD_PROBLEM:
         print(f"mkevolve check: error: {result.reason}", file=sys.stderr)
-        return 2
-    return 0 if result.passed else 1
+        return ExitCode.BAD_INPUT
+    return ExitCode.OK if result.passed else ExitCode.FAILED
 
 
 AUTHORITY = {

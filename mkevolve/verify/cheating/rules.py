@@ -9,25 +9,51 @@ import torch
 
 
 class Rule(str, Enum):
-    NO_TRITON_KERNEL = "no-triton-kernel"
-    NO_LAUNCH = "no-triton-launch"
-    TORCH_COMPUTE = "torch-compute"
-    TRY_EXCEPT = "try-except-fallback"
-    MONKEYPATCH = "monkeypatch"
-    REFERENCE_ACCESS = "reference-access"
-    TENSOR_SUBCLASS = "tensor-subclass"
-    THREADS = "threads"
-    OUTPUT_ALIAS = "output-aliases-input"
-    PRECISION = "precision-downgrade"
+    """A rule a kernel can break: its id (the value, what a rejection names) and what it asks of a kernel
+    (`asks`, in the words the prompts list it with; prompts/_rules.j2 loops over this enum)."""
+
+    def __new__(cls, rule_id: str, asks: str):
+        rule = str.__new__(cls, rule_id)
+        rule._value_ = rule_id
+        rule.asks = asks
+        return rule
+
+    NO_TRITON_KERNEL = ("no-triton-kernel", "Do the math in `@triton.jit` kernels.")
+    NO_LAUNCH = ("no-triton-launch", "Launch those kernels from `forward`.")
+    TORCH_COMPUTE = ("torch-compute",
+                     "In `forward`, torch may only allocate outputs (`torch.empty`, `torch.empty_like`, ...), make "
+                     "views and reshapes, make tensors contiguous, and read the module's parameters. No torch math "
+                     "(`torch.matmul`, `F.relu`, `x.sum()`, arithmetic operators on tensors), no calls to `torch.nn` "
+                     "layers, no `torch.compile`, and no kernels from cuBLAS, cuDNN or any other library.")
+    TRY_EXCEPT = ("try-except-fallback", "No `try`/`except` that falls back to another implementation.")
+    MONKEYPATCH = ("monkeypatch", "Do not patch attributes of torch, triton or any other module.")
+    REFERENCE_ACCESS = ("reference-access", "Do not touch the reference `Model` or the module that defines it.")
+    TENSOR_SUBCLASS = ("tensor-subclass", "Do not subclass `torch.Tensor`.")
+    THREADS = ("threads", "Do not start threads or processes; run on the current stream.")
+    OUTPUT_ALIAS = ("output-aliases-input",
+                    "Return freshly computed tensors: never an input, a view of an input, or a tensor kept from an "
+                    "earlier call; the output must follow the inputs.")
+    PRECISION = ("precision-downgrade",
+                 "Keep every step at least as accurate as fp32. A `tl.dot` on fp32 data must state its precision, "
+                 '`input_precision="ieee"` or `input_precision="tf32x3"`; a bare `tl.dot` (tf32 by default) or '
+                 "computing in fp16, bf16 or plain tf32 is rejected even when the result happens to pass.")
     # Found by the isolated evaluation rather than by reading the source or watching the dispatcher:
-    NON_TRITON_KERNEL = "non-triton-kernel"    # a GPU kernel not compiled from the candidate's @triton.jit
-    HOST_COPY = "device-to-host-copy"          # forward copied device data to the host
-    SANDBOX = "sandbox"                        # the candidate process tried what its confinement denies
-    TIMED_OUTPUT = "timed-output"              # a call outside the correctness trials returned a wrong result
-    FORGED_RESULT = "forged-result"            # the result channel carried a report the harness did not sign
+    NON_TRITON_KERNEL = ("non-triton-kernel",
+                         "On a GPU, every kernel `forward` launches must be compiled from your own `@triton.jit` "
+                         "functions.")
+    HOST_COPY = ("device-to-host-copy",
+                 "Do not copy device data to the host in `forward` (`.item()`, `.cpu()`, `.tolist()`).")
+    SANDBOX = ("sandbox",
+               "The kernel runs confined: no files outside its folder, sockets, processes, signals, native "
+               "libraries, frame or gc introspection, or strings run as code.")
+    TIMED_OUTPUT = ("timed-output",
+                    "Compute the full result on every call: calls outside the correctness trials are checked too.")
+    FORGED_RESULT = ("forged-result", "Report nothing yourself: only the checker's harness writes results.")
     # Found by neither: the optional LLM judge (--judge) read the kernel beside its reference and named a semantic
     # cheat (the test shapes special-cased, work the reference does skipped).
-    LLM_JUDGE = "llm-judge"
+    LLM_JUDGE = ("llm-judge",
+                 "Solve the problem in general: no special cases for the test shapes or values, and no skipping "
+                 "work the reference does.")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkevolve.config import TOLERANCE
 from mkevolve.pysource import parse_python
 
 from .cleanup import drop_unused_assignments
@@ -329,7 +330,7 @@ def _main_block(stem: str) -> str:
         with torch.no_grad():
             expected = model(*inputs)
             actual = candidate(*inputs)
-        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(actual, expected, atol={TOLERANCE:g}, rtol={TOLERANCE:g})
         print(f"config {{i}}: matches the reference")
         if device.type == "cuda":
             with torch.no_grad():

@@ -12,6 +12,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from mkevolve.problem import InputConfig, Problem, call_inputs, seed_everything
+from mkevolve.text import first_line
 
 from .errors import UnsupportedSubproblem
 
@@ -136,15 +137,10 @@ def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
             trace = _export_trace(built, mode)
         except Exception as export_err:  # both tracers failed: report both reasons
             raise UnsupportedSubproblem(
-                f"cannot trace Model: torch.fx said {type(fx_err).__name__}: {_first_line(fx_err)}; "
-                f"torch.export said {type(export_err).__name__}: {_first_line(export_err)}") from None
+                f"cannot trace Model: torch.fx said {type(fx_err).__name__}: {first_line(str(fx_err))}; "
+                f"torch.export said {type(export_err).__name__}: {first_line(str(export_err))}") from None
     _check_same_graph(trace)
     return trace
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else ""
 
 
 def _placeholders(config: ConfigTrace) -> list[str]:

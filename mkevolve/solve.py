@@ -10,6 +10,7 @@ from pathlib import Path
 from mkevolve.agents.evolve import KernelVerifier, evolve_kernel
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.tokens import TokenReport
@@ -17,8 +18,6 @@ from mkevolve.problem import ProblemError, read_source
 from mkevolve.search.beam import Beam, Candidate
 from mkevolve.verify.result import Status
 from mkevolve.verify.verifier import Verifier
-
-EXIT_SOLVED, EXIT_UNSOLVED = 0, 1
 
 
 @dataclass
@@ -109,4 +108,4 @@ def solve_command(args) -> int:
     problem_path = Path(args.problem)
     outcome = solve(problem_path, config, default_out_dir(config, problem_path))
     print(_report(outcome))
-    return EXIT_SOLVED if outcome.best is not None else EXIT_UNSOLVED
+    return ExitCode.OK if outcome.best is not None else ExitCode.FAILED

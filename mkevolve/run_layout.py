@@ -1,0 +1,13 @@
+"""The names inside a run directory, OUT/<problem>/<run-id>/: one place for the run that writes them and the
+commands that read them (report, port, swap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BEST = "best"              # the best solution verified end to end so far: a solution folder
+ITERATIONS = "iterations"  # one folder per iteration: its decomposition and every candidate's verdict
+
+
+def iteration_dir(run_dir: Path, index: int) -> Path:
+    return run_dir / ITERATIONS / f"iter_{index:02d}"
