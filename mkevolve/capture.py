@@ -2,17 +2,24 @@
 
 A region is a submodule timed around its real calls inside a full forward pass. Its share of the model's time
 gives an Amdahl ceiling, 1 / (1 - share): the end-to-end speedup if the region took no time at all, so the most
-that any kernel for it can give. The top regions are written as KernelBench-form problem files that rebuild the
-region from MODEL.py itself (the real weights and buffers) and call it at the shapes it saw.
+that any kernel for it can give. The top regions are written as KernelBench-form problem files that build the
+region again from its init arguments (fresh weights; `mkevolve integrate` puts the model's own back) and call it
+as the model did, at the shapes it saw. Each file is checked before it is written: with the region's weights
+loaded, it must reproduce the region's output.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import keyword
 import math
 import re
 import statistics
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,16 +30,20 @@ import torch
 from rich.table import Table
 from torch import nn
 
-from mkevolve.config import ConfigError, config_from_args
+from mkevolve.config import TOLERANCE, ConfigError, config_from_args
 from mkevolve.display import make_console
 from mkevolve.fsutil import write_atomic
-from mkevolve.problem import ProblemError, call_inputs, import_file, seed_everything, to_device
+from mkevolve.problem import (ProblemError, call_inputs, clone_values, flatten_outputs, import_file,
+                              seed_everything, to_device)
+from mkevolve.pysource import parse_python
 
 # Containers are never the unit of work themselves (ModuleList/ModuleDict have no forward at all): their
 # members are the regions.
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # A region holding more than this fraction of the time is opened one level, so a backbone shows its blocks.
 _DOMINANT_SHARE = 0.5
+# Names a keyword argument cannot take as a parameter of the generated forward().
+_RESERVED_NAMES = frozenset({"self", "torch", "nn"}) | frozenset(keyword.kwlist)
 # Literals a generated get_inputs() can write back with repr().
 _LITERALS = (bool, int, float, str, type(None))
 
@@ -54,6 +65,7 @@ class ArgSpec:
     low: int | None = None             # integer tensors: the range of values seen (indices stay valid)
     high: int | None = None
     literal: str | None = None         # repr() of a literal
+    keyword: str | None = None         # the name it was passed by; None for a positional argument
 
 
 @dataclass
@@ -67,6 +79,9 @@ class RegionRow:
     inputs: list[ArgSpec] = field(default_factory=list)
     problem: str | None = None         # the problem file written for it
     skipped: str | None = None         # why no problem file was written for a top region
+    # False for a row beside the table's disjoint regions (a region's parent or part), tried because the
+    # larger regions before it could not be written; the shares of the table's rows sum to at most 1.
+    in_table: bool = True
 
 
 @dataclass
@@ -191,8 +206,14 @@ class _Probe:
     seen: bool = False                             # the first call has been recorded
     inputs: list[ArgSpec] | None = None            # the first call's arguments, or None when unsupported
     unsupported: str | None = None                 # why the first call cannot be replayed
+    args: list = field(default_factory=list)       # the first call's arguments, copied (to check a rebuild)
+    kwargs: dict = field(default_factory=dict)
     samples: list[float] = field(default_factory=list)   # per timed run: summed ms of its calls
     calls: int = 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The first call's tensors in the order a generated get_inputs() lists them: positional, then keyword."""
+        return [v for v in [*self.args, *self.kwargs.values()] if isinstance(v, torch.Tensor)]
 
 
 def _attach(probe: _Probe, timer: _Timer) -> list:
@@ -201,6 +222,8 @@ def _attach(probe: _Probe, timer: _Timer) -> list:
             probe.seen = True
             try:
                 probe.inputs = record_inputs(args, kwargs)
+                probe.args = clone_values(list(args))
+                probe.kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             except _Unsupported as why:
                 probe.unsupported = str(why)
         probe.open.append(timer.mark())
@@ -223,6 +246,16 @@ def _forward(model_file: ModelFile, model: nn.Module, inputs: list) -> None:
 class _Timing:
     probes: list[_Probe]
     total_ms: float
+
+    def probe(self, path: str) -> _Probe:
+        return next(p for p in self.probes if p.path == path)
+
+    def has(self, path: str) -> bool:
+        return any(p.path == path for p in self.probes)
+
+    def median_ms(self, path: str) -> float | None:
+        probe = self.probe(path)
+        return statistics.median(probe.samples) if probe.calls else None
 
 
 def time_regions(model_file: ModelFile, model: nn.Module, inputs: list, regions: list[tuple[str, nn.Module]],
@@ -277,14 +310,22 @@ def _arg_spec(value: Any) -> ArgSpec:
 def _is_literal(value: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return all(_is_literal(v) for v in value)
+    if isinstance(value, dict):
+        return all(_is_literal(k) and _is_literal(v) for k, v in value.items())
     return isinstance(value, _LITERALS) and not (isinstance(value, float) and not math.isfinite(value))
 
 
 def record_inputs(args: tuple, kwargs: dict) -> list[ArgSpec]:
-    """A call's arguments as ArgSpecs; raises _Unsupported with the reason it cannot be replayed."""
-    if kwargs:
-        raise _Unsupported(f"called with keyword arguments ({', '.join(kwargs)})")
-    return [_arg_spec(value) for value in args]
+    """A call's arguments as ArgSpecs, positional ones first; raises _Unsupported with the reason it cannot be
+    replayed. Keyword arguments keep their names (a transformer block takes its masks and flags by keyword)."""
+    specs = [_arg_spec(value) for value in args]
+    for name, value in kwargs.items():
+        if not name.isidentifier() or name in _RESERVED_NAMES or re.fullmatch(r"arg\d+", name):
+            raise _Unsupported(f"a keyword argument named {name!r} cannot be a forward() parameter")
+        spec = _arg_spec(value)
+        spec.keyword = name
+        specs.append(spec)
+    return specs
 
 
 # ---- ranking -------------------------------------------------------------------------------------------
@@ -295,23 +336,41 @@ def ceiling_of(share: float) -> float | None:
     return None if share >= 1.0 else 1.0 / (1.0 - share)
 
 
-def whole_ms(timing: _Timing) -> float:
+def whole_ms(timing: _Timing, shown: list[str]) -> float:
     """The whole model's milliseconds. Medians of parts can add up to more than the median of the whole by
-    noise; the whole is never less than its disjoint parts, so shares always sum to at most 1."""
-    return max(timing.total_ms, sum(statistics.median(p.samples) for p in timing.probes if p.calls))
+    noise; the whole is never less than its disjoint parts (`shown`), so their shares sum to at most 1."""
+    parts = [timing.median_ms(path) for path in shown]
+    return max(timing.total_ms, sum(ms for ms in parts if ms is not None))
 
 
-def rank(timing: _Timing) -> list[RegionRow]:
-    """Rows for the regions that ran, by share, largest first."""
-    ran = [p for p in timing.probes if p.calls]
-    ms = {p.path: statistics.median(p.samples) for p in ran}
-    total = whole_ms(timing)
+def rank(timing: _Timing, paths: list[str], total_ms: float) -> list[RegionRow]:
+    """Rows for the regions among `paths` that ran, by share of `total_ms`, largest first."""
     rows = []
-    for probe in ran:
-        share = ms[probe.path] / total if total > 0 else 0.0
-        rows.append(RegionRow(path=probe.path, type=type(probe.module).__name__, calls=probe.calls,
-                              ms=ms[probe.path], share=share, ceiling=ceiling_of(share)))
+    for probe in (timing.probe(path) for path in paths):
+        if not probe.calls:
+            continue
+        ms = statistics.median(probe.samples)
+        share = ms / total_ms if total_ms > 0 else 0.0
+        rows.append(RegionRow(path=probe.path, type=type(probe.module).__name__, calls=probe.calls, ms=ms,
+                              share=share, ceiling=ceiling_of(share)))
     return sorted(rows, key=lambda row: row.share, reverse=True)
+
+
+def shown_regions(timing: _Timing, model: nn.Module) -> list[str]:
+    """The disjoint regions the table shows: the model's children (containers by their members), and a
+    region over half the time opened one level, so a backbone shows its stem and blocks."""
+    regions = [path for path, _ in _dedup(_open("", model)) if timing.has(path)]
+    total = whole_ms(timing, regions)
+    shown = []
+    for path in regions:
+        inner = [p for p, _ in _open(path, model.get_submodule(path)) if timing.has(p)]
+        dominant = (timing.median_ms(path) or 0.0) > _DOMINANT_SHARE * total
+        shown += inner if dominant and inner else [path]
+    return shown
+
+
+def _overlaps(path: str, others: list[str]) -> bool:
+    return any(path == o or path.startswith(o + ".") or o.startswith(path + ".") for o in others)
 
 
 # ---- the generated problem file ------------------------------------------------------------------------
@@ -320,45 +379,34 @@ def rank(timing: _Timing) -> list[RegionRow]:
 _PROBLEM_TEMPLATE = '''"""Region `{path}` ({type}) of {model}, captured by `mkevolve capture` at its real shapes.
 
 {share:.1%} of the model's time on {device} ({timer}); Amdahl ceiling {ceiling}: the end-to-end speedup if
-this region took no time. Model rebuilds the whole model from the file above exactly as capture did (seed
-{seed}) and keeps the region, so its weights and buffers are the real ones.
+this region took no time. Model builds the region from its init arguments, with fresh weights; `mkevolve
+integrate` puts the model's own weights into the solution.{eval_note}
 """
-
-import importlib.util
-import random
-import sys
 
 import torch
 from torch import nn
-
+{imports}
 MODEL_FILE = {model_file!r}
 REGION = {path!r}
 SEED = {seed!r}
 EVAL = {eval_mode!r}
-
-
-def _build_full_model():
-    name = {module_name!r}
-    spec = importlib.util.spec_from_file_location(name, MODEL_FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look a module up by name
-    spec.loader.exec_module(module)
-    random.seed(SEED)
-    torch.manual_seed(SEED)
-    if callable(getattr(module, "get_model", None)):
-        model = module.get_model()
-    else:
-        model = module.Model(*module.get_init_inputs())
-    return model.eval() if EVAL else model
-
+# How the model calls the region: POSITIONAL arguments, of which those in POSITIONAL_LITERALS always had
+# these values (repr); then KEYWORD_INPUTS tensors and KEYWORD_LITERALS by keyword. get_inputs() holds the
+# tensors only, positional ones first, of INPUT_SHAPES.
+POSITIONAL = {positional!r}
+POSITIONAL_LITERALS = {positional_literals!r}
+KEYWORD_INPUTS = {keyword_inputs!r}
+KEYWORD_LITERALS = {keyword_literals!r}
+INPUT_SHAPES = {input_shapes!r}
+{sources}
 
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.region = _build_full_model().get_submodule(REGION)
+        self.region = {rebuild}
 
-    def forward(self, *args):
-        return self.region(*args)
+    def forward(self, {parameters}):
+        return self.region({call})
 
 
 def get_inputs():
@@ -372,9 +420,133 @@ def get_init_inputs():
 '''
 
 
+# ---- rebuilding a region from its init arguments -------------------------------------------------------
+
+
+@dataclass
+class Rebuild:
+    """Source that constructs a module again: the expression, the imports it needs, and the classes of
+    MODEL.py it uses (copied into the problem with what they use)."""
+
+    expression: str = ""
+    imports: set[str] = field(default_factory=set)
+    copied: set[str] = field(default_factory=set)   # classes of MODEL.py, whose definitions are copied
+
+
+# Names the problem file defines itself; a region class by one of these names would shadow it.
+_TEMPLATE_NAMES = frozenset({"Model", "torch", "nn", "get_inputs", "get_init_inputs"})
+
+
+def rebuild(module: nn.Module, model_module: ModuleType) -> Rebuild:
+    """How to construct `module` again from its init signature: each parameter read from the attribute of
+    the same name (torch.nn layers keep theirs), a module argument rebuilt the same way, a parameter the
+    module does not keep left at its default. Raises _Unsupported when a required one is not kept."""
+    found = Rebuild()
+    found.expression = _construct(module, model_module, found)
+    return found
+
+
+def _construct(module: nn.Module, model_module: ModuleType, found: Rebuild) -> str:
+    cls = type(module)
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        raise _Unsupported(f"{cls.__name__}.__init__ has no readable signature") from None
+    arguments = []
+    for name, parameter in list(signature.parameters.items())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or name in ("device", "dtype"):
+            continue
+        if name == "bias" and isinstance(getattr(module, "bias", None), (torch.Tensor, type(None))):
+            value = getattr(module, "bias", None) is not None   # layers take a flag and keep the tensor
+        elif name in vars(module) or name in module._modules:
+            value = getattr(module, name)
+        else:
+            value = _kept_by_parts(module, name, parameter.default)
+            if value is parameter.default:
+                continue
+        arguments.append(f"{name}={_argument(value, model_module, found)}")
+    return f"{_class_name(cls, model_module, found)}({', '.join(arguments)})"
+
+
+def _kept_by_parts(module: nn.Module, name: str, default: Any) -> Any:
+    """An init argument the module passed on to its parts and did not keep (a block's `config`, a layer
+    index): the value of that attribute on its submodules when they all hold the same one, else the
+    parameter's default (inspect's `empty` where it has none: unsupported)."""
+    values = [vars(part)[name] for part in module.modules() if part is not module and name in vars(part)]
+    if values and all(v is values[0] or v == values[0] for v in values):
+        return values[0]
+    if default is inspect.Parameter.empty:
+        raise _Unsupported(f"{type(module).__name__}.__init__ needs {name!r}, which the module does not keep")
+    return default
+
+
+def _config_settings(value: Any) -> dict | None:
+    """A configuration object's settings as literals (Hugging Face configs have to_dict()), or None."""
+    to_dict = getattr(value, "to_dict", None)
+    settings = to_dict() if callable(to_dict) else None
+    if not isinstance(settings, dict) or not _is_literal(settings):
+        return None
+    # to_dict() leaves out the attention implementation chosen when the model was built; eager and sdpa
+    # attention mask differently when no mask is passed, so the rebuilt block must use the same one.
+    implementation = getattr(value, "_attn_implementation", None)
+    if isinstance(implementation, str):
+        settings["attn_implementation"] = implementation
+    return settings
+
+
+def _argument(value: Any, model_module: ModuleType, found: Rebuild) -> str:
+    if isinstance(value, nn.Module):
+        return _construct(value, model_module, found)
+    if _is_literal(value):
+        return repr(value)
+    settings = _config_settings(value)
+    if settings is not None:
+        return f"{_class_name(type(value), model_module, found)}(**{settings!r})"
+    raise _Unsupported(f"an init argument of type {type(value).__name__} is neither a literal, a module "
+                       "nor a configuration with to_dict()")
+
+
+def _class_name(cls: type, model_module: ModuleType, found: Rebuild) -> str:
+    """The name the problem file calls `cls` by, adding its import or its copied source."""
+    if getattr(nn, cls.__name__, None) is cls:
+        return f"nn.{cls.__name__}"
+    if cls.__name__ in _TEMPLATE_NAMES or cls.__qualname__ != cls.__name__:
+        raise _Unsupported(f"class {cls.__qualname__} cannot be named in a problem file")
+    if cls.__module__ == model_module.__name__:
+        found.copied.add(cls.__name__)
+    else:
+        found.imports.add(f"from {cls.__module__} import {cls.__name__}")
+    return cls.__name__
+
+
+def _model_file_imports(model_file: Path) -> list[str]:
+    """MODEL.py's top-level imports: classes copied from it keep the names they use."""
+    tree = parse_python(model_file.read_text(encoding="utf-8"))
+    return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def _model_file_definitions(model_file: Path, names: list[str]) -> list[str]:
+    """The sources of MODEL.py's top-level classes, functions and constants that `names` use, directly or
+    through each other, in the file's order: a copied class keeps the helpers it calls."""
+    source = model_file.read_text(encoding="utf-8")
+    defined = {}
+    for node in parse_python(source).body:
+        targets = [node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else \
+            [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        for name in targets:
+            defined[name] = node
+    needed, pending = set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name in defined and name not in needed:
+            needed.add(name)
+            pending += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name)]
+    nodes = sorted({id(defined[n]): defined[n] for n in needed}.values(), key=lambda n: n.lineno)
+    return [ast.get_source_segment(source, node) for node in nodes]
+
+
 def _input_expr(spec: ArgSpec) -> str:
-    if spec.kind == "literal":
-        return spec.literal
+    """How get_inputs() draws a tensor argument again."""
     shape = tuple(spec.shape)
     if spec.dtype == "torch.bool":
         return f"torch.randint(0, 2, {shape}).bool()"
@@ -383,14 +555,43 @@ def _input_expr(spec: ArgSpec) -> str:
     return f"torch.randn({shape}, dtype={spec.dtype})"
 
 
-def problem_source(report: CaptureReport, row: RegionRow, model_file: Path) -> str:
+def _forward_signature(specs: list[ArgSpec]) -> tuple[str, str]:
+    """The generated forward's parameters and its call of the region. Tensors are the problem's inputs:
+    positional ones as arg0, arg1, ..., keyword ones under their own names, passed on by keyword. Literals
+    (None, flags, sizes) are written into the call, so the problem's inputs are its tensors only."""
+    if not specs:
+        return "*args", "*args"
+    parameters, call = [], []
+    for i, spec in enumerate(specs):
+        name = spec.keyword or f"arg{i}"
+        if spec.kind == "tensor":
+            parameters.append(name)
+        value = name if spec.kind == "tensor" else spec.literal
+        call.append(f"{spec.keyword}={value}" if spec.keyword else value)
+    return ", ".join(parameters), ", ".join(call)
+
+
+def problem_source(report: CaptureReport, row: RegionRow, model_file: Path, built: Rebuild) -> str:
     ceiling = "unbounded" if row.ceiling is None else f"{row.ceiling:.2f}x"
-    inputs = "\n".join(f"        {_input_expr(spec)}," for spec in row.inputs)
-    return _PROBLEM_TEMPLATE.format(path=row.path, type=row.type, model=model_file.name, share=row.share,
-                                    device=report.device, timer=report.timer, ceiling=ceiling, seed=report.seed,
-                                    model_file=str(model_file),
-                                    module_name=f"mkevolve_captured_{model_file.stem}", eval_mode=report.eval_mode,
-                                    inputs=inputs)
+    inputs = "\n".join(f"        {_input_expr(spec)}," for spec in row.inputs if spec.kind == "tensor")
+    parameters, call = _forward_signature(row.inputs)
+    positional = [spec for spec in row.inputs if spec.keyword is None]
+    named = [spec for spec in row.inputs if spec.keyword is not None]
+    imports = built.imports | (set(_model_file_imports(model_file)) if built.copied else set())
+    imports = sorted(imports - {"import torch", "from torch import nn"})  # the template's own
+    copied = _model_file_definitions(model_file, sorted(built.copied)) if built.copied else []
+    sources = "".join(f"\n\n{source.rstrip()}\n" for source in copied)
+    eval_note = "\nCaptured in eval mode: run it with --eval." if report.eval_mode else ""
+    return _PROBLEM_TEMPLATE.format(
+        path=row.path, type=row.type, model=model_file.name, share=row.share, device=report.device,
+        timer=report.timer, ceiling=ceiling, eval_note=eval_note, model_file=str(model_file), seed=report.seed,
+        eval_mode=report.eval_mode, imports="".join(f"{line}\n" for line in imports), sources=sources,
+        rebuild=built.expression, parameters=parameters, call=call, inputs=inputs,
+        positional=len(positional),
+        positional_literals={i: spec.literal for i, spec in enumerate(positional) if spec.kind == "literal"},
+        keyword_inputs=tuple(spec.keyword for spec in named if spec.kind == "tensor"),
+        keyword_literals={spec.keyword: spec.literal for spec in named if spec.kind == "literal"},
+        input_shapes=[spec.shape for spec in row.inputs if spec.kind == "tensor"])
 
 
 def safe_name(model_file: Path, region: str) -> str:
@@ -418,8 +619,11 @@ def capture(path: str | Path, out_dir: str | Path, settings: CaptureSettings) ->
     model = model_file.build(settings.seed).to(settings.device)
     model = model.eval() if settings.eval_mode else model
     inputs = captured_inputs(model_file, settings.seed, settings.device)
-    timing = _timed(model_file, model, inputs, settings)
-    rows = rank(timing)
+    timing = time_regions(model_file, model, inputs, _every_region(model), settings.device, settings.warmup,
+                          settings.runs)
+    shown = shown_regions(timing, model)
+    total_ms = whole_ms(timing, shown)
+    rows = rank(timing, shown, total_ms)
     if not rows:
         raise CaptureError(model_file.path, "no submodule of the model ran in its forward: nothing to capture")
     report = CaptureReport(
@@ -427,41 +631,105 @@ def capture(path: str | Path, out_dir: str | Path, settings: CaptureSettings) ->
         timer="cuda events" if settings.device.type == "cuda" else "cpu perf_counter",
         torch_version=torch.__version__, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seed=settings.seed, eval_mode=settings.eval_mode, warmup=settings.warmup, runs=settings.runs,
-        total_ms=whole_ms(timing), rows=rows)
-    probes = {p.path: p for p in timing.probes}
-    out_dir = Path(out_dir)
-    for row in rows[:settings.top]:
-        _write_problem(report, row, probes[row.path], model_file.path, out_dir)
-    write_atomic(out_dir / "capture.json", json.dumps(asdict(report), indent=2) + "\n")
+        total_ms=total_ms, rows=rows)
+    _write_top(report, timing, model_file, Path(out_dir), settings.top)
+    write_atomic(Path(out_dir) / "capture.json", json.dumps(asdict(report), indent=2) + "\n")
     return report
 
 
-def _timed(model_file: ModelFile, model: nn.Module, inputs: list, settings: CaptureSettings) -> _Timing:
-    """Time the opened children; a region over half the time is opened one level more and timed again."""
-    regions = _dedup(_open("", model))
-    timing = time_regions(model_file, model, inputs, regions, settings.device, settings.warmup, settings.runs)
-    dominant = [row.path for row in rank(timing) if row.share > _DOMINANT_SHARE]
-    opened = []
-    for path, module in regions:
-        inner = _open(path, module) if path in dominant else []
-        opened += inner or [(path, module)]
-    if len(opened) == len(regions):
-        return timing
-    return time_regions(model_file, model, inputs, _dedup(opened), settings.device, settings.warmup,
-                        settings.runs)
+def _every_region(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every submodule at every depth, containers with members left out (their members are the regions)."""
+    return _dedup([(path, module) for path, module in model.named_modules()
+                   if path and not (isinstance(module, _CONTAINERS) and any(True for _ in module.children()))])
 
 
-def _write_problem(report: CaptureReport, row: RegionRow, probe: _Probe, model_file: Path, out_dir: Path) -> None:
-    if probe.inputs is None:
-        row.skipped = probe.unsupported
-        return
-    row.inputs = probe.inputs
-    target = out_dir / f"{safe_name(model_file, row.path)}.py"
-    write_atomic(target, problem_source(report, row, model_file))
+def _write_top(report: CaptureReport, timing: _Timing, model_file: ModelFile, out_dir: Path, top: int) -> None:
+    """Write the `top` largest disjoint regions that can be written. A region that cannot be (a block whose
+    init arguments it does not keep) leaves its place to the next largest, its own submodules included;
+    those that were tried join the report's rows."""
+    shown = {row.path: row for row in report.rows}
+    every = rank(timing, [p.path for p in timing.probes], report.total_ms)
+    written: list[str] = []
+    for candidate in every:
+        if len(written) == top:
+            break
+        if _overlaps(candidate.path, written):
+            continue
+        row = shown.get(candidate.path)
+        if row is None:
+            row = candidate
+            row.in_table = False
+            report.rows.append(row)
+        if _write_problem(report, row, timing.probe(row.path), model_file, out_dir):
+            written.append(row.path)
+    report.rows.sort(key=lambda row: row.share, reverse=True)
+
+
+def _write_problem(report: CaptureReport, row: RegionRow, probe: _Probe, model_file: ModelFile,
+                   out_dir: Path) -> bool:
+    """Write the region's problem file; False (and why, in the row) when its call cannot be replayed, it
+    cannot be rebuilt from its init arguments, or the rebuilt module does not reproduce it."""
+    try:
+        if probe.inputs is None:
+            raise _Unsupported(probe.unsupported)
+        built = rebuild(probe.module, model_file.module)
+        row.inputs = probe.inputs
+        source = problem_source(report, row, model_file.path, built)
+        _check_reproduces(source, probe, model_file.path)
+    except _Unsupported as why:
+        row.skipped, row.inputs = str(why), []
+        return False
+    target = out_dir / f"{safe_name(model_file.path, row.path)}.py"
+    write_atomic(target, source)
     row.problem = str(target)
+    return True
 
 
-def _table(report: CaptureReport, top: int) -> Table:
+def _check_reproduces(source: str, probe: _Probe, model_file: Path) -> None:
+    """Import the problem, load the region's weights into its Model, and call it on the region's first
+    arguments: it must give the region's output. Raises _Unsupported with the difference otherwise."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / f"{model_file.stem}_region.py"
+        path.write_text(source, encoding="utf-8")
+        try:
+            rebuilt = import_file(path, prefix="mkevolve_capture_check").Model()
+        except Exception as err:  # whatever the copied code raises: the reason the region is skipped
+            raise _Unsupported(f"the rebuilt region cannot be built: {type(err).__name__}: {err}") from None
+    device = next(iter(probe.module.state_dict().values()), torch.empty(0)).device
+    rebuilt = rebuilt.to(device).train(probe.module.training)
+    try:
+        rebuilt.region.load_state_dict(probe.module.state_dict())
+        with torch.no_grad():
+            kwargs = {name: value.clone() if isinstance(value, torch.Tensor) else value
+                      for name, value in probe.kwargs.items()}
+            expected = probe.module(*clone_values(probe.args), **kwargs)
+            got = rebuilt(*clone_values(probe.tensors()))
+    except Exception as err:
+        raise _Unsupported(f"the rebuilt region fails: {type(err).__name__}: {err}") from None
+    others = sorted({type(leaf).__name__ for leaf in flatten_outputs(expected) if not isinstance(leaf, torch.Tensor)})
+    if others or isinstance(expected, Mapping):
+        holding = f" holding {', '.join(others)}" if others else ""
+        raise _Unsupported(f"it returns a {type(expected).__name__}{holding}; a problem's forward returns tensors")
+    if not _same_outputs(expected, got):
+        raise _Unsupported("the module rebuilt from its init arguments computes something else")
+
+
+def _same_outputs(expected: Any, got: Any) -> bool:
+    a, b = flatten_outputs(expected), flatten_outputs(got)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or not torch.allclose(y, x, atol=TOLERANCE, rtol=TOLERANCE, equal_nan=True):
+                return False
+        elif type(x) is not type(y) or repr(x) != repr(y):
+            return False
+    return True
+
+
+def _table(report: CaptureReport) -> Table:
     table = Table(title=f"regions of {Path(report.model).name} by share of {report.total_ms:.3f} ms "
                         f"on {report.device} ({report.timer})")
     for name, justify in [("#", "right"), ("region", "left"), ("type", "left"), ("calls", "right"),
@@ -471,7 +739,7 @@ def _table(report: CaptureReport, top: int) -> Table:
         ceiling = "inf" if row.ceiling is None else f"{row.ceiling:.2f}x"
         written = Path(row.problem).name if row.problem else (f"skipped: {row.skipped}" if row.skipped else "")
         table.add_row(str(i), row.path, row.type, str(row.calls), f"{row.ms:.3f}", f"{row.share:.1%}", ceiling,
-                      written if i <= top else "")
+                      written)
     return table
 
 
@@ -485,12 +753,12 @@ def capture_command(args) -> int:
     out_dir = Path(config.out) / Path(args.model_file).stem / "capture"
     report = capture(args.model_file, out_dir, settings)
     console = make_console()
-    console.print(_table(report, settings.top))
-    outside = report.total_ms - sum(row.ms for row in report.rows)
+    console.print(_table(report))
+    outside = report.total_ms - sum(row.ms for row in report.rows if row.in_table)
     console.print(f"outside the regions (the model's own code between them): {max(outside, 0.0):.3f} ms")
     if report.device == "cpu":
         console.print("times are CPU times (no GPU here): shares on a GPU will differ")
-    for row in report.rows[:settings.top]:
+    for row in report.rows:
         if row.skipped:
             console.print(f"skipped {row.path}: {row.skipped}")
     console.print(f"wrote {out_dir / 'capture.json'} and {sum(1 for r in report.rows if r.problem)} problem file(s) "

@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import random
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -198,7 +199,10 @@ def clone_values(values: list) -> list:
 
 
 def flatten_outputs(out: Any) -> list:
-    """A forward's result as a flat list: a tensor, or a tuple/list of them (nested allowed)."""
+    """A forward's result as a flat list: a tensor, or a tuple/list of them (nested allowed); a mapping (a
+    model-output record) by its values."""
+    if isinstance(out, Mapping):
+        return [x for value in out.values() for x in flatten_outputs(value)]
     if isinstance(out, (tuple, list)):
         return [x for item in out for x in flatten_outputs(item)]
     return [out]

@@ -239,3 +239,24 @@ def test_kernelbench_end_to_end_on_a_shrunk_problem(tmp_path):
     assert kb.main(args) == 0
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["parts"][-1]["problems"] == [] and again["rows"] == data["rows"]
+
+
+# ---- real_models --------------------------------------------------------------------------------------------
+
+
+def test_real_models_writes_loadable_model_files_and_summarises_reports(tmp_path):
+    real = load_script("real_models")
+    settings = real.Settings(model="gpt2", top=1, budget=1, small=True, work=tmp_path, results=tmp_path / "r.json")
+    text = real.write_model_file(settings).read_text()
+    assert "n_layer=2" in text and "resid_pdrop=0.0" in text and "use_cache=False" in text
+    assert "torch.randint(0, 128, (2, 16))" in text
+    resnet = real.Settings(model="resnet18", top=1, budget=1, small=False, work=tmp_path, results=settings.results)
+    assert "torch.randn(16, 3, 224, 224)" in real.write_model_file(resnet).read_text()
+    report = {"end_to_end": {"speedup_vs_eager": 1.06, "speedup_vs_compile": None, "amdahl": 1.07,
+                             "max_abs_error": 4e-6},
+              "regions": [{"verdict": "used"}, {"verdict": "kept: slower"}]}
+    assert real.summary(report) == ("1 of 2 regions used; 1.060x vs eager, unknown vs torch.compile, "
+                                    "Amdahl 1.070x; max abs error 4e-06")
+    assert real.summary({"exit_code": 2, "error": "bad"}) == "failed: bad"
+    real.save_results(settings.results, {"gpt2": {"top": 1}})
+    assert real.load_results(settings.results) == {"gpt2": {"top": 1}}

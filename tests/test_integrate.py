@@ -1,7 +1,10 @@
 """`mkevolve integrate`: runs' best solutions go into the model only when correct (and, on a GPU, faster)."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +13,13 @@ import torch
 import mkevolve
 from mkevolve.capture import CaptureSettings, capture, load_model_file
 from mkevolve.cli import main
-from mkevolve.integration import IntegrateError, RegionResult, Replacement, Settings, Verdict, amdahl
+from mkevolve.integration import (CallShape, IntegrateError, RegionResult, Replacement, Settings, Verdict, amdahl,
+                                  fp32_arithmetic, weight_names)
+from mkevolve.problem import seed_everything
 from mkevolve.run_state import RunState
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "integrate"
+CAPTURE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "capture"
 TINY = FIXTURES / "tiny.py"
 CPU = torch.device("cpu")
 
@@ -142,3 +148,92 @@ def test_import_mkevolve_stays_light():
 
     code = "import sys, mkevolve; assert 'torch' not in sys.modules; assert callable(mkevolve.integrate)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- how a region's calls map to the problem's inputs, and its weights to the candidate's -------------------
+
+
+def test_a_call_maps_to_the_problem_inputs_only_when_it_is_the_captured_call():
+    call = CallShape(positional=3, positional_literals={1: "None"}, keyword_inputs=("gate",),
+                     keyword_literals={"flag": "True"}, input_shapes=((2, 4), (1, 4), (2, 4)))
+    x, y, gate = torch.zeros(2, 4), torch.zeros(1, 4), torch.ones(2, 4)
+    assert call.inputs((x, None, y), {"gate": gate, "flag": True}) == [x, y, gate]
+    assert call.inputs((x, None, y), {"gate": gate, "flag": False}) is None        # another literal value
+    assert call.inputs((x, 0, y), {"gate": gate, "flag": True}) is None            # another positional literal
+    assert call.inputs((x, None, y), {"gate": gate}) is None                       # a keyword missing
+    assert call.inputs((x, None, y, x), {"gate": gate, "flag": True}) is None      # one argument more
+    assert call.inputs((x, None, torch.zeros(3, 4)), {"gate": gate, "flag": True}) is None  # another shape
+    assert CallShape().inputs((x,), {}) == [x] and CallShape().inputs((x,), {"k": 1}) is None
+
+
+def test_a_replacement_runs_the_original_on_any_other_call_and_when_disabled():
+    original, candidate = torch.nn.Identity(), torch.nn.Identity()
+    candidate.forward = lambda x: x + 1  # marks the candidate's calls
+    replacement = Replacement(original, candidate, "run", CallShape(positional=1, input_shapes=((2,),)))
+    x = torch.zeros(2)
+    assert torch.equal(replacement(x), x + 1)
+    assert torch.equal(replacement(torch.zeros(3)), torch.zeros(3))  # not the verified shape: the original
+    replacement.enabled = False
+    assert torch.equal(replacement(x), x)
+
+
+class _Renamed(torch.nn.Module):
+    """A candidate whose layer has other names, drawn from the same seed as the problem's nn.Linear(8, 16)."""
+
+    def __init__(self):
+        super().__init__()
+        layer = torch.nn.Linear(8, 16)
+        self.w, self.b = layer.weight, layer.bias
+        self.register_buffer("ones", torch.ones(3))
+
+
+def test_weights_are_matched_by_value_whatever_their_names():
+    seed_everything(0)
+    reference = torch.nn.Module()
+    reference.region = torch.nn.Linear(8, 16)
+    reference.region.register_buffer("scale", torch.ones(3))
+    seed_everything(0)
+    assert weight_names(_Renamed(), reference) == {"w": "weight", "b": "bias", "ones": "scale"}
+    seed_everything(1)  # drawn from another seed: nothing matches, so the weights cannot be put in
+    assert weight_names(_Renamed(), reference) is None
+
+
+def test_outputs_are_compared_in_fp32_and_the_flags_come_back():
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with fp32_arithmetic():
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+# ---- capture, run and integrate, for real ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_capture_run_integrate_end_to_end(tmp_path):
+    """The keyword-call model: capture writes its regions, `mkevolve run` (builtin agent, real verifier)
+    finds a kernel for each, and integrate puts them in with the model's own weights, correct."""
+    model_path = CAPTURE_FIXTURES / "keyword_call.py"
+    capture(model_path, tmp_path / "capture", CaptureSettings(top=2, warmup=0, runs=1, device=CPU))
+    run_dirs = []
+    for region in ("linear", "scaled"):
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        done = subprocess.run([sys.executable, "-m", "mkevolve", "run", str(tmp_path / "capture" /
+                               f"keyword_call_{region}.py"), "--iterations", "1", "--out", str(tmp_path / "runs")],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        (run_dir,) = (tmp_path / "runs" / f"keyword_call_{region}").iterdir()
+        run_dirs.append(run_dir)
+    model_file = load_model_file(model_path)
+    model, inputs = model_file.build(0), model_file.inputs(1, CPU)
+    with torch.no_grad():
+        expected = model(*inputs)
+    report = mkevolve.integrate(model, run_dirs, inputs=inputs, settings=Settings(accept_untimed=True))
+    assert [r.verdict for r in report.regions] == [Verdict.USED, Verdict.USED], [r.reason for r in report.regions]
+    assert report.regions[0].weights == "the model's"
+    with torch.no_grad():
+        assert torch.allclose(model(*inputs), expected, atol=1e-5)
+    assert report.end_to_end.max_abs_error < 1e-4

@@ -8,6 +8,7 @@ counts calls, or caches on an input's address, cannot tell which of its answers 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from mkevolve.pysource import parse_python
 from mkevolve.verify.cheating import Rule, Violation
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
@@ -184,6 +186,18 @@ def parse_report(body: dict) -> CandidateReport:
 # ---- running the process -----------------------------------------------------------------------------------
 
 
+def imported_modules(problem: Path) -> list[str]:
+    """The modules a problem file imports at its top level (absolute imports), in order."""
+    try:
+        tree = parse_python(problem.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return []
+    names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 0
+              and node.module]
+    return list(dict.fromkeys(names))
+
+
 def run_candidate_process(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
                           device: torch.device) -> CandidateReport:
     """Start the candidate in a fresh process, wait for it, and read its signed report."""
@@ -193,6 +207,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
         candidate_dir=str(Path(request.solution_path).resolve().parent),
         scratch=str(scratch), key=key.hex(), device=device.type, eval_mode=request.eval_mode,
         construct_seed=request.seed, trusted_files=list(request.trusted_files),
+        preload=imported_modules(Path(request.problem_path)),
         triton_cache=str(candidate_triton_cache(scratch)),
         configs=[ConfigRun(init=str(ref.init_file),
                            calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed)

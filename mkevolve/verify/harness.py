@@ -18,10 +18,13 @@ harness reaches only what it captured before: C functions and the methods of tor
 from __future__ import annotations
 
 import _thread
+import importlib
+import importlib.util
 import json
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -86,6 +89,7 @@ class CandidateRequest:
     configs: list[ConfigRun]
     triton_cache: str = ""       # Triton's cache for candidate processes, never read by a trusted one
     trusted_files: list[str] = field(default_factory=list)
+    preload: list[str] = field(default_factory=list)   # the problem's imports of installed packages
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -211,8 +215,31 @@ def prepare_and_confine(request: CandidateRequest):
         from mkevolve.workers.interpreter import make_autotune_interpretable
 
         make_autotune_interpretable()
+    preload_installed(request.preload)
     return harden.confine(harden.Confinement(
         candidate_dir=Path(request.candidate_dir), scratch_dir=scratch, triton_cache_dir=triton_cache))
+
+
+def preload_installed(names: list[str]) -> None:
+    """Import the problem's installed packages before the confinement: what a library does while it loads
+    (transformers probing the system's libraries with a subprocess) is the library's, not the candidate's.
+    Only modules found among the installed packages and the standard library load here, never a file a
+    candidate could have written; one that fails to load is left for the problem's own import to report."""
+    installed = [Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib", "stdlib")]
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name.partition(".")[0])
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec and spec.origin not in (None, "built-in", "frozen") else None
+        if origin is None or not any(Path(origin).resolve().is_relative_to(root) for root in installed):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported by the problem's own import, in the confinement
+            continue
 
 
 def import_candidate(path: str) -> type:
