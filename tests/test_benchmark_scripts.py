@@ -3,13 +3,12 @@ time-limit rule, run-directory reader, timing function (CPU: errors yes, speedup
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_loader import load_script
 
 from mkevolve.run_state import IterationRecord, RunState, Step, SubkernelRecord
 from mkevolve.solution import Manifest, SubkernelEntry
@@ -17,15 +16,6 @@ from mkevolve.solution import Manifest, SubkernelEntry
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = Path(__file__).resolve().parent / "fixtures" / "kernelbench_small"
 GEMM = "level2/63_Gemm_ReLU_Divide.py"
-
-
-def load_script(name: str):
-    """scripts/ is not a package: import the file as a module."""
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module     # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 profile_script = load_script("eval_profile")

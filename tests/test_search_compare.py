@@ -3,26 +3,16 @@ real runs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "tests" / "fixtures" / "replay_run"
 MACHINE = {"date": "2026-12-01", "gpu": "cpu", "torch": "2.5.0", "triton": "3.1.0", "python": "3.11.9"}
-
-
-def load_script(name: str):
-    """scripts/ is not a package: import the file as a module."""
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module     # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 sc = load_script("search_compare")
