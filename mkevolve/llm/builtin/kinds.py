@@ -1,0 +1,76 @@
+"""Operation kinds: which operations start a fusion group, close it, or join the group that is open."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from torch import fx
+
+from mkevolve.llm.builtin.values import ValueInfo, ValueKind
+
+
+class Kind(Enum):
+    ANCHOR = "anchor"          # GEMM, convolution, normalisation: starts a group
+    REDUCTION = "reduction"    # closes the group it ends
+    POINTWISE = "pointwise"    # joins the open group as an epilogue
+    VIEW = "view"              # joins the open group; does no arithmetic
+
+
+_ANCHORS = {
+    "linear", "bilinear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv1d", "conv2d",
+    "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convtranspose1d", "convtranspose2d",
+    "convtranspose3d", "convolution", "_convolution", "batchnorm1d", "batchnorm2d", "batchnorm3d",
+    "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "layernorm", "layer_norm", "native_layer_norm", "groupnorm", "group_norm", "native_group_norm",
+    "instancenorm1d", "instancenorm2d", "instancenorm3d", "instance_norm", "rmsnorm", "rms_norm",
+    "localresponsenorm", "local_response_norm", "embedding", "multiheadattention",
+    "scaled_dot_product_attention", "lstm", "gru", "rnn",
+}
+# Anchors the builtin kernels fuse an elementwise epilogue into (GEMM, convolution and row-kernel templates).
+EPILOGUE_ANCHORS = {
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "convtranspose1d", "convtranspose2d", "convtranspose3d",
+    "convolution", "_convolution", "layernorm", "layer_norm", "groupnorm", "group_norm", "rmsnorm", "rms_norm",
+    "batchnorm1d", "batchnorm2d", "batchnorm3d", "batch_norm", "instancenorm1d", "instancenorm2d",
+    "instancenorm3d", "instance_norm",
+}
+_REDUCTIONS = {
+    "sum", "mean", "amax", "amin", "prod", "logsumexp", "softmax", "_softmax", "log_softmax", "_log_softmax",
+    "softmin", "logsoftmax", "softmax2d", "norm", "linalg_vector_norm", "var", "std", "var_mean", "std_mean",
+    "cumsum", "cumprod", "argmax", "argmin", "all", "any", "max_pool1d", "max_pool2d", "max_pool3d",
+    "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d",
+    "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+    "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d", "maxpool1d", "maxpool2d", "maxpool3d", "avgpool1d", "avgpool2d", "avgpool3d",
+    "adaptiveavgpool1d", "adaptiveavgpool2d", "adaptiveavgpool3d", "adaptivemaxpool1d", "adaptivemaxpool2d",
+    "adaptivemaxpool3d", "lppool1d", "lppool2d", "normalize",
+}
+_VIEWS = {
+    "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",
+    "contiguous", "expand", "expand_as", "view_as", "reshape_as", "getitem", "chunk", "split", "unbind",
+    "narrow", "select", "slice", "clone", "alias", "detach", "_unsafe_view", "identity", "movedim",
+    "split_with_sizes", "getattr",
+}
+# Views with no side effects: a subproblem that needs one recomputes it from its base tensor.
+PURE_VIEWS = {
+    "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
+    "expand_as", "view_as", "reshape_as", "getitem", "chunk", "split", "unbind", "narrow", "select", "slice",
+    "_unsafe_view", "movedim", "alias", "split_with_sizes", "getattr",
+}
+# Reductions that take a second tensor are elementwise (torch.max(a, b)).
+_BINARY_WHEN_TWO_TENSORS = {"max", "min"}
+
+
+def kind_of(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo]) -> Kind:
+    base = label.rstrip("_")
+    if base in _BINARY_WHEN_TWO_TENSORS:
+        tensors = [a for a in node.args
+                   if isinstance(a, fx.Node) and a in values and values[a].kind is ValueKind.TENSOR]
+        return Kind.POINTWISE if len(tensors) >= 2 else Kind.REDUCTION
+    if base in _ANCHORS:
+        return Kind.ANCHOR
+    if base in _REDUCTIONS:
+        return Kind.REDUCTION
+    if base in _VIEWS:
+        return Kind.VIEW
+    return Kind.POINTWISE
