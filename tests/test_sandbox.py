@@ -58,3 +58,21 @@ def test_run_many_uses_every_slot():
         outcomes = two.run_many([job("pid"), job("pid"), job("pid"), job("pid")])
     assert all(o.ok for o in outcomes)
     assert len({o.value for o in outcomes}) == 2
+
+
+def test_start_up_is_measured_to_the_ready_message_and_kept_out_of_the_job_time_limit(monkeypatch):
+    """A worker whose imports take 2 s still runs a job with a 1.5 s limit: the limit starts once it is ready."""
+    monkeypatch.setenv("SLOW_PRELOAD_S", "2")
+    with WorkerPool(size=1, preload=("tests.worker_preloads",)) as slow:
+        outcome = slow.run(job("pid", timeout=1.5))
+    assert outcome.ok, outcome.reason
+    assert outcome.worker_start_s >= 2.0 and outcome.wall_s < 1.5
+
+
+def test_a_worker_whose_preload_fails_costs_one_job_with_the_reason(monkeypatch):
+    monkeypatch.setenv("BROKEN_PRELOAD", "1")
+    with WorkerPool(size=1, preload=("tests.worker_preloads",)) as broken:
+        outcome = broken.run(job("pid"))
+    assert outcome.failure is JobFailure.CRASHED
+    assert outcome.reason == ("worker did not start: its preload failed: "
+                              "ImportError: this preload is broken on purpose")

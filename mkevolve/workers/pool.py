@@ -21,6 +21,11 @@ from queue import Queue
 from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
 _HEADER = struct.Struct("!Q")
+# Modules a worker imports before it says it is ready (comma-separated, in its environment): their import
+# (torch: seconds, more on a loaded machine) is start-up, not part of the first job's time limit.
+PRELOAD_ENV = "MKEVOLVE_WORKER_PRELOAD"
+DEFAULT_PRELOAD = ("torch",)
+STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is killed
 
 
 class JobFailure(str, Enum):
@@ -47,7 +52,7 @@ class JobOutcome:
     failure: JobFailure | None = None
     reason: str = ""
     wall_s: float = 0.0
-    worker_start_s: float = 0.0  # seconds spent starting a fresh worker for this job
+    worker_start_s: float = 0.0  # seconds from starting a fresh worker for this job to its ready message
 
     @property
     def ok(self) -> bool:
@@ -86,6 +91,10 @@ def receive_message(fd: int, deadline: float | None = None):
     return pickle.loads(body)
 
 
+class WorkerStartError(Exception):
+    """A worker that did not say it was ready: it died while importing, or took too long."""
+
+
 class Worker:
     """One subprocess in its own process group; replaced after a timeout or a crash."""
 
@@ -96,6 +105,24 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             env=env, start_new_session=True,
         )
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Block until the worker has imported its preloads and said so; raises WorkerStartError (and kills
+        it) when it dies first or takes longer than `timeout` seconds."""
+        try:
+            message = receive_message(self.proc.stdout.fileno(), time.monotonic() + timeout)
+        except TimeoutError:
+            self.kill()
+            raise WorkerStartError(f"not ready within {timeout:g} s") from None
+        except EOFError:
+            code = self.proc.wait()
+            tail = self._log_tail()
+            self.kill()
+            raise WorkerStartError(f"it died while starting ({_describe_exit(code)}){tail}") from None
+        if not message.get("ready"):
+            self.kill()
+            last = (message.get("error") or "").strip().splitlines()[-1:] or ["no reason given"]
+            raise WorkerStartError(f"its preload failed: {last[0]}")
 
     def run(self, job: Job) -> JobOutcome:
         start = time.monotonic()
@@ -188,9 +215,10 @@ class WorkerPool:
     With GPUs, slots are dealt out over them in turn; several slots on one GPU share it (gpu_share.py).
     """
 
-    def __init__(self, size: int, gpus: list[int] | None = None):
+    def __init__(self, size: int, gpus: list[int] | None = None, preload: tuple[str, ...] = DEFAULT_PRELOAD):
         self.gpus = gpus or []
         self.size = max(1, size)
+        self.preload = preload
         self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
         self._slots: Queue[int] = Queue()
         self._workers: dict[int, Worker | None] = {}
@@ -202,7 +230,10 @@ class WorkerPool:
     def run(self, job: Job) -> JobOutcome:
         slot = self._slots.get()
         try:
-            worker, start_s = self._healthy_worker(slot)
+            try:
+                worker, start_s = self._healthy_worker(slot)
+            except WorkerStartError as err:
+                return JobOutcome(failure=JobFailure.CRASHED, reason=f"worker did not start: {err}")
             outcome = worker.run(job)
             outcome.worker_start_s = start_s
             return outcome
@@ -224,9 +255,11 @@ class WorkerPool:
         start = time.monotonic()
         device = self.device_of(slot)
         sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
-        worker = Worker(worker_env(device, sharers), self._log_dir)
+        env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload)}
+        worker = Worker(env, self._log_dir)
         with self._lock:
             self._workers[slot] = worker
+        worker.wait_ready()
         return worker, time.monotonic() - start
 
     def device_of(self, slot: int) -> int | None:

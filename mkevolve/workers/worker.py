@@ -33,11 +33,27 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module_name), attr)
 
 
+def _preload(out, send_message) -> bool:
+    """Import the pool's preloads, then say ready (or why not): start-up stays out of the first job's time."""
+    from mkevolve.workers.pool import PRELOAD_ENV
+
+    try:
+        for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+            importlib.import_module(name)
+    except Exception:
+        send_message(out, {"ready": False, "error": traceback.format_exc()})
+        return False
+    send_message(out, {"ready": True})
+    return True
+
+
 def main() -> None:
     from mkevolve.workers.gpu_share import job_on_gpu
     from mkevolve.workers.pool import receive_message, send_message
 
     stdin, out = _protocol_streams()
+    if not _preload(out, send_message):
+        return
     while True:
         try:
             job = receive_message(stdin.fileno())

@@ -1,0 +1,9 @@
+"""Modules a test worker imports before it says it is ready (see MKEVOLVE_WORKER_PRELOAD)."""
+
+import os
+import time
+
+# A slow start, as importing torch on a loaded machine is: SLOW_PRELOAD_S seconds at import.
+time.sleep(float(os.environ.get("SLOW_PRELOAD_S", "0")))
+if os.environ.get("BROKEN_PRELOAD"):
+    raise ImportError("this preload is broken on purpose")
