@@ -96,6 +96,13 @@ class Row:
     note: str = ""                        # why something is unknown or failed
 
 
+def rows_of(data: dict, row_type: type) -> list:
+    """A results file's rows, taken out of `data`, as `row_type`; fields this version does not know are
+    dropped (a file written by a later version still loads)."""
+    known = {f.name for f in fields(row_type)}
+    return [row_type(**{k: v for k, v in r.items() if k in known}) for r in data.pop("rows", [])]
+
+
 @dataclass
 class Results:
     meta: dict
@@ -106,9 +113,7 @@ class Results:
         if not path.is_file():
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-        known = {f.name for f in fields(Row)}
-        rows = {r["problem"]: Row(**{k: v for k, v in r.items() if k in known}) for r in data.pop("rows")}
-        return cls(meta=data, rows=rows)
+        return cls(meta=data, rows={row.problem: row for row in rows_of(data, Row)})
 
     def save(self, path: Path) -> None:
         """Written whole to a temporary file and renamed, so a kill never leaves half a file."""

@@ -25,7 +25,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -128,8 +128,7 @@ class Results:
         if not path.is_file():
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-        known = {f.name for f in fields(Row)}
-        rows = [Row(**{k: v for k, v in r.items() if k in known}) for r in data.pop("rows", [])]
+        rows = kb.rows_of(data, Row)
         data.pop("summary", None)       # derived from the rows: recomputed on every save
         return cls(meta=data, rows=rows)
 
