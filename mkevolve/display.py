@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 from rich.console import Console
 from rich.live import Live
@@ -12,14 +13,28 @@ from rich.markup import escape
 from rich.table import Table
 
 
+class RowStatus(str, Enum):
+    """A subproblem's word in the live table."""
+
+    WAITING = "waiting"          # its search has not started this iteration
+    EVOLVING = "evolving"        # its search is running
+    PASSING = "passing"          # it has an accepted kernel
+    FAILING = "failing"          # tried, and still without an accepted kernel
+    DECLINED = "declined"        # the agent said it has no (further) kernel for it
+    NEW = "new"                  # never evolved
+
+
 @dataclass
 class SubproblemRow:
-    status: str = "waiting"      # waiting | evolving | passing | failing | declined | new
+    status: RowStatus = RowStatus.WAITING
     calls: int = 0               # LLM calls this iteration's budget gives it
     speedup: float | None = None
     done: int = 0                # candidates evaluated this iteration
     pending: int = 0             # candidates still to come this iteration
     passing: bool = False        # it has a passing kernel
+
+    def __post_init__(self) -> None:
+        self.status = RowStatus(self.status)  # a caller may give the plain word
 
 
 @dataclass
@@ -35,7 +50,8 @@ class RunView:
 
 # Wide enough that no line of a log or summary written to a pipe or file is ever folded.
 PLAIN_WIDTH = 10_000
-_STYLES = {"evolving": "bold yellow", "passing": "green", "failing": "red", "declined": "red"}
+_STYLES = {RowStatus.EVOLVING: "bold yellow", RowStatus.PASSING: "green", RowStatus.FAILING: "red",
+           RowStatus.DECLINED: "red"}
 
 
 def make_console() -> Console:
@@ -115,7 +131,7 @@ class RunDisplay:
         """The plain-output progress line: the phase, and the candidates of the subproblem at work."""
         v = self.view
         with self._lock:
-            at_work = [row for row in v.rows.values() if row.status == "evolving"]
+            at_work = [row for row in v.rows.values() if row.status is RowStatus.EVOLVING]
         progress = f": {at_work[0].done} done, {at_work[0].pending} pending" if at_work else ""
         return f"iteration {v.iteration}/{v.iterations}: {v.phase}{progress} | best {v.best} | tokens {v.tokens}"
 
@@ -134,7 +150,7 @@ class RunDisplay:
             rows = list(v.rows.items())
         for name, row in rows:
             style = _STYLES.get(row.status)
-            table.add_row(name, row.status, str(row.done), str(row.pending) if row.pending else "",
+            table.add_row(name, row.status.value, str(row.done), str(row.pending) if row.pending else "",
                           _speed(row.speedup) if row.passing else "-", style=style)
         return table
 

@@ -20,7 +20,7 @@ from mkevolve.agents.judge import Judge, check_judge, make_judge
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
-from mkevolve.display import RunDisplay, RunView, SubproblemRow, final_table
+from mkevolve.display import RowStatus, RunDisplay, RunView, SubproblemRow, final_table
 from mkevolve.events import EventLog
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
@@ -28,15 +28,13 @@ from mkevolve.llm.providers import ProviderError, make_provider
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.report import write_report
 from mkevolve.run_layout import BEST, ITERATIONS, iteration_dir
-from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
+from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
 from mkevolve.search.beam import Beam, Candidate
-from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, Manifest, SubkernelEntry, copy_solution,
+from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, EntryStatus, Manifest, SubkernelEntry, copy_solution,
                                pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import EvalResult, Status, not_started_cause
 from mkevolve.workers.pool import Job
-
-STATUS_PYTORCH = "pytorch"  # a manifest entry's status where the subproblem's own PyTorch code stands in
 
 SPLIT_REASONS = 3  # failed candidates whose verdicts the Split prompt quotes, per subproblem
 
@@ -156,7 +154,7 @@ class Orchestrator:
         for name, sub in record.subkernels.items():
             self.events.emit("subproblem_outcome", iteration=record.index, subproblem=name,
                              outcome=ORIGIN_PYTORCH if sub.candidate is None else "triton", candidate=sub.candidate,
-                             status=sub.status, speedup=sub.speedup, candidates=sub.candidates,
+                             status=sub.status.value, speedup=sub.speedup, candidates=sub.candidates,
                              reason=sub.reason, summary=sub.outcome())
         self.events.emit("iteration", index=record.index, seconds=round(record.seconds, 3),
                          overhead_s=round(overhead, 3), e2e=record.e2e_status, e2e_reason=record.e2e_reason,
@@ -260,14 +258,15 @@ class Orchestrator:
             if self.state.beam_sources.get(spec.name) == digest:
                 beams[spec.name] = self.state.beams[spec.name]
             else:
-                beams[spec.name] = Beam(width=self.config.beam_width).to_dict()
+                beams[spec.name] = Beam(width=self.config.beam_width)
             sources[spec.name] = digest
         self.state.beams, self.state.beam_sources = beams, sources
 
     # -- EvolveKernel for every subproblem ------------------------------------------------------
 
     def _beam(self, name: str) -> Beam:
-        return Beam.from_dict(self.state.beams[name])
+        # Read only: a search works on a copy (evolve_kernel) and the result replaces the state's beam.
+        return self.state.beams[name]
 
     def _best_of(self, name: str):
         return self._beam(name).best if name in self.state.beams else None
@@ -337,7 +336,7 @@ class Orchestrator:
         if calls > 0:  # a subproblem without calls makes no candidate: nothing to watch
             # Shown by the search's first progress report, which knows how many of the calls it will make.
             self._phase(t, f"evolving {name} ({calls} calls)", show=False)
-            self.display.set_row(name, SubproblemRow(status="evolving", calls=calls, pending=calls))
+            self.display.set_row(name, SubproblemRow(status=RowStatus.EVOLVING, calls=calls, pending=calls))
         context = RefineContext(share=(shares.get(name, 0.0) / total_ms) if total_ms else None,
                                 end_to_end_ms=total_ms)
         before = self._beam(name)
@@ -345,7 +344,7 @@ class Orchestrator:
                              self.client, self.config, folder / "candidates", context, progress=self._progress,
                              judge=self.judge)
         with self._state_lock:  # other subproblems' searches end at the same time
-            self.state.beams[name] = beam.to_dict()
+            self.state.beams[name] = beam
             self.state.evolved.append(name)
             self.state.made[name] = beam.next_seq - before.next_seq
             self.display.set_row(name, self._row(name, done=self.state.made[name]))
@@ -355,7 +354,7 @@ class Orchestrator:
 
     def _progress(self, progress: SearchProgress) -> None:
         self.display.set_row(progress.subproblem, SubproblemRow(
-            status="evolving", calls=progress.planned, done=progress.done, pending=progress.pending,
+            status=RowStatus.EVOLVING, calls=progress.planned, done=progress.done, pending=progress.pending,
             passing=progress.passing))
         self.display.update()
 
@@ -363,9 +362,11 @@ class Orchestrator:
         """A subproblem's row between searches: whether it has a kernel, or why not in a word."""
         best = self._best_of(name)
         if best is not None:
-            status = "passing"
+            status = RowStatus.PASSING
+        elif self._exhausted(name) is not None:
+            status = RowStatus.DECLINED
         else:
-            status = "declined" if self._exhausted(name) is not None else ("failing" if self._failing(name) else "new")
+            status = RowStatus.FAILING if self._failing(name) else RowStatus.NEW
         return SubproblemRow(status=status, calls=self.state.budget.get(name, 0), done=done,
                              speedup=best.result.speedup if best else None, passing=best is not None)
 
@@ -375,7 +376,7 @@ class Orchestrator:
         for name in decomposition.names:
             row = self._row(name, done=self.state.made.get(name, 0))
             if name not in self.state.evolved and self.state.budget.get(name, 0) > 0:
-                row.status, row.pending = "waiting", self.state.budget[name]
+                row.status, row.pending = RowStatus.WAITING, self.state.budget[name]
             rows[name] = row
         self.display.set_rows(rows)
 
@@ -455,8 +456,9 @@ class Orchestrator:
     def _subkernel_record(self, name: str) -> SubkernelRecord:
         best = self._best_of(name)
         if best is None:
-            return SubkernelRecord(status="failing")
-        return SubkernelRecord(status=best.result.status.value, speedup=best.result.speedup, candidate=best.id,
+            return SubkernelRecord(status=SubkernelStatus.FAILING)
+        # The best member passed every check, so its verdict is the verifier's OK.
+        return SubkernelRecord(status=SubkernelStatus.OK, speedup=best.result.speedup, candidate=best.id,
                                origin=self.config.model, precision=best.result.precision)
 
     def _profile(self, folder: Path) -> dict[str, float]:
@@ -499,7 +501,7 @@ class Orchestrator:
             pytorch = name in record.pytorch
             entries[name] = SubkernelEntry(
                 origin=(origins or {}).get(name, sub.origin), candidate=sub.candidate,
-                status=STATUS_PYTORCH if pytorch else sub.status,
+                status=EntryStatus.PYTORCH if pytorch else EntryStatus.OK,  # not PyTorch: an accepted kernel
                 speedup=sub.speedup, runtime_ms=sub.runtime_ms, precision=sub.precision,
                 runtime_share=(sub.runtime_ms / total) if total and sub.runtime_ms is not None else None,
                 sha256=sha256_of(source), reason=sub.reason if pytorch else None)
@@ -674,7 +676,7 @@ def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition
     state = RunState(problem=str(problem_path.resolve()), run_id=run_dir.name, step=Step.DECOMPOSED)
     for spec in decomposition.subproblems:
         beam = beams.get(spec.name) or Beam(width=config.beam_width)
-        state.beams[spec.name], state.beam_sources[spec.name] = beam.to_dict(), beam_hash(spec.source)
+        state.beams[spec.name], state.beam_sources[spec.name] = beam, beam_hash(spec.source)
     state.save(run_dir)
     return run_dir, state
 
@@ -736,7 +738,7 @@ def _print_summary(outcome: RunOutcome, display: RunDisplay) -> None:
         _print_failure(outcome, display)
         return
     manifest = Manifest.read(outcome.run_dir / BEST)
-    rows = [(name, e.status, "n/a (PyTorch)" if name in outcome.coverage.pytorch else _fmt(e.speedup),
+    rows = [(name, e.status.value, "n/a (PyTorch)" if name in outcome.coverage.pytorch else _fmt(e.speedup),
              "unknown" if e.runtime_share is None else f"{100 * e.runtime_share:.1f}%", e.origin)
             for name, e in manifest.subkernels.items()]
     title = f"best/ (iteration {manifest.iteration}): end to end {manifest.status}, speedup {_fmt(manifest.speedup)}"

@@ -20,7 +20,7 @@ from mkevolve.problem import ProblemError, load_problem
 from mkevolve.report import write_report
 from mkevolve.run_layout import BEST, iteration_dir
 from mkevolve.run_state import RunState, Step
-from mkevolve.search.beam import Beam, Candidate, PromptKind, candidate_id
+from mkevolve.search.beam import Beam, Candidate, CandidateRecord, PromptKind, candidate_id
 from mkevolve.solution import MANIFEST, Manifest, sha256_of
 
 PORT_REFINEMENT = "port"
@@ -70,10 +70,8 @@ def _save_candidate(folder: Path, candidate: Candidate, subproblem_source: str, 
                     source_name: str) -> None:
     """The reused kernel as the run's first candidate of its subproblem, in the same form evolve saves."""
     write_atomic(folder / f"{candidate.id}.py", candidate.source)
-    record = candidate.to_dict()
-    record.update(source=f"{candidate.id}.py", problem_sha256=sha256_of(subproblem_source),
-                  ported_from={"solution": str(solution.path.resolve()), "subkernel": source_name})
-    write_atomic(folder / f"{candidate.id}.json", json.dumps(record, indent=1))
+    CandidateRecord(candidate, problem_sha256=sha256_of(subproblem_source),
+                    ported_from={"solution": str(solution.path.resolve()), "subkernel": source_name}).write(folder)
 
 
 def _not_checkable(match: Match, solution: SolutionFolder) -> PortedSubproblem | None:
@@ -138,8 +136,7 @@ def _seed_first_iteration(prepared: _Prepared, config: RunConfig, events: EventL
     needs_work = {p.name for p in ported if p.status is not PortStatus.REUSED}
     budget = (allocate_budget(config.budget, decomposition.names, needs_work, {}) if needs_work
               else {name: 0 for name in decomposition.names})
-    for name, beam in prepared.beams.items():
-        state.beams[name] = beam.to_dict()
+    state.beams.update(prepared.beams)
     decomposition.write(iteration_dir(run_dir, 1))
     state.iteration, state.step, state.refinement = 1, Step.REFINED, PORT_REFINEMENT
     state.evolved = [p.name for p in ported if p.status is PortStatus.REUSED]

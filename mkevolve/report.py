@@ -32,7 +32,8 @@ from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
 from mkevolve.verify.result import JudgeVerdict, not_started_cause
 from mkevolve.problem import ProblemError
 from mkevolve.run_layout import BEST, iteration_dir
-from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord
+from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
+from mkevolve.search.beam import CandidateRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, amdahl_contribution, sha256_of
 
 REPORT_FILE = "report.html"
@@ -358,28 +359,22 @@ _REFINEMENTS = {"split": "a split", "fuse": "a fuse", "total_fuse": "a total fus
 
 def _read_candidate(run_dir: Path, path: Path, iteration: int, digest: str | None) -> CandidateVerdict | None:
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("result"), dict):
+        record = CandidateRecord.read(path)
+    except (OSError, KeyError, TypeError, ValueError):  # the report shows what it can read, and goes on
         return None
     # A subproblem of the same name from an earlier decomposition had other code to match: not this one's.
-    if digest and record.get("problem_sha256") not in (None, digest):
+    if digest and record.problem_sha256 not in (None, digest):
         return None
-    result = record["result"]
-    status = str(result.get("status", "unknown"))
-    return CandidateVerdict(id=str(record.get("id", path.stem)), iteration=iteration, status=status,
-                            reason=_clip(str(result.get("reason") or "")),
-                            passed=status == "ok" and record.get("accepted") is not False,
-                            href=_href(run_dir, path.with_suffix(".py")), judge=_judge_line(record.get("judge")))
+    candidate = record.candidate
+    return CandidateVerdict(id=candidate.id, iteration=iteration, status=candidate.result.status.value,
+                            reason=_clip(candidate.result.reason or ""),
+                            passed=candidate.passed and candidate.accepted is not False,
+                            href=_href(run_dir, path.with_suffix(".py")), judge=_judge_line(candidate.judge))
 
 
-def _judge_line(record) -> str:
-    """The judge's verdict as the report quotes it; "" when there was no judge (or its record is unreadable)."""
-    try:
-        return _clip(JudgeVerdict.from_dict(record).summary()) if isinstance(record, dict) else ""
-    except (KeyError, TypeError, ValueError):
-        return ""
+def _judge_line(verdict: JudgeVerdict | None) -> str:
+    """The judge's verdict as the report quotes it; "" when there was no judge."""
+    return _clip(verdict.summary()) if verdict is not None else ""
 
 
 def candidate_verdicts(run_dir: Path, name: str, last: int) -> list[CandidateVerdict]:
@@ -415,9 +410,9 @@ def _no_kernel_reason(state: RunState, name: str, sub: SubkernelRecord | None,
                       verdicts: list[CandidateVerdict]) -> str:
     if sub is not None and sub.reason:
         return sub.reason
-    exhausted = (state.beams.get(name) or {}).get("exhausted")
-    if isinstance(exhausted, dict) and exhausted.get("reason"):
-        return str(exhausted["reason"])
+    beam = state.beams.get(name)
+    if beam is not None and beam.exhausted is not None and beam.exhausted.reason:
+        return beam.exhausted.reason
     if not verdicts:
         return "no candidate was written for it"
     return f"none of its {len(verdicts)} candidate(s) passed"
@@ -476,14 +471,15 @@ def subproblem_outcomes(run_dir: Path, state: RunState, manifest: Manifest | Non
 def _subkernel_rows(run_dir: Path, manifest: Manifest | None, history: list[IterationRecord],
                     unknown: str) -> list[SubkernelRow]:
     if manifest is not None:
-        return [SubkernelRow(name, e.status, _fmt_speedup(e.speedup, unknown), _fmt_share(e.runtime_share, unknown),
+        return [SubkernelRow(name, e.status.value, _fmt_speedup(e.speedup, unknown),
+                             _fmt_share(e.runtime_share, unknown),
                              _fmt_speedup(amdahl_contribution(e.runtime_share, e.speedup), unknown), e.origin,
                              e.candidate or "-", e.precision or "-",
                              _href(run_dir, run_dir / BEST / KERNELS_DIR / f"{name}.py"))
                 for name, e in manifest.subkernels.items()]
     if not history:
         return []
-    return [SubkernelRow(name, r.status, _fmt_speedup(r.speedup, unknown), unknown, unknown, r.origin or "-",
+    return [SubkernelRow(name, r.status.value, _fmt_speedup(r.speedup, unknown), unknown, unknown, r.origin or "-",
                          r.candidate or "-", r.precision or "-") for name, r in history[-1].subkernels.items()]
 
 
@@ -571,7 +567,7 @@ def next_steps(run_dir: Path, state: RunState, manifest: Manifest | None, outcom
     iterations = max(config.iterations or 0, len(state.history)) + 2
     command = f"mkevolve run --resume {shlex.quote(str(run))} --iterations {iterations}"
     what = f"Give {', '.join(without) if without else 'the search'} more iterations"
-    exhausted = without and all((state.beams.get(n) or {}).get("exhausted") for n in without)
+    exhausted = without and all(n in state.beams and state.beams[n].exhausted for n in without)
     if exhausted:
         # The agent said it has nothing more to write for them: more iterations of it alone would change nothing.
         command += f" --model {EXAMPLE_MODEL}"
@@ -606,7 +602,7 @@ def _grid_cell(record: IterationRecord, row: str, check: EndToEnd) -> tuple[str,
         return _ABSENT, _ABSENT
     if row in record.pytorch:
         return _PYTORCH, _PYTORCH
-    colour = _OK if record.subkernels[row].status == "ok" else _FAIL
+    colour = _OK if record.subkernels[row].status is SubkernelStatus.OK else _FAIL
     return colour, colour
 
 

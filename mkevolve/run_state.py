@@ -1,13 +1,18 @@
-"""state.json: the checkpoint of a run, written atomically after every step so a run can resume."""
+"""state.json: the checkpoint of a run, written atomically after every step so a run can resume.
+
+It holds each subproblem's Beam, so it sits above the search service (the run loop's layer), not among the
+base modules."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
 from mkevolve.fsutil import write_atomic
+from mkevolve.search.beam import Beam
+from mkevolve.text import member_of
 
 STATE_VERSION = 1
 
@@ -28,11 +33,18 @@ class Step(str, Enum):
     FINISHED = "finished"
 
 
+class SubkernelStatus(str, Enum):
+    """A subproblem's outcome in one iteration, as state.json spells it (a str, so the JSON is unchanged)."""
+
+    OK = "ok"              # it has an accepted kernel (the verifier's OK)
+    FAILING = "failing"    # no accepted kernel: its PyTorch code stands in
+
+
 @dataclass
 class SubkernelRecord:
     """One subproblem's outcome in one iteration."""
 
-    status: str
+    status: SubkernelStatus
     speedup: float | None = None
     runtime_ms: float | None = None
     candidate: str | None = None
@@ -41,12 +53,16 @@ class SubkernelRecord:
     reason: str = ""                  # why it has no accepted kernel (and its PyTorch code stands in)
     candidates: int = 0               # candidates made for it in this iteration (0 in older state files)
 
+    def __post_init__(self) -> None:
+        # state.json (and a caller may) give the plain string; one outside the set is refused here.
+        self.status = member_of(SubkernelStatus, self.status)
+
     def outcome(self) -> str:
         """What the composed solution runs for it, and why, in one line."""
         if self.candidate is None:
             return f"PyTorch code: {self.reason or 'no accepted kernel'}"
         speed = "speedup unknown" if self.speedup is None else f"speedup {self.speedup:.2f}x"
-        return f"Triton kernel {self.candidate} ({self.status}, {speed})"
+        return f"Triton kernel {self.candidate} ({self.status.value}, {speed})"
 
 
 @dataclass
@@ -72,8 +88,15 @@ class IterationRecord:
     @classmethod
     def from_dict(cls, data: dict) -> "IterationRecord":
         data = dict(data)
-        data["subkernels"] = {k: SubkernelRecord(**v) for k, v in data["subkernels"].items()}
+        data["subkernels"] = {k: _subkernel_record(k, v) for k, v in data["subkernels"].items()}
         return cls(**data)
+
+
+def _subkernel_record(name: str, data: dict) -> SubkernelRecord:
+    try:
+        return SubkernelRecord(**data)
+    except ValueError as err:
+        raise ValueError(f"subproblem {name!r}: {err}") from None
 
 
 @dataclass
@@ -82,7 +105,7 @@ class RunState:
     run_id: str
     iteration: int = 0                 # the iteration in progress (0 before the first)
     step: Step = Step.STARTED
-    beams: dict[str, dict] = field(default_factory=dict)       # subproblem -> Beam.to_dict()
+    beams: dict[str, Beam] = field(default_factory=dict)       # subproblem -> its beam
     beam_sources: dict[str, str] = field(default_factory=dict)  # subproblem -> source hash of its beam
     evolved: list[str] = field(default_factory=list)           # done in the iteration in progress
     history: list[IterationRecord] = field(default_factory=list)
@@ -96,10 +119,26 @@ class RunState:
     stop: str = ""                     # why the search ended before its last iteration (nothing could change)
     version: int = STATE_VERSION
 
-    def save(self, run_dir: Path) -> None:
-        data = asdict(self)
+    def to_dict(self) -> dict:
+        """What state.json holds: beams as Beam.to_dict() and enums as their strings, in field order."""
+        data = asdict(replace(self, beams={}))  # asdict would turn a Beam's enums into objects, not strings
+        data["beams"] = {name: beam.to_dict() for name, beam in self.beams.items()}
         data["step"] = self.step.value
-        write_atomic(Path(run_dir) / "state.json", json.dumps(data, indent=1))
+        for record in data["history"]:
+            for sub in record["subkernels"].values():
+                sub["status"] = sub["status"].value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunState":
+        data = dict(data)
+        data["step"] = Step(data["step"])
+        data["beams"] = {name: Beam.from_dict(beam) for name, beam in data.get("beams", {}).items()}
+        data["history"] = [IterationRecord.from_dict(h) for h in data["history"]]
+        return cls(**data)
+
+    def save(self, run_dir: Path) -> None:
+        write_atomic(Path(run_dir) / "state.json", json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState":
@@ -110,9 +149,7 @@ class RunState:
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("version") != STATE_VERSION:
                 raise StateError(f"{path}: state version {data.get('version')!r}, expected {STATE_VERSION}")
-            data["step"] = Step(data["step"])
-            data["history"] = [IterationRecord.from_dict(h) for h in data["history"]]
-            return cls(**data)
+            return cls.from_dict(data)
         except StateError:
             raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import shutil
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import yaml
 
 from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE
 from mkevolve.fsutil import write_atomic
+from mkevolve.text import member_of
 
 MANIFEST = "manifest.yaml"
 ORIGIN_PYTORCH = "pytorch"
@@ -21,11 +23,18 @@ class SolutionError(ValueError):
     """A folder that is not a usable solution; the message names the folder and what is missing."""
 
 
+class EntryStatus(str, Enum):
+    """A manifest entry's status (a str, so manifest.yaml spells it as before)."""
+
+    OK = "ok"              # its kernel passed its subproblem's checks
+    PYTORCH = "pytorch"    # a run put the subproblem's own PyTorch code in, having no accepted kernel
+
+
 @dataclass
 class SubkernelEntry:
     origin: str                       # the model that wrote it, "builtin", "pytorch" or "hand"
     candidate: str | None = None      # candidate id in the run, when it came from one
-    status: str = "ok"
+    status: EntryStatus = EntryStatus.OK
     speedup: float | None = None      # vs torch.compile of its own subproblem
     runtime_ms: float | None = None   # inside the end-to-end forward
     runtime_share: float | None = None
@@ -33,6 +42,10 @@ class SubkernelEntry:
     sha256: str = ""
     reused_from: str | None = None    # "<solution folder> (<subkernel>)" when `port` carried it over
     reason: str | None = None         # for PyTorch code a run put in: why no Triton kernel was accepted
+
+    def __post_init__(self) -> None:
+        # manifest.yaml (and a caller may) give the plain string; one outside the set is refused here.
+        self.status = member_of(EntryStatus, self.status)
 
 
 @dataclass
@@ -46,7 +59,10 @@ class Manifest:
     subkernels: dict[str, SubkernelEntry] = field(default_factory=dict)
 
     def write(self, folder: Path) -> None:
-        write_atomic(Path(folder) / MANIFEST, yaml.safe_dump(asdict(self), sort_keys=False))
+        data = asdict(self)
+        for entry in data["subkernels"].values():
+            entry["status"] = entry["status"].value  # safe_dump writes plain strings only
+        write_atomic(Path(folder) / MANIFEST, yaml.safe_dump(data, sort_keys=False))
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
@@ -57,7 +73,7 @@ class Manifest:
         try:
             data["subkernels"] = {k: SubkernelEntry(**v) for k, v in (data.get("subkernels") or {}).items()}
             return cls(**data)
-        except TypeError as err:
+        except (TypeError, ValueError) as err:
             raise SolutionError(f"{path}: malformed manifest ({err})") from None
 
     @property

@@ -24,9 +24,10 @@ from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import ProblemError
 from mkevolve.run_layout import ITERATIONS
-from mkevolve.search.beam import ID_PREFIX
+from mkevolve.search.beam import ID_PREFIX, CandidateRecord
 from mkevolve.solution import (
     ORIGIN_PYTORCH,
+    EntryStatus,
     Manifest,
     SubkernelEntry,
     copy_solution,
@@ -86,14 +87,16 @@ def _run_dir_of(solution: SolutionFolder) -> Path:
     return run_dir
 
 
-def _candidate_record(path: Path) -> dict:
-    """The verdict record saved next to a candidate; {} when there is none."""
+def _problem_hash(path: Path) -> str | None:
+    """The subproblem hash in the verdict record saved next to a candidate; None when there is no record."""
     if not path.is_file():
-        return {}
+        return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return CandidateRecord.read(path).problem_sha256
     except json.JSONDecodeError as err:
         raise ProblemError(path, f"not a readable candidate record ({err.msg} at line {err.lineno})") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ProblemError(path, f"not a readable candidate record ({type(err).__name__}: {err})") from None
 
 
 def find_candidate(solution: SolutionFolder, name: str, candidate_id: str) -> Replacement:
@@ -102,7 +105,7 @@ def find_candidate(solution: SolutionFolder, name: str, candidate_id: str) -> Re
     subproblem_hash = sha256_of(solution.problem_file(name).read_text(encoding="utf-8"))
     found = sorted(run_dir.glob(f"iterations/iter_*/candidates/{name}/{candidate_id}.py"), reverse=True)
     for path in found:
-        if _candidate_record(path.with_suffix(".json")).get("problem_sha256") == subproblem_hash:
+        if _problem_hash(path.with_suffix(".json")) == subproblem_hash:
             try:
                 model = build_config(run_dir / "config.yaml").model
             except ConfigError:
@@ -171,7 +174,7 @@ def _updated_manifest(solution: SolutionFolder, name: str, outcome: SwapOutcome,
     local, replacement = outcome.local, outcome.replacement
     manifest.subkernels[name] = SubkernelEntry(
         origin=replacement.origin, candidate=replacement.candidate,
-        status=local.status.value if local else outcome.after.status.value,
+        status=EntryStatus.OK,  # written only once the trial passed, locally and end to end
         speedup=local.speedup if local else None, precision=local.precision if local else None,
         sha256=sha256_of(replacement.source))
     manifest.status, manifest.speedup = outcome.after.status.value, outcome.after.speedup

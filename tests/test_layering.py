@@ -21,10 +21,10 @@ PACKAGE = "mkevolve"
 # Lowest first. A package's entry covers every module under it; the root package's entry covers only
 # mkevolve/__init__.py. A new module fails the test until it is given a layer here.
 LAYERS: list[tuple[str, list[str]]] = [
-    # What everything reads and writes: the config, problem, codebase and solution files, the run folder
-    # and its checkpoint, the worker processes, and helpers that import nothing above them.
+    # What everything reads and writes: the config, problem, codebase and solution files, the run folder,
+    # the worker processes, and helpers that import nothing above them.
     ("base", ["mkevolve.config", "mkevolve.problem", "mkevolve.codebase", "mkevolve.solution",
-              "mkevolve.run_layout", "mkevolve.run_state", "mkevolve.workers", "mkevolve.matching",
+              "mkevolve.run_layout", "mkevolve.workers", "mkevolve.matching",
               "mkevolve.budget", "mkevolve.busy", "mkevolve.display", "mkevolve.events", "mkevolve.exit_codes",
               "mkevolve.fsutil", "mkevolve.pysource", "mkevolve.text"]),
     # The services an agent uses: checking code, asking a model (with the prompts it is shown), and keeping
@@ -32,8 +32,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("services", ["mkevolve.verify", "mkevolve.llm", "mkevolve.prompts", "mkevolve.search"]),
     # One step of the algorithm each: decompose, split, fuse, evolve a kernel, judge one.
     ("agents", ["mkevolve.agents"]),
-    # The run loop (and `run`, its command), and the report it writes at the end of every run.
-    ("orchestrator", ["mkevolve.orchestrator", "mkevolve.report"]),
+    # The run loop (and `run`, its command), its checkpoint (run_state: it holds the search's beams), and the
+    # report it writes at the end of every run.
+    ("orchestrator", ["mkevolve.orchestrator", "mkevolve.run_state", "mkevolve.report"]),
     # The subcommands, one module each; pack, port and swap build on eval's module. `check`, `decompose` and
     # `run` keep their handlers lower, beside what they run (verify.verifier, agents.decompose, orchestrator).
     ("commands", ["mkevolve.evaluate", "mkevolve.swap", "mkevolve.port", "mkevolve.pack", "mkevolve.solve",

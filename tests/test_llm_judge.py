@@ -279,10 +279,10 @@ def test_a_replayed_run_whose_judge_rejects_a_cheat_the_checks_passed(tmp_path):
     assert manifest.coverage.pytorch == ["squash"] and manifest.status == "ok"
 
     state = RunState.load(run_dir)
-    (squash,) = Beam.from_dict(state.beams["squash"]).members
+    (squash,) = state.beams["squash"].members
     assert squash.accepted is False and squash.result.rule == "llm-judge"
     assert squash.judge.ruling is JudgeRuling.REJECT and "Line 14 returns 1.0" in squash.judge.reason
-    assert Beam.from_dict(state.beams["scale"]).best.judge.ruling is JudgeRuling.PASS
+    assert state.beams["scale"].best.judge.ruling is JudgeRuling.PASS
 
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     verdicts = {e["subproblem"]: e["verdict"] for e in events if e["kind"] == "judge"}

@@ -264,8 +264,8 @@ def test_fuse_run_history_and_beams(fuse_run):
     assert [(r.subkernels["scale"].candidates, r.subkernels["squash_halve"].candidates)
             for r in state.history[1:]] == [(0, 2)]
     assert sorted(state.beams) == ["scale", "squash_halve"]
-    assert state.beams["scale"]["next_seq"] == 1 and [m["id"] for m in state.beams["scale"]["members"]] == ["c0000"]
-    assert state.beams["squash_halve"]["next_seq"] == 2
+    assert state.beams["scale"].next_seq == 1 and [m.id for m in state.beams["scale"].members] == ["c0000"]
+    assert state.beams["squash_halve"].next_seq == 2
 
 
 def test_fuse_run_fusion_was_applied(fuse_run):

@@ -218,17 +218,17 @@ def test_a_run_where_nothing_can_change_stops_and_says_so(tmp_path, capsys):
     assert [e["agent"] for e in events(run_dir, "llm_call")] == ["decompose", "generate", "generate"]
 
 
-def passing_beam() -> dict:
+def passing_beam() -> Beam:
     kernel = Candidate(id="c0000", subproblem="s", parent=None, kind=PromptKind.GENERATE, source="# k",
                        result=EvalResult(status=Status.OK), accepted=True)
-    return Beam(width=1, members=[kernel], next_seq=1).to_dict()
+    return Beam(width=1, members=[kernel], next_seq=1)
 
 
-def declined_beam() -> dict:
-    return Beam(width=1, exhausted=Exhausted(model="builtin", reason="no kernel for: torch.cumsum")).to_dict()
+def declined_beam() -> Beam:
+    return Beam(width=1, exhausted=Exhausted(model="builtin", reason="no kernel for: torch.cumsum"))
 
 
-def stub_orchestrator(tmp_path: Path, beams: dict, *, iterations=5, fuse=False, needs_total_fuse=False):
+def stub_orchestrator(tmp_path: Path, beams: dict[str, Beam], *, iterations=5, fuse=False, needs_total_fuse=False):
     """The stop rule reads only the config and the state: no verifier or client is needed."""
     config = replace(RunConfig(), iterations=iterations, refine_every=2, fuse=fuse)
     state = RunState(problem="p.py", run_id="r", beams=beams, needs_total_fuse=needs_total_fuse)

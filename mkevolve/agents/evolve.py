@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from mkevolve.llm.parse import ReplyFormatError, extract_code
 from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.prompts import render
-from mkevolve.search.beam import Beam, Candidate, Exhausted, PromptKind, beam_search, candidate_id
+from mkevolve.search.beam import (Beam, Candidate, CandidateRecord, Exhausted, PromptKind, beam_search,
+                                  candidate_id)
 from mkevolve.search.mcts import mcts_search
 from mkevolve.search.parallel import parallel_sampling
 from mkevolve.verify.result import EvalResult, Status
@@ -310,21 +310,17 @@ class KernelAgent:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"
         if not (record_path.exists() and source_path.exists()):
             return None
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        same_problem = record.get("problem_sha256") == self.problem_sha256
+        record = CandidateRecord.read(record_path)
+        same_problem = record.problem_sha256 == self.problem_sha256
         if not same_problem or source_path.read_text(encoding="utf-8") != source:
             return None
-        verdict = EvalResult.from_dict(record["result"])
+        verdict = record.candidate.result
         # A worker that timed out or died may have been the machine's fault: that kernel gets another try.
         return None if verdict.status in (Status.TIMEOUT, Status.CRASHED) else verdict
 
     def _save(self, candidate: Candidate, response: LLMResponse | None = None) -> None:
-        record = candidate.to_dict()
-        record["source"] = f"{candidate.id}.py" if candidate.source else None
-        record["problem_sha256"] = self.problem_sha256
-        if response is not None and not candidate.source:
-            record["reply_excerpt"] = response.text[:REPLY_EXCERPT_CHARS]
-        write_atomic(self.folder / f"{candidate.id}.json", json.dumps(record, indent=1))
+        excerpt = response.text[:REPLY_EXCERPT_CHARS] if response is not None and not candidate.source else None
+        CandidateRecord(candidate, problem_sha256=self.problem_sha256, reply_excerpt=excerpt).write(self.folder)
 
     def _emit(self, kind: str, candidate: Candidate) -> None:
         if self.events is None:

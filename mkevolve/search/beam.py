@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Callable
 
+from mkevolve.fsutil import write_atomic
 from mkevolve.llm.types import TokenUsage
 from mkevolve.verify.result import EvalResult, JudgeVerdict
 
@@ -66,6 +69,52 @@ class Candidate:
                    result=EvalResult.from_dict(data["result"]), tokens=TokenUsage(**data["tokens"]),
                    cached=data["cached"], accepted=data["accepted"],
                    judge=JudgeVerdict.from_dict(judge) if judge else None)
+
+
+@dataclass
+class CandidateRecord:
+    """A candidate's `<id>.json` in its subproblem's candidates folder: `Candidate.to_dict()` with the code
+    left in `<id>.py` beside it ("source" names that file, null without code), plus what ties the verdict to
+    the subproblem it was checked against."""
+
+    candidate: Candidate
+    problem_sha256: str | None = None   # of the subproblem's source: a saved verdict holds only for it
+    reply_excerpt: str | None = None    # the reply's opening, when it had no code
+    ported_from: dict | None = None     # {"solution", "subkernel"} when `port` reused the kernel
+
+    @property
+    def source_file(self) -> str | None:
+        return f"{self.candidate.id}.py" if self.candidate.source else None
+
+    def to_dict(self) -> dict:
+        data = self.candidate.to_dict()
+        data.update(source=self.source_file, problem_sha256=self.problem_sha256)
+        # Written only when set, as before: readers of older records find the same keys.
+        optional = {"reply_excerpt": self.reply_excerpt, "ported_from": self.ported_from}
+        data.update({key: value for key, value in optional.items() if value is not None})
+        return data
+
+    def write(self, folder: Path) -> Path:
+        """Write `<id>.json` into `folder` (the .py is written where the kernel is checked)."""
+        return write_atomic(Path(folder) / f"{self.candidate.id}.json", json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "") -> "CandidateRecord":
+        candidate = Candidate.from_dict({**data, "source": source})
+        return cls(candidate, problem_sha256=data.get("problem_sha256"), reply_excerpt=data.get("reply_excerpt"),
+                   ported_from=data.get("ported_from"))
+
+    @classmethod
+    def read(cls, path: Path) -> "CandidateRecord":
+        """The record at `path`, its code read from the file it names. Raises OSError, ValueError (bad JSON,
+        an unknown status or kind), KeyError or TypeError for a file that is not such a record."""
+        path = Path(path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"{path}: not a candidate record (a JSON {type(data).__name__})")
+        code = path.parent / data["source"] if data.get("source") else None
+        source = code.read_text(encoding="utf-8") if code is not None and code.is_file() else ""
+        return cls.from_dict(data, source)
 
 
 def candidate_id(seq: int) -> str:
