@@ -303,3 +303,23 @@ def test_main_block_checks_against_the_reference(tmp_path):
                          text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "config 0: matches the reference" in run.stdout
+
+
+@pytest.mark.parametrize("stem", SUPPORTED)
+def test_a_generated_file_carries_only_the_helpers_it_uses(stem):
+    """Every top-level function of the file is called somewhere else in it: no unused host or jit helpers."""
+    for target in ("cuda", TARGET):
+        tree = ast.parse(generate_kernel(SUBPROBLEMS / f"{stem}.py", 0, target).source)
+        functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+        for function in functions:
+            elsewhere = [n for node in tree.body if node is not function for n in ast.walk(node)]
+            assert any(isinstance(n, ast.Name) and n.id == function.name for n in elsewhere), function.name
+
+
+def test_the_self_check_without_its_reference_says_how_to_run_it(tmp_path):
+    """A `solve` result has no ../subkernel_problems/ beside it: the self-check asks for the problem file."""
+    kernel = tmp_path / "solution.py"
+    kernel.write_text(generate_kernel(SUBPROBLEMS / "linear_gelu.py", 0, TARGET).source)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(kernel)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "usage:" in done.stderr and "PROBLEM.py" in done.stderr

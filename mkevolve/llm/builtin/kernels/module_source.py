@@ -256,19 +256,43 @@ class ModeForward:
 
 def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list[ModeForward],
              description: str) -> str:
-    helpers = {name: text for k in kernels for name, text in sorted(k.helpers.items())}
+    helpers = {**_definitions(HOST_HELPERS),
+               **{name: text.rstrip() for k in kernels for name, text in sorted(k.helpers.items())}}
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
-    parts = [f'"""Triton kernels for {problem.stem}: {description}."""\n\n'
-             "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl",
-             HOST_HELPERS.rstrip()]
-    parts += [text.rstrip() for text in helpers.values()]
+    body = []
     for kernel in kernels:
-        parts += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
+        body += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
     if support:
-        parts.append(support)
-    parts.append(_model_new(problem, forwards))
-    parts.append(_main_block(problem.stem))
-    return "\n\n\n".join(parts) + "\n"
+        body.append(support)
+    body += [_model_new(problem, forwards), _main_block(problem.stem)]
+    header = (f'"""Triton kernels for {problem.stem}: {description}."""\n\n'
+              "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl")
+    used = _used_helpers(helpers, "\n\n\n".join(body))
+    return "\n\n\n".join([header, *(helpers[name] for name in used), *body]) + "\n"
+
+
+def _definitions(source: str) -> dict[str, str]:
+    """The top-level functions of `source`, by name, each with its own text."""
+    tree = parse_python(source)
+    return {node.name: ast.get_source_segment(source, node) for node in tree.body
+            if isinstance(node, ast.FunctionDef)}
+
+
+def _used_helpers(helpers: dict[str, str], body: str) -> list[str]:
+    """The helpers `body` calls, directly or through one another, in the order `helpers` lists them: a
+    generated file carries only what it uses."""
+    needed: set[str] = set()
+    pending = _names(body)
+    while pending:
+        name = pending.pop()
+        if name in helpers and name not in needed:
+            needed.add(name)
+            pending |= _names(helpers[name])
+    return [name for name in helpers if name in needed]
+
+
+def _names(source: str) -> set[str]:
+    return {node.id for node in ast.walk(parse_python(source)) if isinstance(node, ast.Name)}
 
 
 def _model_new(problem: ProblemSource, forwards: list[ModeForward]) -> str:
@@ -309,6 +333,8 @@ def _main_block(stem: str) -> str:
 
     default = Path(__file__).resolve().parent / "../subkernel_problems/{stem}.py"
     reference_path = Path(sys.argv[1]) if len(sys.argv) > 1 else default
+    if not reference_path.is_file():  # e.g. a `solve` result, which has no subkernel_problems/ beside it
+        sys.exit(f"usage: python {{sys.argv[0]}} PROBLEM.py (the reference; {{reference_path}} does not exist)")
     spec = importlib.util.spec_from_file_location("reference", reference_path)
     reference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reference)
