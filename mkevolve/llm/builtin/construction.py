@@ -7,6 +7,7 @@ import inspect
 import itertools
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -15,6 +16,31 @@ from torch import nn
 from mkevolve.llm.builtin import expansions
 from mkevolve.llm.builtin.errors import UnsupportedModule
 from mkevolve.problem import seed_everything
+
+
+class OwnerKind(str, Enum):
+    LEAF = "leaf"      # a torch.nn layer of the module, by its path ("blocks.0.linear")
+    RAW = "raw"        # a parameter, buffer or plain tensor of the module itself, by its name
+
+
+@dataclass(frozen=True, order=True)
+class Owner:
+    """What a unit's tensors belong to, and so what a subproblem must build to have them."""
+
+    kind: OwnerKind
+    name: str
+
+    @classmethod
+    def leaf(cls, path: str) -> "Owner":
+        return cls(OwnerKind.LEAF, path)
+
+    @classmethod
+    def raw(cls, name: str) -> "Owner":
+        return cls(OwnerKind.RAW, name)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.kind is OwnerKind.LEAF
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from mkevolve.llm.builtin.construction import Construction, LeafRecord, RawRecord, plain_tensor_attributes
+from mkevolve.llm.builtin.construction import Construction, LeafRecord, Owner, RawRecord, plain_tensor_attributes
 from mkevolve.llm.builtin.errors import UnsupportedModule
 from mkevolve.llm.builtin.values import literal_source, module_constants, same_value
 from mkevolve.pysource import parse_python
@@ -178,7 +178,7 @@ def raw_records(units, construction: Construction, init_source: InitSource, mode
                  constants: dict[str, Any], import_names: set[str], source: str) -> dict[str, RawRecord]:
     """The top module's own parameters and buffers that a subproblem must create: used ones, and unused
     ones whose creation draws random numbers (they shift every later weight)."""
-    names = {key[4:] for unit in units for key in unit.owners if key.startswith("raw:")}
+    names = {owner.name for unit in units for owner in unit.owners if not owner.is_leaf}
     names |= {name for name, (_, draws) in construction.raw_order.items()
               if draws and (name in model._parameters or name in model._buffers
                             or name in plain_tensor_attributes(model))}
@@ -264,7 +264,7 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
         keys = set()
         for attribute in attributes:
             if attribute in construction.leaves:
-                keys.add(f"leaf:{attribute}")
+                keys.add(Owner.leaf(attribute))
             elif attribute in model._parameters or attribute in model._buffers:
                 continue  # raw parameters carry their own follow-ups
             else:
@@ -278,6 +278,6 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
                 raise UnsupportedModule(f"`{ast.unparse(stmt)[:60]}` in Model.__init__ reads {', '.join(unknown)}, "
                                         "which is neither an argument of Model nor a module-level constant")
             links.append(keys)
-            layers = tuple(sorted(k[5:] for k in keys))
+            layers = tuple(sorted(k.name for k in keys))
             follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, tuple(free)))
     return links, follow_ups

@@ -7,6 +7,7 @@ import itertools
 
 from torch import fx
 
+from mkevolve.llm.builtin.construction import Owner
 from mkevolve.llm.builtin.kinds import EPILOGUE_ANCHORS, Kind
 from mkevolve.llm.builtin.tracing import TracedModule, external_inputs
 from mkevolve.llm.builtin.values import ValueKind
@@ -120,9 +121,9 @@ class Segmentation:
             index.append(group)
         return index
 
-    def _owner_groups(self, cuts: list[int]) -> dict[str, set[int]]:
+    def _owner_groups(self, cuts: list[int]) -> dict[Owner, set[int]]:
         index = self._group_index(cuts)
-        placed: dict[str, set[int]] = {}
+        placed: dict[Owner, set[int]] = {}
         for unit in self.traced.units:
             for key in unit.owners:
                 placed.setdefault(key, set()).add(index[unit.index])
@@ -132,9 +133,9 @@ class Segmentation:
                 placed[key] = set(groups)
         return placed
 
-    def shareable(self, key: str) -> bool:
+    def shareable(self, key: Owner) -> bool:
         """A layer with no state and no random draws: each group that calls it builds its own copy."""
-        leaf = self.traced.construction.leaves.get(key[5:]) if key.startswith("leaf:") else None
+        leaf = self.traced.construction.leaves.get(key.name) if key.is_leaf else None
         return leaf is not None and leaf.stateless and not any(key in link for link in self.traced.links)
 
     def _fix_owners(self, cuts: list[int]) -> list[int]:
@@ -144,7 +145,7 @@ class Segmentation:
                 return [c for i, c in enumerate(cuts) if not low <= i < high]
         return cuts
 
-    def owner_placement(self, cuts: list[int]) -> dict[str, set[int]]:
+    def owner_placement(self, cuts: list[int]) -> dict[Owner, set[int]]:
         """The groups that build each owner: every user of a shareable layer, else one group; unused owners
         that draw random numbers go next to the owner drawn just before them."""
         placed = {k: (g if self.shareable(k) else {min(g)}) for k, g in self._owner_groups(cuts).items()}
@@ -155,11 +156,11 @@ class Segmentation:
                 placed[key] = {max(earlier) if earlier else 0}
         return placed
 
-    def random_owners(self) -> dict[str, int]:
-        """Owner key -> construction order, for owners whose construction draws random numbers."""
+    def random_owners(self) -> dict[Owner, int]:
+        """Owner -> construction order, for owners whose construction draws random numbers."""
         construction = self.traced.construction
-        owners = {f"leaf:{p}": r.order for p, r in construction.leaves.items() if r.draws_random}
-        owners.update({f"raw:{n}": r.order for n, r in self.traced.raws.items() if r.draws_random})
+        owners = {Owner.leaf(p): r.order for p, r in construction.leaves.items() if r.draws_random}
+        owners.update({Owner.raw(n): r.order for n, r in self.traced.raws.items() if r.draws_random})
         return owners
 
     def _fix_random_order(self, cuts: list[int]) -> list[int]:

@@ -18,7 +18,7 @@ from torch import fx, nn
 
 from mkevolve.codebase import ProblemSkeleton
 from mkevolve.llm.builtin import expansions
-from mkevolve.llm.builtin.construction import (Construction, LeafRecord, RawRecord, is_torch_layer,
+from mkevolve.llm.builtin.construction import (Construction, LeafRecord, Owner, RawRecord, is_torch_layer,
                                                plain_tensor_attributes, record_construction)
 from mkevolve.llm.builtin.errors import UnsupportedModule
 from mkevolve.llm.builtin.init_source import FollowUp, InitSource, imported_names, init_links, raw_records
@@ -36,7 +36,7 @@ class Unit:
     nodes: list[fx.Node]
     label: str
     kind: Kind
-    owners: set[str]          # keys of the owners it uses: "leaf:<path>" or "raw:<name>"
+    owners: set[Owner]        # the layers and raw tensors it uses
 
 
 @dataclass
@@ -55,8 +55,8 @@ class TracedModule:
     imports: tuple[str, ...]
     output_spec: Any
     placeholders: list[fx.Node]
-    links: list[set[str]]                        # owner keys that must stay in one subproblem
-    follow_ups: dict[str, list[FollowUp]]        # owner key -> statements run after it is built
+    links: list[set[Owner]]                      # owners that must stay in one subproblem
+    follow_ups: dict[Owner, list[FollowUp]]      # owner -> statements run after it is built
     tracer: str                                  # "fx" or "export"
     constants: dict[str, Any]                    # module-level literals of the problem file
     sinkable: set[fx.Node] = field(default_factory=set)   # shape values and pure views, recomputed on demand
@@ -303,24 +303,25 @@ def node_label(node: fx.Node, model: nn.Module) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def owner_key_of(target: str, model: nn.Module, leaves: dict[str, LeafRecord]) -> str:
+def owner_of(target: str, model: nn.Module, leaves: dict[str, LeafRecord]) -> Owner:
+    """What the tensor at `target` (a get_attr path) belongs to."""
     if target in leaves:
-        return f"leaf:{target}"
+        return Owner.leaf(target)
     parent = target.rpartition(".")[0]
     if parent == "":
-        return f"raw:{target}"
+        return Owner.raw(target)
     # An expanded layer reads its children's parameters (MultiheadAttention's out_proj.weight): the owner
     # is the outermost layer above them.
     ancestor = parent
     while ancestor:
         if ancestor in leaves:
-            return f"leaf:{ancestor}"
+            return Owner.leaf(ancestor)
         ancestor = ancestor.rpartition(".")[0]
     holder = model.get_submodule(parent)
     # A tensor of the user's own submodule (a GraphModule keeps such submodules as plain nn.Module): rebuilt
     # by the statements of that class's __init__.
     if type(holder) is nn.Module or not is_torch_layer(holder):
-        return f"raw:{target}"
+        return Owner.raw(target)
     raise UnsupportedModule(f"'{target}' belongs to {type(model.get_submodule(parent)).__name__}, a module the "
                             "builtin decomposer cannot rebuild (only torch.nn layers and the top module's own "
                             "parameters)")
@@ -335,13 +336,13 @@ def _units(gm: fx.GraphModule, values, shape_nodes, model: nn.Module, tracer: st
     for node in gm.graph.nodes:
         if node.op not in ("call_module", "call_function", "call_method") or node in shape_nodes:
             continue
-        owners = {owner_key_of(a.target, model, leaves) for a in node.all_input_nodes
+        owners = {owner_of(a.target, model, leaves) for a in node.all_input_nodes
                   if a.op == "get_attr" and a.target not in tensor_constants}
         if node.op == "call_module":
             if node.target not in leaves:
                 raise UnsupportedModule(f"cannot rebuild module '{node.target}' "
                                         f"({type(model.get_submodule(node.target)).__name__})")
-            owners.add(f"leaf:{node.target}")
+            owners.add(Owner.leaf(node.target))
         layer = _export_layer(node, leaves) if tracer == "export" else None
         if layer is not None and layer == last_layer:
             units[-1].nodes.append(node)

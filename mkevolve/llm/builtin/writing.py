@@ -19,11 +19,12 @@ import torch
 from torch import fx, nn
 
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, class_alias, safe_name
+from mkevolve.llm.builtin.construction import Owner
 from mkevolve.llm.builtin.errors import UnsupportedModule
 from mkevolve.llm.builtin.init_source import is_self_attr
 from mkevolve.llm.builtin.kinds import Kind
 from mkevolve.llm.builtin.segments import Segmentation
-from mkevolve.llm.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_key_of
+from mkevolve.llm.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
 from mkevolve.llm.builtin.values import literal_source, same_value
 from mkevolve.pysource import parse_python
 
@@ -41,7 +42,7 @@ _RESERVED = {"self", "torch", "nn", "F", "math", "operator", "super", "x"} | set
 class OwnerCode:
     """How a subproblem builds one owner: attribute name and the statements (parameterised later)."""
 
-    key: str
+    key: Owner
     attribute: str
     order: int
 
@@ -125,8 +126,8 @@ class CodeWriter:
         units = [self.traced.units[i] for i in group]
         local = kept | closure(self.traced, kept)
         ordered = [n for n in self.model.graph.nodes if n in local]
-        owner_keys = sorted((k for k, g in self.placement.items() if index in g), key=self._owner_order)
-        owners = self._owner_codes(owner_keys)
+        placed = sorted((k for k, g in self.placement.items() if index in g), key=self._owner_order)
+        owners = self._owner_codes(placed)
         names = self._canonical_names(inputs, ordered, owners)
         if not outputs:
             raise UnsupportedModule(f"units {group.start}-{group.stop - 1} compute nothing the rest of the forward uses")
@@ -138,20 +139,18 @@ class CodeWriter:
         labels = [u.label for u in units if u.kind is not Kind.VIEW] or [units[0].label]
         return GroupCode(group, labels, lines, inputs, outputs, owners)
 
-    def _owner_order(self, key: str) -> int:
-        kind, _, name = key.partition(":")
-        if kind == "leaf":
-            return self.traced.construction.leaves[name].order
-        return self.traced.raws[name].order if name in self.traced.raws else -1
+    def _owner_order(self, owner: Owner) -> int:
+        if owner.is_leaf:
+            return self.traced.construction.leaves[owner.name].order
+        return self.traced.raws[owner.name].order if owner.name in self.traced.raws else -1
 
-    def _owner_codes(self, keys: list[str]) -> list[OwnerCode]:
+    def _owner_codes(self, keys: list[Owner]) -> list[OwnerCode]:
         codes, taken = [], set()
         for key in keys:
-            kind, _, name = key.partition(":")
-            if kind == "leaf":
-                base = self.traced.construction.leaves[name].cls.__name__.lower()
+            if key.is_leaf:
+                base = self.traced.construction.leaves[key.name].cls.__name__.lower()
             else:
-                base = _identifier(name)
+                base = _identifier(key.name)
             attribute = _unique(base, taken)
             taken.add(attribute)
             codes.append(OwnerCode(key, attribute, self._owner_order(key)))
@@ -166,7 +165,7 @@ class CodeWriter:
         for node in ordered:
             base = _identifier(node_label(node, self.model))
             if node.op == "call_module":
-                base = next(o.attribute for o in owners if o.key == f"leaf:{node.target}")
+                base = next(o.attribute for o in owners if o.key == Owner.leaf(node.target))
             names[node] = _unique(base if base not in _RESERVED else f"{base}_out", taken)
             taken.add(names[node])
         return names
@@ -178,7 +177,7 @@ class CodeWriter:
         args = [arg(a) for a in node.args]
         kwargs = [f"{k}={arg(v)}" for k, v in node.kwargs.items()]
         if node.op == "call_module":
-            attribute = next(o.attribute for o in owners if o.key == f"leaf:{node.target}")
+            attribute = next(o.attribute for o in owners if o.key == Owner.leaf(node.target))
             return f"self.{attribute}({', '.join(args + kwargs)})"
         if node.op == "call_method":
             return f"{args[0]}.{node.target}({', '.join(args[1:] + kwargs)})"
@@ -234,10 +233,10 @@ class CodeWriter:
         return self._argument(part, names, owners)
 
     def _attribute_source(self, target: str, owners: list[OwnerCode]) -> str:
-        key = owner_key_of(target, self.model, self.traced.construction.leaves)
+        key = owner_of(target, self.model, self.traced.construction.leaves)
         attribute = next(o.attribute for o in owners if o.key == key)
-        if key.startswith("leaf:"):
-            rest = target[len(key) - 5 + 1:]
+        if key.is_leaf:
+            rest = target[len(key.name) + 1:]
             return f"self.{attribute}.{rest}" if rest else f"self.{attribute}"
         return f"self.{attribute}"
 
@@ -264,11 +263,10 @@ class CodeWriter:
     def _pattern_key(self, code: GroupCode) -> str:
         owners = []
         for owner in code.owners:
-            kind, _, name = owner.key.partition(":")
-            if kind == "leaf":
-                owners.append(f"{owner.attribute}={self.traced.construction.leaves[name].cls.__qualname__}")
+            if owner.key.is_leaf:
+                owners.append(f"{owner.attribute}={self.traced.construction.leaves[owner.key.name].cls.__qualname__}")
             else:
-                raw = self.traced.raws[name]
+                raw = self.traced.raws[owner.key.name]
                 owners.append(f"{owner.attribute}=" + "\n".join(raw.statements))
             owners += [f.statement for f in self.traced.follow_ups.get(owner.key, [])]
         return "\n".join(code.forward_lines + owners)
@@ -280,9 +278,9 @@ class CodeWriter:
         raw_names = list(dict.fromkeys(n for o in first.owners for n in self._free_names(o.key)))
         leaf_args: list[tuple[str, str]] = []
         for position, owner in enumerate(first.owners):
-            if owner.key.startswith("leaf:"):
+            if owner.key.is_leaf:
                 leaf_args += [(owner.attribute, name)
-                              for name, _, _ in self.traced.construction.leaves[owner.key[5:]].arguments
+                              for name, _, _ in self.traced.construction.leaves[owner.key.name].arguments
                               if any(not self._is_default(g.owners[position].key, name) for g in pattern.groups)]
         counts: dict[str, int] = {}
         for _, name in leaf_args:
@@ -299,14 +297,14 @@ class CodeWriter:
             params += [(n, "", n) for n in self._free_names(owner.key) if (n, "", n) not in params]
         return params
 
-    def _free_names(self, owner_key: str) -> list[str]:
+    def _free_names(self, owner: Owner) -> list[str]:
         """Model arguments and constants the statements that build an owner read."""
-        if owner_key.startswith("raw:"):
-            return self.traced.raws[owner_key[4:]].free_names
-        return [n for f in self.traced.follow_ups.get(owner_key, []) for n in f.free_names]
+        if not owner.is_leaf:
+            return self.traced.raws[owner.name].free_names
+        return [n for f in self.traced.follow_ups.get(owner, []) for n in f.free_names]
 
-    def _is_default(self, owner_key: str, argument: str) -> bool:
-        leaf = self.traced.construction.leaves[owner_key[5:]]
+    def _is_default(self, owner: Owner, argument: str) -> bool:
+        leaf = self.traced.construction.leaves[owner.name]
         for name, value, default in leaf.arguments:
             if name == argument:
                 return default is not _EMPTY and same_value(value, default)
@@ -319,7 +317,7 @@ class CodeWriter:
             arguments = self.traced.construction.root_arguments
             return (arguments[name] if name in arguments else self.traced.constants[name]), name
         owner = next(o for o in code.owners if o.attribute == attribute)
-        leaf = self.traced.construction.leaves[owner.key[5:]]
+        leaf = self.traced.construction.leaves[owner.key.name]
         value = next(v for n, v, _ in leaf.arguments if n == argument)
         return value, leaf.expressions.get(argument) or literal_source(value)
 
@@ -341,13 +339,12 @@ class CodeWriter:
         lines += _imports_for("\n".join(body), self.traced.imports) + ["", ""] + body
         return "\n".join(lines) + "\n"
 
-    def _owner_lines(self, owner: OwnerCode, pattern: Pattern, attributes: dict[str, str]) -> list[str]:
-        kind, _, name = owner.key.partition(":")
-        if kind == "raw":
-            raw = self.traced.raws[name]
+    def _owner_lines(self, owner: OwnerCode, pattern: Pattern, attributes: dict[Owner, str]) -> list[str]:
+        if not owner.key.is_leaf:
+            raw = self.traced.raws[owner.key.name]
             renamed = [_rename_self_attribute(s, raw.local, owner.attribute) for s in raw.statements]
             return [line for s in renamed for line in s.splitlines()]
-        leaf = self.traced.construction.leaves[name]
+        leaf = self.traced.construction.leaves[owner.key.name]
         by_argument = {(a, n): p for p, a, n in pattern.params}
         args = []
         positional = True
@@ -364,7 +361,7 @@ class CodeWriter:
         for follow_up in self.traced.follow_ups.get(owner.key, []):
             statement = follow_up.statement
             for layer in follow_up.layers:
-                statement = _rename_self_attribute(statement, layer, attributes[f"leaf:{layer}"])
+                statement = _rename_self_attribute(statement, layer, attributes[Owner.leaf(layer)])
             lines += statement.splitlines()
         return lines
 
