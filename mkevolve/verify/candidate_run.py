@@ -186,16 +186,33 @@ def parse_report(body: dict) -> CandidateReport:
 # ---- running the process -----------------------------------------------------------------------------------
 
 
-def imported_modules(problem: Path) -> list[str]:
-    """The modules a problem file imports at its top level (absolute imports), in order."""
+# A solution folder holds a few files (a composite: its top-level and one per subkernel); past this many the
+# preload is skipped rather than every file parsed.
+_PRELOAD_SCAN_LIMIT = 200
+
+
+def imported_modules(source: Path) -> list[str]:
+    """The modules a Python file imports at its top level (absolute imports), in order; [] when it cannot be
+    read or parsed."""
     try:
-        tree = parse_python(problem.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+        tree = parse_python(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return []
     names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 0
               and node.module]
     return list(dict.fromkeys(names))
+
+
+def preload_for(problem: Path, candidate_dir: Path) -> list[str]:
+    """What the candidate process imports before it is confined: the problem's own imports (trusted) that the
+    solution's files import too, so a solution whose kernels never touch a library does not wait for it. The
+    candidate's files are only parsed, never run, and only the problem's names can come out."""
+    files = sorted(candidate_dir.rglob("*.py"))
+    if len(files) > _PRELOAD_SCAN_LIMIT:
+        return []
+    used = {name for path in files for name in imported_modules(path)}
+    return [name for name in imported_modules(problem) if name in used]
 
 
 def run_candidate_process(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
@@ -207,7 +224,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
         candidate_dir=str(Path(request.solution_path).resolve().parent),
         scratch=str(scratch), key=key.hex(), device=device.type, eval_mode=request.eval_mode,
         construct_seed=request.seed, trusted_files=list(request.trusted_files),
-        preload=imported_modules(Path(request.problem_path)),
+        preload=preload_for(Path(request.problem_path), Path(request.solution_path).resolve().parent),
         triton_cache=str(candidate_triton_cache(scratch)),
         configs=[ConfigRun(init=str(ref.init_file),
                            calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed)
