@@ -32,9 +32,10 @@ from torch import nn
 
 from mkevolve.config import TOLERANCE, ConfigError, config_from_args
 from mkevolve.display import make_console
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import (ProblemError, call_inputs, clone_values, flatten_outputs, import_file,
-                              seed_everything, to_device)
+                              same_outputs, seed_everything, to_device)
 from mkevolve.pysource import parse_python
 
 # Containers are never the unit of work themselves (ModuleList/ModuleDict have no forward at all): their
@@ -710,23 +711,8 @@ def _check_reproduces(source: str, probe: _Probe, model_file: Path) -> None:
     if others or isinstance(expected, Mapping):
         holding = f" holding {', '.join(others)}" if others else ""
         raise _Unsupported(f"it returns a {type(expected).__name__}{holding}; a problem's forward returns tensors")
-    if not _same_outputs(expected, got):
+    if not same_outputs(flatten_outputs(expected), flatten_outputs(got), TOLERANCE):
         raise _Unsupported("the module rebuilt from its init arguments computes something else")
-
-
-def _same_outputs(expected: Any, got: Any) -> bool:
-    a, b = flatten_outputs(expected), flatten_outputs(got)
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor):
-            if x.shape != y.shape or not torch.allclose(y, x, atol=TOLERANCE, rtol=TOLERANCE, equal_nan=True):
-                return False
-        elif type(x) is not type(y) or repr(x) != repr(y):
-            return False
-    return True
 
 
 def _table(report: CaptureReport) -> Table:
@@ -763,4 +749,4 @@ def capture_command(args) -> int:
             console.print(f"skipped {row.path}: {row.skipped}")
     console.print(f"wrote {out_dir / 'capture.json'} and {sum(1 for r in report.rows if r.problem)} problem file(s) "
                   f"in {out_dir}; run one with: python -m mkevolve run FILE")
-    return 0
+    return ExitCode.OK

@@ -27,6 +27,7 @@ from torch import nn
 from mkevolve.codebase import SOLUTION_FILE
 from mkevolve.config import TOLERANCE, ConfigError, build_config, config_from_args
 from mkevolve.display import make_console
+from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import (ProblemError, call_inputs, clone_values, flatten_outputs, import_file,
                               seed_everything)
@@ -171,6 +172,7 @@ class RunDir:
     best: Path | None        # None when the run left no best/
     capture_json: Path | None
     call: CallShape = field(default_factory=CallShape)
+    constants: dict = field(default_factory=dict)   # the problem file's NAME = literal lines, read once
 
 
 def read_run_dir(path: str | Path) -> RunDir:
@@ -180,13 +182,14 @@ def read_run_dir(path: str | Path) -> RunDir:
     problem = _problem_of(path)
     best = path / BEST
     capture_json = problem.parent / "capture.json"
-    return RunDir(path=path, problem=problem, region=_region_of(problem), seed=_seed_of(path),
-                  best=best if (best / SOLUTION_FILE).is_file() else None,
-                  capture_json=capture_json if capture_json.is_file() else None, call=_call_shape(problem))
-
-
-def _call_shape(problem: Path) -> CallShape:
     constants = _constants(problem)
+    return RunDir(path=path, problem=problem, region=_constant(problem, constants, "REGION", str),
+                  seed=_seed_of(path), best=best if (best / SOLUTION_FILE).is_file() else None,
+                  capture_json=capture_json if capture_json.is_file() else None, call=_call_shape(constants),
+                  constants=constants)
+
+
+def _call_shape(constants: dict[str, Any]) -> CallShape:
     if "POSITIONAL" not in constants:  # written before capture recorded how the region is called
         return CallShape()
     return CallShape(positional=constants["POSITIONAL"], positional_literals=constants["POSITIONAL_LITERALS"],
@@ -224,23 +227,19 @@ def _constants(problem: Path) -> dict[str, Any]:
     return found
 
 
-def _constant(problem: Path, name: str, kind: type) -> Any:
-    value = _constants(problem).get(name)
+def _constant(problem: Path, constants: dict[str, Any], name: str, kind: type) -> Any:
+    value = constants.get(name)
     if not isinstance(value, kind):
         raise IntegrateError(problem, f"has no {name} constant: not a problem written by `mkevolve capture`")
     return value
-
-
-def _region_of(problem: Path) -> str:
-    return _constant(problem, "REGION", str)
 
 
 def model_inputs(run: RunDir) -> list:
     """The whole model's inputs as capture drew them."""
     from mkevolve.capture import captured_inputs, load_model_file
 
-    model_file = load_model_file(_constant(run.problem, "MODEL_FILE", str))
-    return captured_inputs(model_file, _constant(run.problem, "SEED", int), torch.device("cpu"))
+    model_file = load_model_file(_constant(run.problem, run.constants, "MODEL_FILE", str))
+    return captured_inputs(model_file, _constant(run.problem, run.constants, "SEED", int), torch.device("cpu"))
 
 
 def _seed_of(run_dir: Path) -> int:
@@ -625,5 +624,5 @@ def integrate_command(args) -> int:
     for line in _summary(report.end_to_end):
         console.print(line)
     console.print(f"{len(report.used)} of {len(report.regions)} region(s) replaced; wrote {target}")
-    return 0
+    return ExitCode.OK
 

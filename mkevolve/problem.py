@@ -184,7 +184,7 @@ def check_reference(problem: Problem, device: torch.device, eval_mode: bool, see
                 second = flatten_outputs(model(*clone_values(inputs)))
         except Exception as err:
             raise ProblemError(problem.path, f"Model.forward raised {type(err).__name__}: {err}") from None
-        if not _same(first, second):
+        if not same_outputs(first, second, _REPEAT_TOL):
             hint = ""
             if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
                    for m in model.modules()):
@@ -213,13 +213,16 @@ def flatten_outputs(out: Any) -> list:
 _REPEAT_TOL = 1e-5
 
 
-def _same(a: list, b: list) -> bool:
-    if len(a) != len(b):
+def same_outputs(expected: list, got: list, tolerance: float) -> bool:
+    """Whether two flattened outputs agree: tensors of equal shape within atol = rtol = `tolerance` (relative to
+    `expected`), anything else equal."""
+    if len(expected) != len(got):
         return False
-    for x, y in zip(a, b):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or not torch.allclose(x, y, rtol=_REPEAT_TOL, atol=_REPEAT_TOL,
-                                                         equal_nan=True):
+    for x, y in zip(expected, got):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or not torch.allclose(y, x, rtol=tolerance, atol=tolerance, equal_nan=True):
                 return False
         elif x != y:
             return False
