@@ -37,7 +37,7 @@ from mkevolve.verify.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
-REPEATS = 4  # checks of one solution per tree; the first pays for references, baseline and compilation
+REPEATS = 4  # default checks of one solution per tree; the first pays for references, baseline and compilation
 
 
 def constants(path: Path) -> dict[str, object]:
@@ -149,7 +149,7 @@ def fresh_variants(solution: Path, folder: Path, count: int) -> list[Path]:
 
 
 def measure_overhead(kernelbench: Path, problems: list[str], old_tree: Path | None, record: dict,
-                     out: Path, given: Path | None = None) -> list[dict]:
+                     out: Path, given: Path | None = None, repeats: int = REPEATS) -> list[dict]:
     rows = record.setdefault("overhead", [])
     for name in problems:
         problem = (kernelbench / name).resolve()
@@ -160,10 +160,10 @@ def measure_overhead(kernelbench: Path, problems: list[str], old_tree: Path | No
                 continue
             kept = ROOT / ".bench_solutions"
             kept.mkdir(exist_ok=True)
-            variants = fresh_variants(solution, kept, 2 * REPEATS)
-            row = {"problem": name, "new": checks_with_tree(ROOT, problem, variants[:REPEATS], Path(scratch) / "new")}
+            variants = fresh_variants(solution, kept, 2 * repeats)
+            row = {"problem": name, "new": checks_with_tree(ROOT, problem, variants[:repeats], Path(scratch) / "new")}
             if old_tree is not None:
-                row["old"] = checks_with_tree(old_tree.resolve(), problem, variants[REPEATS:], Path(scratch) / "old")
+                row["old"] = checks_with_tree(old_tree.resolve(), problem, variants[repeats:], Path(scratch) / "old")
                 warm = lambda runs: statistics.median(r["wall_s"] for r in runs[1:])  # noqa: E731
                 row["warm_wall_s"] = {"new": round(warm(row["new"]), 3), "old": round(warm(row["old"]), 3)}
                 row["overhead_s"] = round(row["warm_wall_s"]["new"] - row["warm_wall_s"]["old"], 3)
@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--old-tree", type=Path)
     parser.add_argument("--solution", type=Path, help="check this solution instead of having the builtin "
                                                       "agent write one (one problem only)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="checks of one solution per tree")
     args = parser.parse_args()
     record = {"date": date.today().isoformat(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -193,7 +194,8 @@ def main() -> None:
         record["corpus"] = run_corpus(args.workers)
         Path(args.out).write_text(json.dumps(record, indent=1))
     if args.problems:
-        measure_overhead(args.kernelbench, args.problems, args.old_tree, record, Path(args.out), args.solution)
+        measure_overhead(args.kernelbench, args.problems, args.old_tree, record, Path(args.out), args.solution,
+                         args.repeats)
     Path(args.out).write_text(json.dumps(record, indent=1))
 
 

@@ -22,6 +22,7 @@ import torch
 
 from mkevolve.pysource import parse_python
 from mkevolve.verify.cheating import Rule, Violation
+from mkevolve.verify import triton_warm
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
@@ -115,6 +116,7 @@ class CandidateReport:
     outputs: dict[str, dict]
     phases: dict[str, float] = field(default_factory=dict)   # seconds inside the candidate process
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
+    launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
     _verified: dict[str, bytearray | None] | None = field(default=None, repr=False)
 
     def output(self, name: str, scratch: Path, device: torch.device) -> list:
@@ -178,6 +180,7 @@ def parse_report(body: dict) -> CandidateReport:
             times_ms=[[float(t) for t in config] for config in body["times_ms"]],
             outputs=dict(body["outputs"]),
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
+            launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise _forged(f"the report's fields do not parse ({type(err).__name__})") from None
@@ -247,6 +250,8 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
                        f"{log_tail(scratch / _LOG_FILE)}")
     report = parse_report(read_signed_report(scratch, key))
     report.peak_rss_mb = ended.peak_rss_mb
+    if device.type == "cuda":
+        triton_warm.learn(report.launcher_signatures, _warm_dir())
     return report
 
 
@@ -267,7 +272,7 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
     global _zygote
     try:
         if _zygote is None or not _zygote.alive:
-            _zygote = Zygote(("mkevolve.verify.harness",), _zygote_env(),
+            _zygote = Zygote(("mkevolve.verify.harness", "mkevolve.verify.triton_warm"), _zygote_env(),
                              Path(tempfile.gettempdir()) / f"mkevolve-zygote-{os.getpid()}.log",
                              standby="mkevolve.verify.harness:standby")
         with gpu_share.gpu_lent():
@@ -305,7 +310,19 @@ def _zygote_env() -> dict[str, str]:
     for name in (gpu_share.LOCK_ENV, "PYTHONPATH"):
         if name in os.environ:
             env[name] = os.environ[name]
+    env[triton_warm.WARM_DIR_ENV] = str(_warm_dir())
     return env
+
+
+_warm: Path | None = None
+
+
+def _warm_dir() -> Path:
+    """The warm Triton cache of this worker's candidate processes (chosen once per worker)."""
+    global _warm
+    if _warm is None:
+        _warm = triton_warm.warm_dir()
+    return _warm
 
 
 def gpu_accounting(activities: list[DeviceActivity], code_files, scratch: Path,

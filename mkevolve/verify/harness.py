@@ -22,10 +22,8 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +34,7 @@ import torch
 
 from mkevolve.problem import ProblemError, import_file, seed_everything
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
+from mkevolve.verify import triton_warm
 from mkevolve.verify.kernel_audit import ActivityRecorder
 from mkevolve.workers import gpu_share, harden, wire
 from mkevolve.workers.pool import SHARERS_ENV
@@ -57,8 +56,6 @@ _TRUSTED_PACKAGE = __name__.partition(".")[0]   # "mkevolve": dropped from sys.m
 _SUBCLASS_RULE = Rule.TENSOR_SUBCLASS.value
 _start_thread, _allocate_lock = _thread.start_new_thread, _thread.allocate_lock
 _SAVERS = 8  # threads that write kept outputs at once
-# Triton's cache as the zygote left it (its CUDA helper module, compiled once); each child starts from a copy.
-_WARM_TRITON_CACHE = Path(tempfile.gettempdir()) / f"mkevolve-triton-warm-{os.getuid()}-{os.getpid()}"
 
 
 @dataclass
@@ -113,22 +110,6 @@ class CandidateFailure(Exception):
 # ---- entry point (called in the forked child by the zygote) -------------------------------------------
 
 
-def zygote_warmup() -> None:
-    """Compile Triton's CUDA helper module once, in the zygote, so no candidate process compiles it again.
-
-    It is built into a cache only the zygote writes; every child copies that cache into its own fresh one,
-    so nothing a candidate writes is ever loaded by another. Loading the module opens no CUDA context.
-    """
-    if os.environ.get("TRITON_INTERPRET") == "1" or not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return
-    os.environ["TRITON_CACHE_DIR"] = str(_WARM_TRITON_CACHE)
-    try:
-        from triton.backends.nvidia.driver import CudaUtils
-    except ImportError:  # a Triton without the NVIDIA backend: nothing to prepare
-        return
-    CudaUtils()
-
-
 @dataclass
 class Standby:
     """What a candidate process prepares before its candidate is known."""
@@ -138,13 +119,15 @@ class Standby:
 
 def standby() -> Standby:
     """Run by the zygote's next child while the previous candidate still runs: on an H200 a CUDA context
-    takes 0.3 s and starting the profiler 3.6 to 3.8 s, time no candidate should wait for."""
+    takes 0.3 s, warming Triton about 1 s and starting the profiler 3.6 to 3.8 s, time no candidate
+    should wait for."""
     if not _gpu_process():
         return Standby()
     torch.cuda.init()
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
     # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
     torch.cuda.set_per_process_memory_fraction(0.9 / sharers)
+    triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()
     return Standby(recorder)
@@ -163,6 +146,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
+        launchers = triton_warm.record_launchers() if request.device == "cuda" else []
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
     saved: dict[str, list] = {}
@@ -182,6 +166,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     with _phase(report, "save"):
         report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()
+    report["launcher_signatures"] = list(launchers)
     write_report(request, report, key)
     return 0
 
@@ -203,9 +188,7 @@ def prepare_and_confine(request: CandidateRequest):
     """Everything that needs more than the confinement allows happens first: caches, locks, then the hook."""
     scratch = Path(request.scratch)
     triton_cache = Path(request.triton_cache)
-    if _WARM_TRITON_CACHE.is_dir():
-        shutil.copytree(_WARM_TRITON_CACHE, triton_cache, dirs_exist_ok=True)
-    triton_cache.mkdir(parents=True, exist_ok=True)
+    triton_warm.copy_warm_cache(triton_cache)
     os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
     os.environ["HOME"] = os.environ["TMPDIR"] = str(scratch)
     os.chdir(scratch)  # relative paths the candidate writes land in its scratch folder
