@@ -144,6 +144,8 @@ class _Lowering:
             return type(value)(self._arg(v) for v in value)
         if isinstance(value, dict):
             return {k: self._arg(v) for k, v in value.items()}
+        if isinstance(value, slice):  # `x[:, :T]` with T a traced size
+            return slice(self._arg(value.start), self._arg(value.stop), self._arg(value.step))
         return value
 
     def _traced_shapes(self, index: int):

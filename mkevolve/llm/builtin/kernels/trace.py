@@ -151,7 +151,7 @@ def _fx_trace(b: _Built) -> ConfigTrace:
     signature = inspect.signature(b.model.forward)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in signature.parameters.values()):
         raise UnsupportedSubproblem("Model.forward takes *args or **kwargs")
-    graph_module = fx.symbolic_trace(b.model)
+    graph_module = fx.GraphModule(b.model, _BufferTracer().trace(b.model))
     ShapeProp(graph_module).propagate(*b.inputs)
     shapes, dtypes = {}, {}
     for node in graph_module.graph.nodes:
@@ -159,6 +159,13 @@ def _fx_trace(b: _Built) -> ConfigTrace:
         shapes[node.name] = _map_meta(meta, lambda m: tuple(m.shape))
         dtypes[node.name] = _map_meta(meta, lambda m: m.dtype)
     return ConfigTrace(b.model, graph_module, shapes, dtypes)
+
+
+class _BufferTracer(fx.Tracer):
+    """Buffers become graph inputs like parameters: a mask computed from one in forward (`self.bias == 0`)
+    stays an operation the kernel can fuse, instead of a constant tensor baked in at trace time."""
+
+    proxy_buffer_attributes = True
 
 
 def _map_meta(meta, fn):
