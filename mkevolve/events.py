@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+from mkevolve.event_records import EventRecord
+
 
 class EventLog:
     """Each event is one JSON line with a kind and a timestamp; path None keeps events in memory."""
@@ -25,6 +27,23 @@ class EventLog:
                 with self.path.open("a", encoding="utf-8") as f:
                     f.write(line + "\n")
 
+    def record(self, record: EventRecord) -> None:
+        """Emit a kind that is read back: its record's fields are the event's keys."""
+        self.emit(record.KIND, **record.to_json())
+
     def of_kind(self, kind: str) -> list[dict]:
         with self._lock:
             return [e for e in self.events if e["kind"] == kind]
+
+
+def read_event_lines(path: Path) -> list[dict]:
+    """The events of an events.jsonl, as written; a line cut short by a crash or a kill is skipped."""
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events

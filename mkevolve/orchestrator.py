@@ -21,6 +21,7 @@ from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
 from mkevolve.display import RowStatus, RunDisplay, RunView, SubproblemRow, final_table
+from mkevolve.event_records import SwapEvent, SwapSkippedEvent
 from mkevolve.events import EventLog
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
@@ -549,8 +550,8 @@ class Orchestrator:
         pytorch = frozenset(slow) | manifest.pytorch_subkernels
         result = self.verifier.check_composite(self.problem_path, trial, pytorch=pytorch)
         better = result.passed and result.speedup is not None and result.speedup >= (manifest.speedup or 0.0)
-        self.events.emit("swap", subkernels=slow, status=result.status.value, speedup=result.speedup,
-                         previous=manifest.speedup, kept=better)
+        self.events.record(SwapEvent(subkernels=tuple(slow), status=result.status.value, speedup=result.speedup,
+                                     previous=manifest.speedup, kept=better))
         if better:
             for name in slow:
                 entry = manifest.subkernels[name]
@@ -567,7 +568,7 @@ class Orchestrator:
         self._checkpoint(Step.SWAPPED)
 
     def _swap_skipped(self, reason: str) -> None:
-        self.events.emit("swap", skipped=reason)
+        self.events.record(SwapSkippedEvent(skipped=reason))
         self.display.log(f"swap skipped: {reason}")
         self._checkpoint(Step.SWAPPED)
 

@@ -11,6 +11,7 @@ from mkevolve.budget import allocate_budget
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, Decomposition
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.evaluate import SolutionFolder, SubkernelKind, open_solution
+from mkevolve.event_records import PortEvent, PortMatch, PortReuse
 from mkevolve.events import EventLog
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
@@ -188,13 +189,13 @@ def _prepare(solution: SolutionFolder, variant_path: Path, config: RunConfig, cl
 
 def _emit_port(events: EventLog, solution: SolutionFolder, variant_path: Path, ported: list[PortedSubproblem],
                decompose_calls: int) -> None:
-    events.emit("port", solution=str(solution.path.resolve()), variant=str(variant_path.resolve()),
-                subproblems=[{"variant": p.name, "status": p.status.value, "solution": p.source,
-                              "reason": p.reason} for p in ported],
-                reused=[{"variant": p.name, "solution": p.source} for p in ported
-                        if p.status is PortStatus.REUSED],
-                evolved=[p.name for p in ported if p.status is not PortStatus.REUSED],
-                decompose_calls=decompose_calls)
+    events.record(PortEvent(
+        solution=str(solution.path.resolve()), variant=str(variant_path.resolve()),
+        subproblems=tuple(PortMatch(variant=p.name, status=p.status.value, solution=p.source, reason=p.reason)
+                          for p in ported),
+        reused=tuple(PortReuse(variant=p.name, solution=p.source) for p in ported if p.status is PortStatus.REUSED),
+        evolved=tuple(p.name for p in ported if p.status is not PortStatus.REUSED),
+        decompose_calls=decompose_calls))
 
 
 def port_solution(solution_dir: str | Path, variant_path: str | Path, config: RunConfig) -> PortOutcome:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import io
-import json
 import math
 import re
 import shlex
@@ -26,6 +25,9 @@ from matplotlib.patches import Circle, FancyArrowPatch
 from matplotlib.path import Path as PlotPath
 
 from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE, CodebaseError, Decomposition
+from mkevolve.event_records import (CandidateEvent, EventFieldError, EventRecord, LLMCallEvent, LLMTokensEvent,
+                                    PortEvent, SwapEvent, SwapSkippedEvent, VerdictEvent, of_type, parse_events)
+from mkevolve.events import read_event_lines
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
@@ -224,35 +226,26 @@ def _href(run_dir: Path, path: Path) -> str | None:
 # ---- reading the run -----------------------------------------------------------------------------------
 
 
-def read_events(run_dir: Path) -> list[dict]:
-    """events.jsonl as records; a line cut short by a crash is skipped."""
+def read_events(run_dir: Path) -> list[EventRecord]:
+    """The events of events.jsonl that the report reads, as records; a line cut short by a crash is skipped.
+    Raises EventFieldError when an event has a field of the wrong type."""
     path = run_dir / "events.jsonl"
-    events = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-    return events
+    return parse_events(read_event_lines(path)) if path.is_file() else []
 
 
-def token_rows(events: list[dict]) -> list[TokenRow]:
+def token_rows(events: list[EventRecord]) -> list[TokenRow]:
     """Tokens per agent, summed over every client's totals (a resumed or ported run has several); calls
     are the ones that reached the model, cache hits left out."""
     rows: dict[str, TokenRow] = {}
-    for event in events:
-        if event.get("kind") == "llm_tokens":
-            for agent, usage in (event.get("by_agent") or {}).items():
-                row = rows.setdefault(agent, TokenRow(agent, 0, 0, 0, 0))
-                row.prompt += usage.get("prompt", 0)
-                row.completion += usage.get("completion", 0)
-                row.reasoning += usage.get("reasoning", 0)
-    for event in events:
-        if event.get("kind") == "llm_call" and not event.get("cached"):
-            agent = event.get("agent") or "unknown"
+    for totals in of_type(events, LLMTokensEvent):
+        for agent, usage in totals.by_agent.items():
+            row = rows.setdefault(agent, TokenRow(agent, 0, 0, 0, 0))
+            row.prompt += usage.prompt
+            row.completion += usage.completion
+            row.reasoning += usage.reasoning
+    for call in of_type(events, LLMCallEvent):
+        if not call.cached:
+            agent = call.agent or "unknown"
             rows.setdefault(agent, TokenRow(agent, 0, 0, 0, 0)).calls += 1
     return sorted(rows.values(), key=lambda r: (-r.total, r.agent))
 
@@ -301,10 +294,10 @@ def _best_decomposition(run_dir: Path, state: RunState) -> tuple[Decomposition |
     return None, "no decomposition written yet"
 
 
-def _measured(events: list[dict], history: list[IterationRecord]) -> bool:
+def _measured(events: list[EventRecord], history: list[IterationRecord]) -> bool:
     """Whether any speedup was measured at all (only a GPU measures them)."""
-    return (any(r.e2e_speedup is not None for r in history)
-            or any(e.get("speedup") is not None for e in events if e.get("kind") in ("candidate", "verdict")))
+    verdicts = of_type(events, CandidateEvent) + of_type(events, VerdictEvent)
+    return any(r.e2e_speedup is not None for r in history) or any(v.speedup is not None for v in verdicts)
 
 
 # ---- end to end: did the check run? --------------------------------------------------------------------
@@ -314,15 +307,15 @@ _NOT_COMPOSED = "no accepted kernel yet for"        # what runs before guarded c
 _STATIC = re.compile(rf"^(subkernel \w+|{re.escape(SOLUTION_FILE)}): ")
 
 
-def composite_checked(events: list[dict]) -> set[int] | None:
+def composite_checked(events: list[EventRecord]) -> set[int] | None:
     """The iterations whose composed solution the verifier ran (it logs a composite verdict only then; a static
     rejection returns before). None when the log holds no verdict at all, so it cannot tell."""
-    verdicts = [e for e in events if e.get("kind") == "verdict"]
+    verdicts = of_type(events, VerdictEvent)
     if not verdicts:
         return None
     checked = set()
-    for event in verdicts:
-        match = _COMPOSITE.search(str(event.get("solution", ""))) if event.get("composite") else None
+    for verdict in verdicts:
+        match = _COMPOSITE.search(verdict.solution) if verdict.composite else None
         if match:
             checked.add(int(match.group(1)))
     return checked
@@ -509,7 +502,7 @@ def _pytorch_notes(manifest: Manifest | None) -> list[str]:
             for name in manifest.coverage.pytorch]
 
 
-def _notes(events: list[dict], device: str, measured: bool) -> list[str]:
+def _notes(events: list[EventRecord], device: str, measured: bool) -> list[str]:
     notes = []
     if device == "cpu":
         notes.append("There is no GPU on the machine that ran this: kernels ran under the Triton interpreter for "
@@ -518,16 +511,15 @@ def _notes(events: list[dict], device: str, measured: bool) -> list[str]:
         notes.append("No speedup was measured in this run (no GPU, or nothing passed), so speedups, runtime "
                      "shares and Amdahl contributions are unknown.")
     for event in events:
-        if event.get("kind") == "port":
-            reused = ", ".join(f"{r['variant']} (from {r['solution']})" for r in event.get("reused", [])) or "none"
-            notes.append(f"Ported from {event.get('solution')}: reused {reused}; evolved "
-                         f"{', '.join(event.get('evolved', [])) or 'none'}.")
-        elif event.get("kind") == "swap":
-            if event.get("skipped"):
-                notes.append(f"Swap skipped: {event['skipped']}.")
-            else:
-                kept = "kept" if event.get("kept") else "undone (end to end got worse)"
-                notes.append(f"Swap of {', '.join(event.get('subkernels', []))} for their PyTorch code: {kept}.")
+        if isinstance(event, PortEvent):
+            reused = ", ".join(f"{r.variant} (from {r.solution})" for r in event.reused) or "none"
+            evolved = ", ".join(event.evolved) or "none"
+            notes.append(f"Ported from {event.solution}: reused {reused}; evolved {evolved}.")
+        elif isinstance(event, SwapSkippedEvent):
+            notes.append(f"Swap skipped: {event.skipped}.")
+        elif isinstance(event, SwapEvent):
+            kept = "kept" if event.kept else "undone (end to end got worse)"
+            notes.append(f"Swap of {', '.join(event.subkernels)} for their PyTorch code: {kept}.")
     return notes
 
 
@@ -1032,7 +1024,8 @@ def write_report(run_dir: Path) -> Path:
 
 
 def report_command(args) -> int:
-    """`mkevolve report RUN_DIR`: 0 when report.html is written, 2 when RUN_DIR is not a run directory."""
+    """`mkevolve report RUN_DIR`: 0 when report.html is written, 2 when RUN_DIR is not a run directory or its
+    events.jsonl holds an event with a field of the wrong type."""
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise ProblemError(run_dir, "no such folder (expected a run directory)")
@@ -1040,5 +1033,7 @@ def report_command(args) -> int:
         path = write_report(run_dir)
     except StateError as err:
         raise ProblemError(run_dir, str(err).split(": ", 1)[-1]) from None
+    except EventFieldError as err:
+        raise ProblemError(run_dir / "events.jsonl", str(err)) from err
     print(f"wrote {path}")
     return ExitCode.OK

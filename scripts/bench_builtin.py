@@ -10,8 +10,9 @@ way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 1
 before each, every stream joined, median). The fastest correct variant and torch.compile(Model) are then
 timed again in alternating rounds (PAIRED_ROUNDS), and each side's time is the median of its round
 medians: timings drift by several percent over a run, and alternating puts that drift on both sides
-alike. The roofline floor of a case is max(FLOPs / 67 TFLOP/s, bytes / 4.3 TB/s), with FLOPs and the
-minimum bytes (every input and parameter read once, every output written once) counted by hand per case.
+alike. The roofline floor of a case is the H200's in mkevolve/gpu_peaks.py, max(FLOPs / 67 TFLOP/s,
+bytes / 4.3 TB/s), with FLOPs and the minimum bytes (every input and parameter read once, every output
+written once) counted by hand per case.
 `--check` instead verifies every variant of the given problem files, without timing.
 """
 
@@ -34,14 +35,13 @@ from types import ModuleType
 import torch
 import triton
 
+from mkevolve.gpu_peaks import H200
 from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.result import Timing
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 
-PEAK_FP32_FLOPS = 67e12
-PEAK_BYTES_PER_S = 4.3e12
 PAIRED_ROUNDS = 5
 
 
@@ -297,7 +297,7 @@ def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: 
 
 
 def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
-    floor_ms = 1e3 * max(case.flops / PEAK_FP32_FLOPS, case.min_bytes / PEAK_BYTES_PER_S)
+    floor_ms = 1e3 * H200.floor_s(case.flops, case.min_bytes)
     result = CaseResult(case.name, case.flops, case.min_bytes, floor_ms)
     path = workdir / f"{case.name}.py"
     path.write_text(case.source)
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,
-              "peaks": {"fp32_flops": PEAK_FP32_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S},
+              "peaks": {"fp32_flops": H200.fp32_flops_per_s, "bytes_per_s": H200.bytes_per_s},
               "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward",
                          "paired_rounds": PAIRED_ROUNDS}}
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:

@@ -34,8 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not: the imports below need the path first
+
+from mkevolve.event_records import EventFieldError, VerdictEvent, of_type, parse_events  # noqa: E402
+from mkevolve.events import read_event_lines  # noqa: E402
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
 PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
@@ -92,30 +99,29 @@ def find_event_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def read_verdicts(files: list[Path]) -> list[dict]:
-    """Every `verdict` event of the files; a line cut short by a killed run is skipped."""
+def read_verdicts(files: list[Path]) -> list[VerdictEvent]:
+    """Every `verdict` event of the files; a line cut short by a killed run is skipped, an event with a
+    field of the wrong type stops the script with the file's name."""
     verdicts = []
     for path in files:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and event.get("kind") == "verdict":
-                verdicts.append(event)
+        try:
+            verdicts += of_type(parse_events(read_event_lines(path)), VerdictEvent)
+        except EventFieldError as err:
+            raise SystemExit(f"{path}: {err}") from err
     return verdicts
 
 
-def is_profiled(event: dict) -> bool:
-    return isinstance(event.get("wall_s"), (int, float)) and isinstance(event.get("phases"), dict)
+def as_verdicts(events: Iterable[VerdictEvent | dict]) -> list[VerdictEvent]:
+    """Records as they are; a raw event (a dict as json.loads gives it) parsed into one."""
+    return [e if isinstance(e, VerdictEvent) else VerdictEvent.from_json(e) for e in events]
 
 
-def phase_seconds(event: dict) -> dict[str, float]:
-    """The event's phases plus the two derived ones. Rounding in the log (to 1 ms per phase) can make
-    a derived rest slightly negative; it is clipped at zero."""
-    phases = {name: float(seconds) for name, seconds in event["phases"].items()}
+def phase_seconds(verdict: VerdictEvent) -> dict[str, float]:
+    """The verdict's phases plus the two derived ones. Rounding in the log (to 1 ms per phase) can make
+    a derived rest slightly negative; it is clipped at zero. Only for a profiled verdict."""
+    phases = dict(verdict.phases)
     top_level = sum(seconds for name, seconds in phases.items() if "." not in name)
-    phases[WAITING] = max(0.0, float(event["wall_s"]) - top_level)
+    phases[WAITING] = max(0.0, verdict.wall_s - top_level)
     if CANDIDATE in phases:
         inside = sum(seconds for name, seconds in phases.items() if name.startswith(CANDIDATE + "."))
         phases[UNACCOUNTED] = max(0.0, phases[CANDIDATE] - inside)
@@ -133,13 +139,14 @@ def ordered_phases(names: set[str]) -> list[str]:
     return known
 
 
-def summarize(verdicts: list[dict]) -> Profile:
-    profiled = [event for event in verdicts if is_profiled(event)]
-    walls = [float(event["wall_s"]) for event in profiled]
+def summarize(events: Iterable[VerdictEvent | dict]) -> Profile:
+    verdicts = as_verdicts(events)
+    profiled = [verdict for verdict in verdicts if verdict.profiled]
+    walls = [verdict.wall_s for verdict in profiled]
     wall_total = sum(walls)
     per_phase: dict[str, list[float]] = {}
-    for event in profiled:
-        for name, seconds in phase_seconds(event).items():
+    for verdict in profiled:
+        for name, seconds in phase_seconds(verdict).items():
             per_phase.setdefault(name, []).append(seconds)
     rows = [PhaseRow(phase=name, count=len(values), median_s=percentile(values, 0.5),
                      p90_s=percentile(values, 0.9), total_s=sum(values),
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     verdicts = read_verdicts(find_event_files(args.paths))
     if args.composite != "all":
-        verdicts = [e for e in verdicts if bool(e.get("composite")) == (args.composite == "only")]
+        verdicts = [v for v in verdicts if v.composite == (args.composite == "only")]
     if not verdicts:
         print("no verdict events found", file=sys.stderr)
         return 1

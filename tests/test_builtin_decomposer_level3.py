@@ -11,7 +11,7 @@ from torch import nn
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR
 from mkevolve.llm.builtin import expansions
 from mkevolve.llm.builtin.decomposer import decomposition_files
-from mkevolve.verify.decomposition import run_checks
+from mkevolve.verify.decomposition.worker import run_checks
 
 SMALL = Path(__file__).parent / "fixtures" / "level3_small"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
+ATTENTION_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "attention_small"
 ROOT = Path(__file__).resolve().parents[1]
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
 TARGET = "cuda" if ON_GPU else "cpu"
@@ -303,6 +305,63 @@ def test_main_block_checks_against_the_reference(tmp_path):
                          text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "config 0: matches the reference" in run.stdout
+    if not torch.cuda.is_available():  # no made-up GPU numbers on a CPU
+        assert "config 0: GPU time, GB/s and roofline fraction unknown: no CUDA device" in run.stdout
+        assert " ms" not in run.stdout
+
+
+def test_main_block_of_a_dot_kernel_names_its_throughput(tmp_path):
+    """A file whose kernels call tl.dot reports TFLOP/s; every input config is checked and reported."""
+    script = tmp_path / "pointwise_kernel.py"
+    script.write_text(generate_kernel(SUBPROBLEMS / "linear_gelu.py", 0, TARGET).source)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(script), str(SUBPROBLEMS / "linear_gelu.py")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    if not torch.cuda.is_available():
+        assert run.stdout.splitlines() == ["config 0: matches the reference",
+                                           "config 0: GPU time, TFLOP/s and roofline fraction unknown: no CUDA device"]
+
+
+SIGNATURE_LINE = re.compile(r"^    (\w+)(: tl\.constexpr)?,( +)# \S")
+# one problem per kernel kind: pointwise, matmul, rows, conv (all three templates), pool, adaptive_pool,
+# attention, concat, gather (slices and along)
+SIGNATURE_CASES = ([SUBPROBLEMS / f"{s}.py" for s in ("pointwise_chain", "linear_gelu", "layernorm", "conv2d_bias_relu",
+                                                       "depthwise_conv2d", "conv_transpose2d", "maxpool2d",
+                                                       "adaptive_pools", "batchnorm2d")]
+                   + [ATTENTION_FIXTURES / f"{s}.py" for s in ("sdpa_float_mask", "cat_tokens", "embedding", "gather")])
+
+
+@pytest.mark.parametrize("path", SIGNATURE_CASES, ids=lambda p: p.stem)
+def test_kernel_signatures_have_one_commented_parameter_per_line(path):
+    """As in the Triton tutorials: `def kernel(`, then `name,  # what it is` per parameter, comments aligned."""
+    source = generate_kernel(path, 0, "cuda").source
+    lines = source.splitlines()
+    kernels = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and "_kernel_" in n.name
+               and not n.name.endswith("_launch")]
+    assert kernels
+    for kernel in kernels:
+        args = [a.arg for a in kernel.args.args]
+        assert lines[kernel.lineno - 1] == f"def {kernel.name}(", kernel.name
+        params = lines[kernel.lineno:kernel.lineno + len(args)]
+        assert lines[kernel.lineno + len(args)] == "):", kernel.name
+        matches = [SIGNATURE_LINE.match(line) for line in params]
+        assert all(matches), [line for line, m in zip(params, matches) if not m]
+        assert [m.group(1) for m in matches] == args
+        assert len({m.end(3) for m in matches}) == 1, f"{kernel.name}: comments not in one column"
+        pointers = [line.split("# ", 1)[1] for line, m in zip(params, matches) if m.group(1).endswith("_ptr")]
+        launches = source.count(f"{kernel.name.partition('_split')[0]}_launch(") - 1
+        if launches == 1:  # a kernel shared by several launches may have no one shape to give
+            assert all("[" in comment for comment in pointers), f"{kernel.name}: a pointer without a shape"
+
+
+def test_a_kernel_shared_by_several_launches_comments_roles_not_tensors():
+    """repeated_mlp's hidden layers share one GEMM kernel: its pointers cannot name one layer's tensors."""
+    source = generate_kernel(ROOT / "problems" / "repeated_mlp.py", 0, "cuda").source
+    shared = source[source.index("def _matmul_kernel_1("):source.index("def _matmul_kernel_1_launch(")]
+    assert "# A [M, K]\n" in shared and "self.blocks" not in shared
+    first = source[source.index("def _matmul_kernel_0("):source.index("def _matmul_kernel_0_launch(")]
+    assert "# B [K, N]: self.blocks[0].weight.t() [32, 32]" in first
 
 
 @pytest.mark.parametrize("stem", SUPPORTED)

@@ -6,7 +6,8 @@ import pytest
 
 from mkevolve.codebase import Decomposition
 from mkevolve.config import RunConfig
-from mkevolve.verify.decomposition import (
+from mkevolve.verify.decomposition.orchestration import check_decomposition, report_from_outcome
+from mkevolve.verify.decomposition.results import (
     CHECKS,
     EQUIVALENCE,
     FORWARD_COVERAGE,
@@ -14,11 +15,9 @@ from mkevolve.verify.decomposition import (
     PURITY,
     STANDALONE,
     STRUCTURE,
-    check_decomposition,
-    report_from_outcome,
-    run_checks,
-    top_level_violations,
 )
+from mkevolve.verify.decomposition.static import top_level_violations
+from mkevolve.verify.decomposition.worker import run_checks
 from mkevolve.workers.pool import JobFailure, JobOutcome, WorkerPool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "decompositions"

@@ -25,8 +25,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the worker processes, and helpers that import nothing above them.
     ("base", ["mkevolve.config", "mkevolve.problem", "mkevolve.codebase", "mkevolve.solution",
               "mkevolve.run_layout", "mkevolve.workers", "mkevolve.matching",
-              "mkevolve.budget", "mkevolve.busy", "mkevolve.display", "mkevolve.events", "mkevolve.exit_codes",
-              "mkevolve.fsutil", "mkevolve.pysource", "mkevolve.text"]),
+              "mkevolve.budget", "mkevolve.busy", "mkevolve.display", "mkevolve.events", "mkevolve.event_records",
+              "mkevolve.exit_codes", "mkevolve.fsutil", "mkevolve.gpu_peaks", "mkevolve.pysource",
+              "mkevolve.text"]),
     # The services an agent uses: checking code, asking a model (with the prompts it is shown), and keeping
     # a search's best candidates.
     ("services", ["mkevolve.verify", "mkevolve.llm", "mkevolve.prompts", "mkevolve.search"]),

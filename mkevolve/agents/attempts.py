@@ -14,7 +14,8 @@ from mkevolve.llm.client import LLMClient
 from mkevolve.llm.parse import ReplyFormatError, extract_files
 from mkevolve.llm.types import LLMRequest, LLMResponse
 from mkevolve.text import first_line
-from mkevolve.verify.decomposition import CheckReport, check_decomposition
+from mkevolve.verify.decomposition.orchestration import check_decomposition
+from mkevolve.verify.decomposition.results import CheckReport
 from mkevolve.workers.executor import Executor
 
 REASON_CHARS = 600        # one reason, as the next prompt shows it

@@ -16,7 +16,8 @@ from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import ProblemError, load_problem, read_source
 from mkevolve.prompts import render
-from mkevolve.verify.decomposition import CheckReport, check_decomposition
+from mkevolve.verify.decomposition.orchestration import check_decomposition
+from mkevolve.verify.decomposition.results import CheckReport
 from mkevolve.workers.executor import Executor, make_executor
 
 # A retry prompt shows the rejected attempts' files, so that a reason's "line 33" can be found; these bound

@@ -13,6 +13,7 @@ from typing import Protocol
 from mkevolve.agents.judge import Judge, KernelUnderReview, judge_rejection
 from mkevolve.agents.speculation import SpeculativeCheck
 from mkevolve.config import RunConfig
+from mkevolve.event_records import CandidateEvent, FinalCheckEvent
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.client import LLMClient
 from mkevolve.llm.providers import LLMCallError
@@ -290,7 +291,7 @@ class KernelAgent:
                           kind=PromptKind(request.agent), source=source, result=result,
                           tokens=response.usage, cached=response.cached)
         self._save(child, response)
-        self._emit("candidate", child)
+        self._emit(CandidateEvent, child)
         return child
 
     def _verdict(self, cid: str, source: str) -> EvalResult:
@@ -322,13 +323,14 @@ class KernelAgent:
         excerpt = response.text[:REPLY_EXCERPT_CHARS] if response is not None and not candidate.source else None
         CandidateRecord(candidate, problem_sha256=self.problem_sha256, reply_excerpt=excerpt).write(self.folder)
 
-    def _emit(self, kind: str, candidate: Candidate) -> None:
+    def _emit(self, event_type: type[CandidateEvent | FinalCheckEvent], candidate: Candidate) -> None:
         if self.events is None:
             return
-        self.events.emit(kind, subproblem=self.subproblem, id=candidate.id, parent=candidate.parent,
-                         prompt_kind=candidate.kind.value, status=candidate.result.status.value,
-                         reason=candidate.result.reason[:300], speedup=candidate.result.speedup,
-                         accepted=candidate.accepted, tokens=candidate.tokens.total, cached=candidate.cached)
+        self.events.record(event_type(
+            subproblem=self.subproblem, id=candidate.id, parent=candidate.parent, prompt_kind=candidate.kind.value,
+            status=candidate.result.status.value, reason=candidate.result.reason[:300],
+            speedup=candidate.result.speedup, accepted=candidate.accepted, tokens=candidate.tokens.total,
+            cached=candidate.cached))
 
     # -- acceptance -------------------------------------------------------------------------------------
 
@@ -345,7 +347,7 @@ class KernelAgent:
             elif self.judge is not None:
                 self._judge(member)
             self._save(member)
-            self._emit("final_check", member)
+            self._emit(FinalCheckEvent, member)
         self.beam.members.sort(key=Candidate.rank_key)
 
     def _judge(self, member: Candidate) -> None:

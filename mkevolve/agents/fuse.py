@@ -14,7 +14,8 @@ from mkevolve.llm.client import LLMClient
 from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import read_source
 from mkevolve.prompts import render
-from mkevolve.verify.decomposition import CheckReport, check_decomposition
+from mkevolve.verify.decomposition.orchestration import check_decomposition
+from mkevolve.verify.decomposition.results import CheckReport
 from mkevolve.workers.executor import Executor
 
 

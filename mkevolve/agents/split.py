@@ -13,7 +13,7 @@ from mkevolve.llm.builtin.decomposer import UnsupportedModule, format_reply, spl
 from mkevolve.llm.client import LLMClient
 from mkevolve.llm.types import LLMRequest
 from mkevolve.prompts import render
-from mkevolve.verify.decomposition import CheckReport
+from mkevolve.verify.decomposition.results import CheckReport
 from mkevolve.workers.executor import Executor
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mkevolve.busy import BusyClock
 from mkevolve.config import RunConfig
+from mkevolve.event_records import LLMCallEvent
 from mkevolve.events import EventLog
 from mkevolve.llm.cache import ResponseCache
 from mkevolve.llm.providers import (LLMCallError, LLMConfigError, Provider, ProviderError, TransientLLMError,
@@ -96,7 +97,7 @@ class LLMClient:
         """Write the run's token totals (per agent, per subproblem) to the events, and return them."""
         report = self.tokens()
         if self.events is not None:
-            self.events.emit("llm_tokens", model=self.provider.name, **report.to_dict())
+            self.events.record(report.event(self.provider.name))
         return report
 
     def _call_or_stop(self, request: LLMRequest, on_text: TextSink | None) -> tuple[LLMResponse, int]:
@@ -136,11 +137,11 @@ class LLMClient:
     def _emit_call(self, request: LLMRequest, response: LLMResponse, attempts: int, wall_s: float) -> None:
         if self.events is None:
             return
-        self.events.emit("llm_call", model=self.provider.name, agent=request.agent,
-                         subproblem=request.subproblem, sample=request.sample, cached=response.cached,
-                         attempts=attempts, error=response.error, wall_s=round(wall_s, 3),
-                         prompt_tokens=response.usage.prompt, completion_tokens=response.usage.completion,
-                         reasoning_tokens=response.usage.reasoning)
+        self.events.record(LLMCallEvent(
+            model=self.provider.name, agent=request.agent, subproblem=request.subproblem, sample=request.sample,
+            cached=response.cached, attempts=attempts, error=response.error, wall_s=round(wall_s, 3),
+            prompt_tokens=response.usage.prompt, completion_tokens=response.usage.completion,
+            reasoning_tokens=response.usage.reasoning))
 
 
 def make_client(config: RunConfig, events: EventLog | None = None, cache_dir: str | Path | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 
+from mkevolve.event_records import LLMTokensEvent, TokenCount
 from mkevolve.llm.types import LLMRequest, LLMResponse, TokenUsage
 
 # Requests that belong to no subproblem (decomposition agents) are counted under this key.
@@ -37,6 +38,13 @@ class TokenReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def event(self, model: str) -> LLMTokensEvent:
+        """The llm_tokens event of these totals."""
+        return LLMTokensEvent(model=model, total=_token_count(self.total),
+                              by_agent={k: _token_count(v) for k, v in self.by_agent.items()},
+                              by_subproblem={k: _token_count(v) for k, v in self.by_subproblem.items()},
+                              calls=self.calls, cached_calls=self.cached_calls, failed_calls=self.failed_calls)
+
     @classmethod
     def from_dict(cls, data: dict) -> "TokenReport":
         return cls(
@@ -45,6 +53,10 @@ class TokenReport:
             by_subproblem={k: TokenUsage(**v) for k, v in data["by_subproblem"].items()},
             calls=data["calls"], cached_calls=data["cached_calls"], failed_calls=data["failed_calls"],
         )
+
+
+def _token_count(usage: TokenUsage) -> TokenCount:
+    return TokenCount(prompt=usage.prompt, completion=usage.completion, reasoning=usage.reasoning)
 
 
 class TokenLedger:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from mkevolve.verify.cheating.rules import KERNEL_ADVICE, Rule, Violation
-from mkevolve.verify.cheating.static import _parse_executed
+from mkevolve.verify.cheating.static import parse_executed
 
 # Taken once, when the trusted harness imports this module and before any candidate code runs:
 # candidate code imported later may rebind these names (torch.profiler.profile = Fake) or patch the
@@ -171,7 +171,7 @@ def triton_kernel_names(sources: Iterable[str]) -> set[str]:
     """
     names = set()
     for source in sources:
-        _, parsed = _parse_executed(source, "<solution>")
+        _, parsed = parse_executed(source, "<solution>")
         for written in parsed.kernels:
             name = written.rsplit(".", 1)[-1]
             if name.isidentifier():

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from mkevolve.busy import BusyClock
 from mkevolve.config import RunConfig, config_from_args
+from mkevolve.event_records import VerdictEvent
 from mkevolve.events import EventLog
 from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER, packed_sections
 from mkevolve.verify.cheating import Rule, headline, static_violations
-from mkevolve.verify.decomposition import top_level_violations
+from mkevolve.verify.decomposition.static import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest, tolerance_text
 from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import EvalResult, Status
@@ -111,13 +112,14 @@ class Verifier:
         self._emit_verdict(problem_path, top, result, composite=True)
         return result
 
-    def _emit_verdict(self, problem_path: Path, solution_path: Path, result: EvalResult, **extra) -> None:
+    def _emit_verdict(self, problem_path: Path, solution_path: Path, result: EvalResult,
+                      composite: bool = False) -> None:
         """One event per verdict, with the evaluation's profile: seconds per phase (worker start, load,
         reference, candidate.*, judge, baseline) and the wall time the job took, queueing included."""
-        self.events.emit("verdict", problem=str(problem_path), solution=str(solution_path),
-                         status=result.status.value, reason=result.reason, speedup=result.speedup,
-                         wall_s=round(result.wall_s, 3),
-                         phases={name: round(seconds, 3) for name, seconds in result.phases.items()}, **extra)
+        self.events.record(VerdictEvent(
+            problem=str(problem_path), solution=str(solution_path), status=result.status.value,
+            reason=result.reason, speedup=result.speedup, wall_s=round(result.wall_s, 3),
+            phases={name: round(seconds, 3) for name, seconds in result.phases.items()}, composite=composite))
 
     def run_jobs(self, jobs: list[Job]) -> list[JobOutcome]:
         if not jobs:

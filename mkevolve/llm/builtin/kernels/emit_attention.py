@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import math
+
 from .configs import Variant
 from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, helper_sources, indent,
-                          make_operands)
+                          make_operands, output_param)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Attention, IndexMask, Pointwise, Program, Value
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
+
+
+# Q, K^T and V are read as [Z batches, H heads, rows, cols] through their strides.
+_SIZES_AND_STRIDES = (
+    [KernelParam("H", "heads"), KernelParam("M", "queries"), KernelParam("N", "keys"),
+     KernelParam("D", "query/key width"), KernelParam("DV", "value width")]
+    + [KernelParam(f"stride_q{d}", f"Q stride along {what}") for d, what in
+       (("z", "batches"), ("h", "heads"), ("m", "queries"), ("d", "D"))]
+    + [KernelParam(f"stride_k{d}", f"K^T stride along {what}") for d, what in
+       (("z", "batches"), ("h", "heads"), ("d", "D"), ("n", "keys"))]
+    + [KernelParam(f"stride_v{d}", f"V stride along {what}") for d, what in
+       (("z", "batches"), ("h", "heads"), ("n", "keys"), ("d", "DV"))])
+_BLOCKS = [constexpr("BLOCK_M", "queries per program"), constexpr("BLOCK_N", "keys per step"),
+           constexpr("BLOCK_D", "D rounded up to a power of 2, at least 16"),
+           constexpr("BLOCK_DV", "DV rounded up to a power of 2, at least 16")]
+
+
+def _pointers(kernel: KernelPlan, operands) -> list[KernelParam]:
+    anchor: Attention = kernel.anchor
+    return [operands[anchor.q.id].pointer("Q [Z, H, M, D]", "q_ptr"),
+            operands[anchor.kt.id].pointer("K^T [Z, H, D, N]", "kt_ptr"),
+            operands[anchor.v.id].pointer("V [Z, H, N, DV]", "v_ptr"),
+            output_param(kernel, "output [Z * H, M, DV], contiguous")]
 
 
 def emit_attention(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -17,16 +43,11 @@ def emit_attention(kernel: KernelPlan, name: str, variant: Variant, program: Pro
     extras = [operands[x.id] for x in anchor.extras]
     logits_lines, logits, indexer, scalars, helpers = _logits(anchor, operands)
     tiles = _tiles(variant)
-    params = (["q_ptr", "kt_ptr", "v_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in extras]
-              + ["H", "M", "N", "D", "DV"]
-              + ["stride_qz", "stride_qh", "stride_qm", "stride_qd", "stride_kz", "stride_kh", "stride_kd",
-                 "stride_kn", "stride_vz", "stride_vh", "stride_vn", "stride_vd"]
-              + indexer.kernel_declarations() + [n for n, _ in scalars.params]
-              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr",
-                 "BLOCK_DV: tl.constexpr"])
+    params = (_pointers(kernel, operands) + [o.pointer("logits operand") for o in extras]
+              + _SIZES_AND_STRIDES + indexer.kernel_signature() + scalars.kernel_signature() + _BLOCKS)
     decorator = _autotune(tiles) if variant.autotune else ""
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # One program per (batch * head, block of BLOCK_M queries). Keys and values are walked BLOCK_N at a
     # time; each block of scores lives only in registers.
     # {_summary(anchor)}
@@ -69,8 +90,17 @@ def {name}({", ".join(params)}):
     description = (f"fused {'causal ' if anchor.causal else ''}{anchor.normalize} attention "
                    f"({variant.precision} tl.dot, {tile_text})")
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(helpers),
-                        uses_dot=True, description=description)
+                        helper_sources(helpers), description=description)
+
+
+def attention_flops(anchor: Attention, config: int) -> int:
+    """2 FLOPs per multiply-add of scores = q @ kt and out = weights @ v, under input config `config`:
+    2 * rows * N * (D + DV), rows counting every batch and head. Causal: about half the (query, key)
+    pairs take part."""
+    d, (n, dv) = anchor.q.shapes[config][-1], anchor.v.shapes[config][-2:]
+    rows = math.prod(anchor.shapes[config][:-1])
+    flops = 2 * rows * n * (d + dv)
+    return flops // 2 if anchor.causal else flops
 
 
 def _launch_lines(name: str, variant: Variant, tiles, qkv: tuple[str, str, str], extras, indexer: Indexer,
@@ -106,7 +136,7 @@ def _logits(anchor: Attention, operands):
     rank = anchor.scores.rank
     extras = [operands[x.id] for x in anchor.extras]
     spaces = [Space("batch", tuple(range(rank - 2))), Space("rows", (rank - 2,)), Space("cols", (rank - 1,))]
-    indexer = Indexer(anchor.scores.shapes, spaces, extras)
+    indexer = Indexer(anchor.scores.shapes, spaces, extras, frame_name="scores")
     scalars = ScalarArgs()
     emitter = ExprEmitter(indexer, {x.id: operands[x.id] for x in anchor.extras}, scalars)
     lines: list[str] = []

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .indexing import GroupIndices, Indexer, Operand
-from .ir import Pointwise, Program, Reduce, Scalar, Value, View
-from .plan import KernelPlan
+from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View
+from .kernel_plan import KernelPlan
 from .pointwise_ops import HELPER_SOURCES, OPS, literal
+from .signature import KernelParam, shape_text
 
 
 @dataclass
@@ -29,7 +30,6 @@ class KernelSource:
     args: list[LauncherArg]                     # in launcher order (after the optional output buffer)
     writes_into: bool = False                   # the launcher's first argument is the buffer to write
     helpers: dict[str, str] = field(default_factory=dict)   # name -> source of functions the code calls
-    uses_dot: bool = False
     description: str = ""
 
 
@@ -38,6 +38,9 @@ class ScalarArgs:
 
     def __init__(self):
         self.params: list[tuple[str, Scalar]] = []
+
+    def kernel_signature(self) -> list[KernelParam]:
+        return [KernelParam(name, _scalar_doc(scalar)) for name, scalar in self.params]
 
     def render(self, scalar: Scalar) -> str:
         if scalar.is_literal:
@@ -106,6 +109,41 @@ class ExprEmitter:
         return op.render(args, attrs)
 
 
+def _scalar_doc(scalar: Scalar) -> str:
+    if scalar.attr is not None:
+        return f"{attribute(scalar.attr)}, read at each call"
+    return "a number the forward computes from shapes"
+
+
+def attribute(path: str) -> str:
+    """`self.<path>` as Python: "blocks.0.conv.stride" -> self.blocks[0].conv.stride."""
+    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
+
+
+def describe(value: Value) -> str:
+    """The tensor as the forward has it, for a kernel signature's comments: "x", "self.fc.weight.t()",
+    "t5" (an earlier kernel's output), "a view of t5" (several view calls)."""
+    if isinstance(value, View):
+        if isinstance(value.base, View):
+            while isinstance(value, View):
+                value = value.base
+            return f"a view of {describe(value)}"
+        args = "..." if value.args else ""
+        call = "[...]" if value.method == "__getitem__" else f".{value.method}({args})"
+        return describe(value.base) + call + (f"[{value.item}]" if value.item is not None else "")
+    if isinstance(value, Input):
+        return value.name
+    if isinstance(value, Param):
+        return attribute(value.path)
+    return f"t{value.id}"
+
+
+def output_param(kernel: KernelPlan, role: str) -> KernelParam:
+    """`out_ptr`: its role, and the tensor the forward gets back (t<id>, or the buffer it writes into)."""
+    name = attribute(kernel.target.path) if kernel.target is not None else f"t{kernel.root.id}"
+    return KernelParam("out_ptr", role, detail=f"{name} {shape_text(kernel.root.shapes)}")
+
+
 def helper_sources(names: set[str]) -> dict[str, str]:
     return {name: HELPER_SOURCES[name] for name in sorted(names)}
 
@@ -124,7 +162,7 @@ def is_dense(value: Value) -> bool:
 
 
 def make_operands(values: list[Value], start: int = 0) -> dict[int, Operand]:
-    return {v.id: Operand(operand_name(v, start + i), v.shapes, dense=is_dense(v))
+    return {v.id: Operand(operand_name(v, start + i), v.shapes, dense=is_dense(v), what=describe(v))
             for i, v in enumerate(values)}
 
 
@@ -154,5 +192,5 @@ def indent(lines: list[str], spaces: int) -> str:
 
 def block_autotune(blocks: tuple[tuple[int, int], ...], key: list[str]) -> str:
     """An autotune decorator over (BLOCK, num_warps) pairs, for kernels that walk flat output blocks."""
-    configs = ", ".join(f'triton.Config({{"BLOCK": {b}}}, num_warps={w})' for b, w in blocks)
-    return f"@triton.autotune(configs=[{configs}], key={key!r})\n"
+    configs = "".join(f'        triton.Config({{"BLOCK": {b}}}, num_warps={w}),\n' for b, w in blocks)
+    return f"@triton.autotune(\n    configs=[\n{configs}    ],\n    key={key!r},\n)\n"

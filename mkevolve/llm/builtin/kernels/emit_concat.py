@@ -4,10 +4,26 @@ torch.gather)."""
 from __future__ import annotations
 
 from .configs import Variant
-from .emit_common import KernelSource, LauncherArg, block_autotune, indent, make_operands
+from .emit_common import KernelSource, LauncherArg, block_autotune, indent, make_operands, output_param
 from .errors import UnsupportedSubproblem
 from .ir import Concat, Gather, Program
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
+
+# out[o, start + l, i] = part[o, l, i]: one launch per part.
+_CONCAT_PARAMS = [
+    KernelParam("src_ptr", "part [outer, length, inner], read through its strides"),
+    KernelParam("out_ptr", "output [outer, total, inner], contiguous"),
+    KernelParam("start", "first output row of this part along the cat dim"),
+    KernelParam("numel", "part elements"),
+    KernelParam("length", "part size along the cat dim"),
+    KernelParam("inner", "elements after the cat dim"),
+    KernelParam("total", "output size along the cat dim"),
+    KernelParam("stride_o", "part stride over outer"),
+    KernelParam("stride_l", "part stride along the cat dim"),
+    KernelParam("stride_i", "part stride over inner"),
+    constexpr("BLOCK", "part elements per program"),
+]
 
 
 def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -18,8 +34,7 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     parts = [operands[p.id].name for p in anchor.parts]
     decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
     source = f'''{decorator}@triton.jit
-def {name}(src_ptr, out_ptr, start, numel, length, inner, total, stride_o, stride_l, stride_i,
-           BLOCK: tl.constexpr):
+{signature(name, _CONCAT_PARAMS)}
     # Copy one part, seen as (outer, length, inner), into rows [start, start + length) of the
     # (outer, total, inner) output. The part is read through its strides (an expand or transpose is not
     # copied first); the output is written contiguously.
@@ -69,9 +84,15 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
     dim = anchor.dim
     decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    params = [operands[anchor.table.id].pointer("table [outer, rows, inner]", "table_ptr"),
+              operands[anchor.index.id].pointer("indices [picks], read flat", "index_ptr"),
+              output_param(kernel, "output [outer, picks, inner], contiguous"),
+              KernelParam("numel", "output elements"), KernelParam("picks", "number of indices"),
+              KernelParam("inner", "elements after the picked dim"), KernelParam("stride_o", "table stride over outer"),
+              KernelParam("stride_l", "table stride along the picked dim"),
+              KernelParam("stride_i", "table stride over inner"), constexpr("BLOCK", "output elements per program")]
     source = f'''{decorator}@triton.jit
-def {name}(table_ptr, index_ptr, out_ptr, numel, picks, inner, stride_o, stride_l, stride_i,
-           BLOCK: tl.constexpr):
+{signature(name, params)}
     # The table seen as (outer, rows, inner): output element (o, j, i) copies table[o, index[j], i].
     # Consecutive programs read consecutive indices, so each picked row is read as one contiguous run.
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -118,10 +139,16 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     at_index = " + ".join(f"i{d} * is{d}" for d in range(rank))
     at_table = " + ".join(("picked" if d == dim else f"i{d}") + f" * ts{d}" for d in range(rank))
     decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
-    params = ["table_ptr", "index_ptr", "out_ptr", "numel"] + [f"{n}: tl.constexpr" for n in sizes] \
-        + index_strides + table_strides + ["BLOCK: tl.constexpr"]
+    params = ([operands[anchor.table.id].pointer("table", "table_ptr"),
+               operands[anchor.index.id].pointer("indices", "index_ptr"),
+               output_param(kernel, "output, the indices' shape, contiguous"),
+               KernelParam("numel", "output elements")]
+              + [constexpr(n, f"index size along dim {n[1:]}") for n in sizes]
+              + [KernelParam(n, f"index stride along dim {n[2:]}") for n in index_strides]
+              + [KernelParam(n, f"table stride along dim {n[2:]}") for n in table_strides]
+              + [constexpr("BLOCK", "output elements per program")])
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # out[i] = table[i with dim {dim} replaced by index[i]]: the output has the index's shape, so its
     # flat position unravels into the index's coordinates (sizes constexpr: div/mod become shifts).
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -43,11 +43,13 @@ from .emit_common import (
     helper_sources,
     indent,
     make_operands,
+    output_param,
 )
 from .emit_matmul import tile_autotune
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Conv, Program, Scalar
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
 
 _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mostly padding
 _MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
@@ -127,6 +129,15 @@ def conv_uses_dot(conv: Conv) -> bool:
     return conv_template(conv) is ConvTemplate.IMPLICIT_GEMM
 
 
+def conv_flops(conv: Conv, config: int) -> int:
+    """2 FLOPs per multiply-add under input config `config`: each output element of a convolution sums
+    C_in_g x taps products; each input element of a transposed one adds into C_out_g x taps outputs. The
+    weight's dims 1 and 2.. are those counts in both layouts ([C_out, C_in_g, K..] / [C_in, C_out_g, K..])."""
+    w = conv.w.shapes[config]
+    elements = conv.x.shapes[config] if conv.transposed else conv.shapes[config]
+    return 2 * math.prod(elements) * w[1] * math.prod(w[2:])
+
+
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
     conv: Conv = kernel.anchor
     template = conv_template(conv)
@@ -135,10 +146,32 @@ def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     return _emit_tiled(kernel, name, variant, program, dot=template is ConvTemplate.IMPLICIT_GEMM)
 
 
-def _geometry_params(conv: Conv) -> list[str]:
-    s = len(conv.stride)
-    return ([f"STRIDE{d}: tl.constexpr" for d in range(s)] + [f"PAD{d}: tl.constexpr" for d in range(s)]
-            + [f"DIL{d}: tl.constexpr" for d in range(s)] + [f"K{d}: tl.constexpr" for d in range(s)])
+def _geometry_params(conv: Conv) -> list[KernelParam]:
+    docs = {"STRIDE": "stride", "PAD": "padding", "DIL": "dilation", "K": "kernel size"}
+    return [constexpr(f"{k}{d}", f"{doc} along spatial dim {d}") for k, doc in docs.items()
+            for d in range(len(conv.stride))]
+
+
+def _spatial(stem: str, conv: Conv) -> str:
+    """"D0, D1": one name per spatial dim, for the shapes in comments."""
+    return ", ".join(f"{stem}{d}" for d in range(len(conv.stride)))
+
+
+def _tensor_params(kernel: KernelPlan, operands, x_layout: str, w_layout: str) -> list[KernelParam]:
+    """x, w and out pointers: the layout the launcher hands the kernel, and the tensors the forward passes."""
+    conv: Conv = kernel.anchor
+    return [operands[conv.x.id].pointer(f"input as {x_layout}", "x_ptr"),
+            operands[conv.w.id].pointer(f"weight as {w_layout}", "w_ptr"),
+            output_param(kernel, f"output [N, C_out, {_spatial('P', conv)}], contiguous")]
+
+
+def _size_params(conv: Conv, direct: bool) -> list[KernelParam]:
+    """Spatial sizes: input D, output P and, transposed, Q output positions per phase."""
+    dims = range(len(conv.stride))
+    return ([KernelParam(f"D{d}", f"input size along spatial dim {d}") for d in dims]
+            + [KernelParam(f"P{d}", f"output size along spatial dim {d}") for d in dims]
+            + ([KernelParam(f"Q{d}", f"output positions per phase along spatial dim {d}") for d in dims]
+               if conv.transposed and not direct else []))
 
 
 def _geometry(conv: Conv) -> tuple[list[str], list[str], list[str]]:
@@ -369,17 +402,34 @@ def _tiled_body(conv: Conv, dot: bool, precision: str, epi_lines: list[str], res
                f"tl.store(out_ptr + out_offs, {result}, mask=mask)"])
 
 
-def _tiled_params(conv: Conv, dot: bool, epilogue, indexer, scalars) -> list[str]:
+_CONSTANT_DOCS = {"T": "kernel taps a program walks along spatial dim {d}", "GROUPS": "groups",
+                  "INV": "inverse of the dilation mod the stride along spatial dim {d}"}
+
+
+def _tiled_params(kernel: KernelPlan, dot: bool, operands, epilogue, indexer, scalars) -> list[KernelParam]:
+    conv: Conv = kernel.anchor
     dims = range(len(conv.stride))
-    sizes = ["M", "C_in_g", "C_out_g", "C_out", "K_TOTAL"] if dot else ["M", "C_in_g: tl.constexpr", "C_out_g",
-                                                                         "C_out"]
-    sizes += [f"D{d}" for d in dims] + [f"P{d}" for d in dims] + ([f"Q{d}" for d in dims] if conv.transposed else [])
-    strides = (["sxn"] if dot else ["sxn", "sxc"]) + [f"sx{d}" for d in dims] + ["swg"]
-    constants = [c.split("=")[0] + ": tl.constexpr" for c in _tiled_constants(conv, dot)]
-    blocks = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"] + (["BLOCK_K: tl.constexpr"] if dot else [])
-    return (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + sizes + strides
-            + indexer.kernel_declarations() + [n for n, _ in scalars.params] + _geometry_params(conv)
-            + constants + blocks)
+    x_layout = f"channels-last [N, {_spatial('D', conv)}, C_in]" if dot else f"[N, C_in, {_spatial('D', conv)}]"
+    sizes = [KernelParam("M", "GEMM rows, images x output positions" + (" per phase" if conv.transposed else "")),
+             KernelParam("C_in_g", "input channels per group", constexpr=not dot),
+             KernelParam("C_out_g", "output channels per group"), KernelParam("C_out", "output channels")]
+    sizes += [KernelParam("K_TOTAL", "GEMM depth, C_in_g x taps")] if dot else []
+    strides = ([KernelParam("sxn", "input stride between images")]
+               + ([] if dot else [KernelParam("sxc", "input stride between channels")])
+               + [KernelParam(f"sx{d}", f"input stride along spatial dim {d}") for d in dims]
+               + [KernelParam("swg", "weight stride between groups")])
+    constants = []
+    for assignment in _tiled_constants(conv, dot):
+        name = assignment.split("=")[0]
+        doc = _CONSTANT_DOCS[name.rstrip("0123456789")].format(d=name[-1])
+        constants.append(constexpr(name, doc))
+    blocks = ([constexpr("BLOCK_M", "output positions per program"),
+               constexpr("BLOCK_N", "output channels per program")]
+              + ([constexpr("BLOCK_K", "GEMM depth per step")] if dot else []))
+    return (_tensor_params(kernel, operands, x_layout, f"[GROUPS, {_spatial('K', conv)}, C_in_g, C_out_g]")
+            + [o.pointer("epilogue operand") for o in epilogue] + sizes + _size_params(conv, direct=False)
+            + strides
+            + indexer.kernel_signature() + scalars.kernel_signature() + _geometry_params(conv) + constants + blocks)
 
 
 def _tiled_call(conv: Conv, dot: bool, epilogue, indexer, scalar_args) -> str:
@@ -441,7 +491,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
         kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
     ops = describe_body(kernel, program.values)
-    params = _tiled_params(conv, dot, epilogue, indexer, scalars)
+    params = _tiled_params(kernel, dot, operands, epilogue, indexer, scalars)
     tiles = conv_tiles(conv, variant.conv, dot)
     decorator = tile_autotune(tiles, ["M", "C_in_g", "C_out_g"], group_m=False, block_k=dot) \
         if variant.autotune else ""
@@ -457,7 +507,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
                   f"    # channel) adds a column of x times a row of w, w being [GROUPS, K.., C_in_g, C_out_g].")
     body = _tiled_body(conv, dot, variant.precision, epi_lines, result)
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     {header} Epilogue: {ops or "none"}.
 {indent(body, 4)}
 '''
@@ -478,7 +528,7 @@ def {name}({", ".join(params)}):
                    f"{'transposed convolution' if conv.transposed else 'convolution'}"
                    f"{' + ' + ops if ops else ''} ({how}, {tile_text})")
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), uses_dot=dot, description=description)
+                        helper_sources(emitter.helpers), description=description)
 
 
 # -- direct -----------------------------------------------------------------------------------------
@@ -518,9 +568,14 @@ def _stride_args(conv: Conv, x: str, w: str) -> list[str]:
             + ["w_group", "w_out", "w_in"] + [f"{w}.stride({2 + d})" for d in range(spatial)])
 
 
-def _stride_params(spatial: int) -> list[str]:
-    return (["sxn", "sxc"] + [f"sx{d}" for d in range(spatial)] + ["swg", "swo", "swi"]
-            + [f"sw{d}" for d in range(spatial)])
+def _stride_params(conv: Conv) -> list[KernelParam]:
+    dims = range(len(conv.stride))
+    return ([KernelParam("sxn", "input stride between images"), KernelParam("sxc", "input stride between channels")]
+            + [KernelParam(f"sx{d}", f"input stride along spatial dim {d}") for d in dims]
+            + [KernelParam("swg", "weight stride between groups"),
+               KernelParam("swo", "weight stride between output channels of a group"),
+               KernelParam("swi", "weight stride between input channels of a group")]
+            + [KernelParam(f"sw{d}", f"weight stride along kernel dim {d}") for d in dims])
 
 
 def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -542,9 +597,14 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
             f"{inner}    wv = tl.load(w_ptr + w_base + c * swi + {w_offset}, mask=mask, other=0.0)",
             f"{inner}    acc += xv * wv"]
     size_params = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
-    params = (["x_ptr", "w_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["numel", "C_in_g", "C_out_g",
-              "C_out"] + size_params + _stride_params(spatial) + indexer.kernel_declarations()
-              + [n for n, _ in scalars.params] + _geometry_params(conv) + ["BLOCK: tl.constexpr"])
+    w_layout = "[C_in, C_out_g, K..]" if conv.transposed else "[C_out, C_in_g, K..]"
+    params = (_tensor_params(kernel, operands, f"[N, C_in, {_spatial('D', conv)}]", w_layout)
+              + [o.pointer("epilogue operand") for o in epilogue]
+              + [KernelParam("numel", "output elements"), KernelParam("C_in_g", "input channels per group"),
+                 KernelParam("C_out_g", "output channels per group"), KernelParam("C_out", "output channels")]
+              + _size_params(conv, direct=True) + _stride_params(conv) + indexer.kernel_signature()
+              + scalars.kernel_signature() + _geometry_params(conv)
+              + [constexpr("BLOCK", "output elements per program")])
     body = (["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
             + _position_lines(spatial, "offs")
             + ["co = nb % C_out", "nb = nb // C_out", "g = co // C_out_g",
@@ -556,7 +616,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     autotune = variant.autotune
     decorator = block_autotune(variant.pool, ["numel", "C_in_g"]) if autotune else ""
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # Direct {spatial}-d {kind} (few channels per group, so no tl.dot): each program computes BLOCK
     # consecutive output elements, summing input channels of its group over the unrolled window.
     # Epilogue: {ops or "none"}.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .configs import MatmulTile, Variant
 from .emit_common import (
     ExprEmitter,
@@ -14,10 +16,12 @@ from .emit_common import (
     helper_sources,
     indent,
     make_operands,
+    output_param,
 )
-from .indexing import GroupIndices, Indexer, Space
+from .indexing import GroupIndices, Indexer, Operand, Space
 from .ir import Matmul, Program
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
 
 
 def tile_autotune(tiles: tuple[MatmulTile, ...], key: list[str], group_m: bool = True, block_k: bool = True) -> str:
@@ -27,6 +31,28 @@ def tile_autotune(tiles: tuple[MatmulTile, ...], key: list[str], group_m: bool =
         + (f', "BLOCK_K": {t.block_k}' if block_k else "") + f"{group}}}, "
         f"num_warps={t.warps}, num_stages={t.stages})" for t in tiles)
     return f"@triton.autotune(\n    configs=[\n        {configs},\n    ],\n    key={key!r},\n)\n"
+
+
+TILE_PARAMS = [constexpr("BLOCK_M", "rows of C per program"), constexpr("BLOCK_N", "columns of C per program"),
+               constexpr("BLOCK_K", "K per step of the reduction loop"),
+               constexpr("GROUP_M", "row tiles visited together, for L2 reuse")]
+
+
+def _pointers(kernel: KernelPlan, a: Operand, b: Operand) -> list[KernelParam]:
+    batch = "batch, " if kernel.anchor.batched else ""
+    return [a.pointer(f"A [{batch}M, K]", "a_ptr"), b.pointer(f"B [{batch}K, N]", "b_ptr"),
+            output_param(kernel, f"C [{batch}M, N] = epilogue(A @ B), contiguous")]
+
+
+def _sizes_and_strides(anchor: Matmul) -> list[KernelParam]:
+    """A rows-form GEMM (x @ W for any leading dims of x) is one batch: its batch strides are 0."""
+    one_batch = "" if anchor.batched else " (0: one batch)"
+    return [KernelParam("M", "rows of A and C"), KernelParam("N", "columns of B and C"),
+            KernelParam("K", "columns of A, rows of B"),
+            KernelParam("stride_ab", "A batch stride" + one_batch), KernelParam("stride_am", "A row stride"),
+            KernelParam("stride_ak", "A column stride"),
+            KernelParam("stride_bb", "B batch stride" + one_batch), KernelParam("stride_bk", "B row stride"),
+            KernelParam("stride_bn", "B column stride")]
 
 
 def emit_matmul(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -51,15 +77,14 @@ def emit_matmul(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     ops = describe_body(kernel, program.values)
     a_name, b_name = operands[anchor.a.id].name, operands[anchor.b.id].name
 
-    params = (["a_ptr", "b_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["M", "N", "K"]
-              + ["stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn"]
-              + indexer.kernel_declarations() + [n for n, _ in scalars.params]
-              + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
-                 "GROUP_M: tl.constexpr", "EVEN_K: tl.constexpr"])
+    params = (_pointers(kernel, operands[anchor.a.id], operands[anchor.b.id])
+              + [o.pointer("epilogue operand") for o in epilogue] + _sizes_and_strides(anchor)
+              + indexer.kernel_signature() + scalars.kernel_signature()
+              + TILE_PARAMS + [constexpr("EVEN_K", "K % BLOCK_K == 0, so the K loop loads without masks")])
     decorator = tile_autotune(variant.matmul, ["M", "N", "K"]) if variant.autotune else ""
     source = f'''{decorator}@triton.heuristics({{"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}})
 @triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # One [BLOCK_M, BLOCK_N] tile of C = A @ B per program, K walked in BLOCK_K steps; tiles are visited
     # GROUP_M rows at a time so neighbouring programs reuse A and B from L2. Epilogue: {ops or "none"}.
     pid = tl.program_id(0)
@@ -120,8 +145,13 @@ def {name}({", ".join(params)}):
     kind = "batched GEMM" if anchor.batched else "GEMM"
     description = f"{kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tiles})"
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers),
-                        uses_dot=True, description=description)
+                        helper_sources(emitter.helpers), description=description)
+
+
+def matmul_flops(anchor: Matmul, config: int) -> int:
+    """2 FLOPs per multiply-add: 2 * M * N * K per batch entry, under input config `config`."""
+    out, k = anchor.shapes[config], anchor.a.shapes[config][-1]
+    return 2 * math.prod(out) * k
 
 
 def _operand_lines(anchor: Matmul, a_name: str, b_name: str) -> list[str]:

@@ -14,10 +14,12 @@ from .emit_common import (
     helper_sources,
     indent,
     make_operands,
+    output_param,
 )
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
 
 
 def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -33,11 +35,13 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
 
     writes_into = kernel.target is not None
     autotune = variant.autotune and not writes_into
-    params = (["out_ptr"] + [f"{o.name}_ptr" for o in operands.values()] + ["numel"] + indexer.kernel_declarations()
-              + [n for n, _ in scalars.params] + ["BLOCK: tl.constexpr"])
+    params = ([output_param(kernel, "output, contiguous")]
+              + [o.pointer() for o in operands.values()] + [KernelParam("numel", "output elements")]
+              + indexer.kernel_signature() + scalars.kernel_signature()
+              + [constexpr("BLOCK", "output elements per program")])
     decorator = _autotune(variant) if autotune else ""
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # Elementwise {ops}.
     # Each program computes BLOCK consecutive elements of the contiguous output; operands are read
     # through broadcast strides, one per group of merged dims.
@@ -49,7 +53,7 @@ def {name}({", ".join(params)}):
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     launcher_name = f"{name}_launch"
-    signature = ", ".join((["out"] if writes_into else []) + [a.name for a in tensor_args + scalar_args])
+    launcher_args = ", ".join((["out"] if writes_into else []) + [a.name for a in tensor_args + scalar_args])
     frame = f"_broadcast_shape({', '.join(a.name + '.shape' for a in tensor_args)})"
     alloc = ["shape = out.shape"] if writes_into else [
         f"shape = {frame}",
@@ -62,7 +66,7 @@ def {name}({", ".join(params)}):
     else:
         block, warps = variant.pointwise[0]
         launch = [f"{name}[(_cdiv(numel, {block}),)]({call_args}, BLOCK={block}, num_warps={warps})"]
-    launcher = f'''def {launcher_name}({signature}):
+    launcher = f'''def {launcher_name}({launcher_args}):
 {indent(alloc + ["numel = out.numel()"] + strides + launch + ["return out"], 4)}
 '''
     return KernelSource(source, launcher, launcher_name, tensor_args + scalar_args, writes_into,

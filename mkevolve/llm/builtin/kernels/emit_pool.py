@@ -15,10 +15,12 @@ from .emit_common import (
     helper_sources,
     indent,
     make_operands,
+    output_param,
 )
 from .indexing import GroupIndices, Indexer, Space
 from .ir import AdaptivePool, Pool, Program
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
 
 
 def _positions(spatial: int) -> list[str]:
@@ -112,18 +114,22 @@ def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, ada
     window = _adaptive_window(pool, spatial) if adaptive else _fixed_window(pool) + (
         _avg_divisor(pool) if pool.kind == "avg" else [])
     sizes = [f"D{d}" for d in range(spatial)] + [f"P{d}" for d in range(spatial)]
-    geometry = ([f"KMAX{d}" for d in range(spatial)] if adaptive else
-                [f"{k}{d}: tl.constexpr" for k in ("K", "STRIDE", "PAD", "DIL") for d in range(spatial)])
-    params = (["x_ptr", "out_ptr"] + [f"{o.name}_ptr" for o in epilogue] + ["numel"] + sizes + ["sxp"]
-              + [f"sx{d}" for d in range(spatial)] + indexer.kernel_declarations() + [n for n, _ in scalars.params]
-              + geometry + ["BLOCK: tl.constexpr"])
+    params = ([operands[pool.x.id].pointer(f"input [planes, {', '.join(sizes[:spatial])}]", "x_ptr"),
+               output_param(kernel, f"output [planes, {', '.join(sizes[spatial:])}], contiguous")]
+              + [o.pointer("epilogue operand") for o in epilogue] + [KernelParam("numel", "output elements")]
+              + [KernelParam(f"D{d}", f"input size along pooled dim {d}") for d in range(spatial)]
+              + [KernelParam(f"P{d}", f"output size along pooled dim {d}") for d in range(spatial)]
+              + [KernelParam("sxp", "input stride between planes")]
+              + [KernelParam(f"sx{d}", f"input stride along pooled dim {d}") for d in range(spatial)]
+              + indexer.kernel_signature() + scalars.kernel_signature() + _geometry_params(spatial, adaptive)
+              + [constexpr("BLOCK", "output elements per program")])
     body = (["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
             + _positions(spatial) + [f"acc = tl.full([BLOCK], {init}, tl.float32)"] + window + epi_lines
             + [f"tl.store(out_ptr + offs, {result}, mask=mask)"])
     what = f"adaptive {pool.kind}" if adaptive else pool.kind
     decorator = block_autotune(variant.pool, ["numel"]) if variant.autotune else ""
     source = f'''{decorator}@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # {what} pooling over {spatial} trailing dims: each program computes BLOCK consecutive outputs.
     # Epilogue: {ops or "none"}.
 {indent(body, 4)}
@@ -152,6 +158,14 @@ def {name}({", ".join(params)}):
                f"{indent(lines + ['return out'], 4)}\n"
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
                         helper_sources(emitter.helpers), description=f"{what} pool{' + ' + ops if ops else ''}")
+
+
+def _geometry_params(spatial: int, adaptive: bool) -> list[KernelParam]:
+    dims = range(spatial)
+    if adaptive:
+        return [KernelParam(f"KMAX{d}", f"widest window along pooled dim {d}") for d in dims]
+    docs = {"K": "window size", "STRIDE": "stride", "PAD": "padding", "DIL": "dilation"}
+    return [constexpr(f"{k}{d}", f"{doc} along pooled dim {d}") for k, doc in docs.items() for d in dims]
 
 
 def _adaptive_rank(pool: AdaptivePool) -> int:

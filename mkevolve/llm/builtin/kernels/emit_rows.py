@@ -25,10 +25,12 @@ from .emit_common import (
     helper_sources,
     indent,
     make_operands,
+    output_param,
 )
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program, Reduce, Value
-from .plan import KernelPlan
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, constexpr, signature
 
 _INIT = {"sum": "0.0", "mean": "0.0", "amax": '-float("inf")', "amin": 'float("inf")'}
 _FINAL = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
@@ -97,21 +99,24 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     leaves = body_leaves(kernel, program)
     operands = make_operands(leaves)
     spaces = [Space("outer", tuple(range(first))), Space("reduced", row.dims), Space("inner", inner_dims)]
-    indexer = Indexer(row.shapes, spaces, list(operands.values()))
+    indexer = Indexer(row.shapes, spaces, list(operands.values()), frame_name="input")
     scalars = ScalarArgs()
     stages = len(kernel.reductions)
     bodies = {"": _BodyWriter(kernel, indexer, operands, layout, scalars).single(),
               "_looped": _BodyWriter(kernel, indexer, operands, layout, scalars).looped()}
     for stage in range(stages + 1):
         bodies[f"_split{stage}"] = _BodyWriter(kernel, indexer, operands, layout, scalars).split(stage)
-    common = ([f"{o.name}_ptr" for o in operands.values()] + ["R", "I"] + indexer.kernel_declarations()
-              + [n for n, _ in scalars.params])
-    blocks = ["BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"]
+    common = ([o.pointer() for o in operands.values()]
+              + [KernelParam("R", "elements per row (the reduced dims)"),
+                 KernelParam("I", "inner positions (the dims after the reduced ones)")]
+              + indexer.kernel_signature() + scalars.kernel_signature())
+    blocks = [constexpr("BLOCK_R", "row elements per step"), constexpr("BLOCK_I", "inner positions per program")]
+    out = output_param(kernel, f"output {'[O, R, I]' if kernel.full_space else '[O, I]'}, contiguous")
     sources = []
     for suffix, (lines, _) in bodies.items():
         split = suffix.startswith("_split")
-        params = (["out_ptr"] + (["part_ptr", "O", "SPLIT", "CHUNK"] if split else []) + common + blocks
-                  + (["SPLIT_BLOCK: tl.constexpr"] if split else []))
+        params = [out] + (_split_params(stages) if split else []) + common + blocks + (
+            [constexpr("SPLIT_BLOCK", "SPLIT rounded up to a power of 2")] if split else [])
         sources.append(_kernel_source(name + suffix, params, layout, lines, _how(suffix, stages)))
     helpers = helper_sources(set().union(*(h for _, h in bodies.values())))
     helpers["_row_warps"] = ROW_WARPS_HELPER
@@ -126,6 +131,13 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
                         helpers, description=description)
 
 
+def _split_params(stages: int) -> list[KernelParam]:
+    return [KernelParam("part_ptr", f"partial results [{stages}, O, SPLIT, I], one per reduction and program"),
+            KernelParam("O", "outer positions (the dims before the reduced ones)"),
+            KernelParam("SPLIT", "programs per row"),
+            KernelParam("CHUNK", "row elements per program, a multiple of BLOCK_R")]
+
+
 def _how(suffix: str, stages: int) -> str:
     if suffix == "":
         return "the row is held in registers and read once"
@@ -137,13 +149,13 @@ def _how(suffix: str, stages: int) -> str:
     return f"the row is split over SPLIT programs of CHUNK elements; this launch {done}{work}"
 
 
-def _kernel_source(name: str, params: list[str], layout: _Layout, body: list[str], how: str) -> str:
+def _kernel_source(name: str, params: list[KernelParam], layout: _Layout, body: list[str], how: str) -> str:
     start = ["o = tl.program_id(0).to(tl.int64)"]
     if layout.inner:
         start += ["i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = i < I"]
     where = " and BLOCK_I inner positions" if layout.inner else ""
     return f"""@triton.jit
-def {name}({", ".join(params)}):
+{signature(name, params)}
     # One program per outer position{where}; {how}.
 {indent(start + body, 4)}
 """
@@ -304,8 +316,8 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
     last_grid = "split_grid" if kernel.full_space else "(O, _cdiv(I, block_i), 1)"
     lines += [f"    {name}_split{stages}[{last_grid}](out, part, O, split, chunk, {args}, {split_blocks})",
               "return out"]
-    signature = ", ".join(a.name for a in tensor_args + scalar_args)
-    return f"def {name}_launch({signature}):\n{indent(lines, 4)}\n"
+    launcher_args = ", ".join(a.name for a in tensor_args + scalar_args)
+    return f"def {name}_launch({launcher_args}):\n{indent(lines, 4)}\n"
 
 
 ROW_WARPS_HELPER = '''def _row_warps(block, per_thread):

@@ -9,19 +9,17 @@ from pathlib import Path
 from mkevolve.problem import ProblemError, load_problem
 
 from .configs import Variant, variants_for
-from .emit_attention import emit_attention
 from .emit_common import KernelSource
-from .emit_concat import emit_concat, emit_gather
-from .emit_conv import conv_uses_dot, emit_conv
-from .emit_matmul import emit_matmul
-from .emit_pointwise import emit_pointwise
-from .emit_pool import emit_adaptive_pool, emit_pool
-from .emit_rows import emit_rows
 from .errors import UnsupportedInMode, UnsupportedSubproblem
+from .kernel_plan import KernelPlan
 from .lower import lower
 from .module_source import ForwardWriter, ModeForward, ProblemSource, assemble
-from .plan import KernelPlan, Plan, plan
+from .plan import Plan, plan
+from .registry import kind_of
+from .self_check import main_block, metric_for
+from .signature import code_key, merge_shared
 from .trace import MODES, trace_problem
+from .work import Work, forward_work
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,11 @@ class Analysis:
     @property
     def uses_dot(self) -> bool:
         return any(uses_dot(k) for p in self.plans.values() for k in p.kernels)
+
+    def work(self) -> list[Work]:
+        """The least work per input config, in the mode the self-check runs the module in: training, unless
+        only eval mode gets kernels."""
+        return forward_work(next(self.plans[m] for m in MODES if m in self.plans))
 
 
 _CACHE: dict[tuple[str, str], Analysis] = {}
@@ -71,16 +74,11 @@ def analyse(problem_path: str | Path) -> Analysis:
 
 
 def uses_dot(kernel: KernelPlan) -> bool:
-    if kernel.kind in ("matmul", "attention"):
-        return True
-    return kernel.kind == "conv" and conv_uses_dot(kernel.anchor)
+    return kind_of(kernel).kernel_uses_dot(kernel)
 
 
 def emit_kernel(kernel: KernelPlan, name: str, variant: Variant, plan_: Plan) -> KernelSource:
-    emitters = {"pointwise": emit_pointwise, "matmul": emit_matmul, "rows": emit_rows, "conv": emit_conv,
-                "pool": emit_pool, "adaptive_pool": emit_adaptive_pool, "attention": emit_attention,
-                "concat": emit_concat, "gather": emit_gather}
-    return emitters[kernel.kind](kernel, name, variant, plan_.program)
+    return kind_of(kernel).emit(kernel, name, variant, plan_.program)
 
 
 def generate(problem_path: str | Path, variant: int, target: str, mode: str | None = None) -> GeneratedKernel:
@@ -107,22 +105,25 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
         forwards = forwards[:1]
     kernels = list(sources.values())
     description = "; ".join(dict.fromkeys(k.description for k in kernels)) + f" [{chosen.name}]"
-    text = assemble(analysis.problem, kernels, forwards, description)
+    check = main_block(analysis.problem.stem, analysis.work(), metric_for(analysis.uses_dot))
+    text = assemble(analysis.problem, kernels, forwards, description, check)
     precision = chosen.precision if analysis.uses_dot else "none"
     return GeneratedKernel(text, precision, variant, description)
 
 
 def _named(kernel: KernelPlan, variant: Variant, plan_: Plan, sources: dict[str, KernelSource]) -> KernelSource:
-    """Emit under a placeholder name; identical code (e.g. shared by both modes) is written to the file once,
-    while each launch keeps its own arguments."""
+    """Emit under a placeholder name; identical code (e.g. shared by both modes, or by repeated layers) is
+    written to the file once, while each launch keeps its own arguments."""
     placeholder = "_KERNEL_NAME_"
     draft = emit_kernel(kernel, placeholder, variant, plan_)
-    key = draft.kernel + draft.launcher
-    name = sources[key].launcher_name.removesuffix("_launch") if key in sources else \
-        f"_{kernel.kind}_kernel_{len(sources)}"
+    key = code_key(draft.kernel + draft.launcher)
+    shared = sources.get(key)
+    name = shared.launcher_name.removesuffix("_launch") if shared else f"_{kernel.kind}_kernel_{len(sources)}"
     draft.kernel = draft.kernel.replace(placeholder, name)
     draft.launcher = draft.launcher.replace(placeholder, name)
     draft.launcher_name = draft.launcher_name.replace(placeholder, name)
+    if shared:
+        shared.kernel = merge_shared(shared.kernel, draft.kernel)
     sources.setdefault(key, draft)
     return draft
 

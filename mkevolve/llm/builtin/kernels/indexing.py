@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
 from .ir import Shape
+from .signature import KernelParam, shape_text
 
 FULL, BCAST, ONE = "full", "bcast", "one"
 
@@ -29,6 +30,12 @@ class Operand:
     name: str
     shapes: tuple[Shape, ...]
     dense: bool = True
+    what: str = ""                             # the tensor in the forward, e.g. "self.fc.bias", for comments
+
+    def pointer(self, role: str = "operand", param: str | None = None) -> KernelParam:
+        """The kernel parameter (`<name>_ptr` unless `param` names it), commented with its role, the tensor
+        and its shape."""
+        return KernelParam(param or f"{self.name}_ptr", role, detail=f"{self.what} {shape_text(self.shapes)}")
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Indexer:
     spaces: list[Space]
     operands: list[Operand]
     prefix: str = ""
+    frame_name: str = "output"                 # what the frame is, for comments: output, input, scores
     groups: list[Group] = field(default_factory=list)
 
     def __post_init__(self):
@@ -120,12 +128,17 @@ class Indexer:
             params += [self.stride_name(operand, g) for g in self.groups if self.reads(operand, g)]
         return params
 
-    def kernel_declarations(self) -> list[str]:
-        """`kernel_params()` as the kernel declares them. Group sizes are constexpr: a div/mod by a known
+    def kernel_signature(self) -> list[KernelParam]:
+        """`kernel_params()` as the kernel declares them, each with its comment. Group sizes are constexpr: a div/mod by a known
         constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens of instructions
         per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
-        sizes = {self.size_name(g) for g in self.groups if self.needs_size(g)}
-        return [f"{p}: tl.constexpr" if p in sizes else p for p in self.kernel_params()]
+        params = [KernelParam(self.size_name(g), f"{self.frame_name} size over {_dims(g)} (divides the flat index)",
+                              constexpr=True) for g in self.groups if self.needs_size(g)]
+        for operand in self.operands:
+            params += [KernelParam(self.stride_name(operand, g), f"{operand.name} stride over {self.frame_name} "
+                                   f"{_dims(g)} (0: broadcast)")
+                       for g in self.groups if self.reads(operand, g)]
+        return params
 
     # --- code ------------------------------------------------------------------------------------
 
@@ -157,6 +170,13 @@ class Indexer:
             return indices.flat[0]
         terms = [f"{indices.get(g)} * {self.stride_name(operand, g)}" for g in self.groups if self.reads(operand, g)]
         return " + ".join(terms) if terms else ""
+
+
+def _dims(group: Group) -> str:
+    """"dim 1", "dims 2, 3": a group's dims of the frame, for comments."""
+    if len(group.dims) == 1:
+        return f"dim {group.dims[0]}"
+    return "dims " + ", ".join(str(d) for d in group.dims)
 
 
 class GroupIndices:

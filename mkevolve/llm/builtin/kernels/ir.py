@@ -228,9 +228,6 @@ class Gather(Value):
         return [self.table, self.index]
 
 
-ANCHORS = (Matmul, Conv, Pool, AdaptivePool, Attention, Concat, Gather)
-
-
 @dataclass(frozen=True)
 class Assign:
     """A side effect of the forward: write `value` into the buffer `target` (e.g. BatchNorm running stats)."""

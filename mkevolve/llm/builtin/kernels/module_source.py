@@ -6,11 +6,10 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from mkevolve.config import TOLERANCE
 from mkevolve.pysource import parse_python
 
 from .cleanup import drop_unused_assignments
-from .emit_common import KernelSource
+from .emit_common import KernelSource, attribute
 from .errors import UnsupportedSubproblem
 from .ir import Input, IntOp, Param, Scalar, SizeOf, Value, View
 from .plan import Plan
@@ -196,7 +195,7 @@ class ForwardWriter:
         if value.id in self.names:
             return self.names[value.id]
         if isinstance(value, Param):
-            name = _attribute(value.path)
+            name = attribute(value.path)
         elif isinstance(value, View):
             base = self.tensor(value.base)
             name = f"v{value.id}"
@@ -210,7 +209,7 @@ class ForwardWriter:
 
     def scalar(self, scalar: Scalar) -> str:
         if scalar.attr is not None:
-            return _attribute(scalar.attr)
+            return attribute(scalar.attr)
         if scalar.expr is not None:
             return self.shape_value(scalar.expr)
         raise AssertionError("literal scalars are inlined in kernels")
@@ -255,7 +254,9 @@ class ModeForward:
 
 
 def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list[ModeForward],
-             description: str) -> str:
+             description: str, main_block: str) -> str:
+    """The file: header, host helpers, kernels and launchers, the problem's support code, ModelNew, and
+    `main_block` (self_check.py)."""
     helpers = {**_definitions(HOST_HELPERS),
                **{name: text.rstrip() for k in kernels for name, text in sorted(k.helpers.items())}}
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
@@ -264,7 +265,7 @@ def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list
         body += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
     if support:
         body.append(support)
-    body += [_model_new(problem, forwards), _main_block(problem.stem)]
+    body += [_model_new(problem, forwards), main_block]
     header = (f'"""Triton kernels for {problem.stem}: {description}."""\n\n'
               "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl")
     used = _used_helpers(helpers, "\n\n\n".join(body))
@@ -322,48 +323,3 @@ def _body(lines: list[str]) -> str:
 def _indent_block(text: str, spaces: int) -> str:
     pad = " " * spaces
     return "\n".join(pad + line if line.strip() else "" for line in text.splitlines())
-
-
-def _main_block(stem: str) -> str:
-    return f'''if __name__ == "__main__":
-    # Check against the subproblem's reference and time on a GPU (set TRITON_INTERPRET=1 to run on a CPU).
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    default = Path(__file__).resolve().parent / "../subkernel_problems/{stem}.py"
-    reference_path = Path(sys.argv[1]) if len(sys.argv) > 1 else default
-    if not reference_path.is_file():  # e.g. a `solve` result, which has no subkernel_problems/ beside it
-        sys.exit(f"usage: python {{sys.argv[0]}} PROBLEM.py (the reference; {{reference_path}} does not exist)")
-    spec = importlib.util.spec_from_file_location("reference", reference_path)
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    if hasattr(reference, "get_input_configs"):
-        configs = reference.get_input_configs()
-    else:
-        configs = [{{"get_init_inputs": reference.get_init_inputs, "get_inputs": reference.get_inputs}}]
-    for i, config in enumerate(configs):
-        init = config["get_init_inputs"]()
-        torch.manual_seed(0)
-        model = reference.Model(*init).to(device)
-        torch.manual_seed(0)
-        candidate = ModelNew(*init).to(device)
-        torch.manual_seed(1)
-        inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in config["get_inputs"]()]
-        with torch.no_grad():
-            expected = model(*inputs)
-            actual = candidate(*inputs)
-        torch.testing.assert_close(actual, expected, atol={TOLERANCE:g}, rtol={TOLERANCE:g})
-        print(f"config {{i}}: matches the reference")
-        if device.type == "cuda":
-            with torch.no_grad():
-                median, p20, p80 = triton.testing.do_bench(lambda: candidate(*inputs), quantiles=[0.5, 0.2, 0.8])
-            print(f"config {{i}}: median {{median:.4f}} ms, p20 {{p20:.4f}} ms, p80 {{p80:.4f}} ms")'''
-
-
-def _attribute(path: str) -> str:
-    """`self.<path>` as Python: "blocks.0.conv.stride" -> self.blocks[0].conv.stride."""
-    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))

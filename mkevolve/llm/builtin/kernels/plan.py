@@ -5,59 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (
-    ANCHORS,
-    AdaptivePool,
-    Attention,
-    Concat,
-    Conv,
-    Gather,
-    IndexMask,
-    IntOp,
-    Matmul,
-    Param,
-    Pointwise,
-    Pool,
-    Program,
-    Reduce,
-    Scalar,
-    Shape,
-    SizeOf,
-    Value,
-    View,
-    is_integer,
-    is_leaf,
-)
-
-
-@dataclass(frozen=True)
-class RowSpace:
-    """What a row kernel reduces: the input shape per config and the adjacent run of reduced dims."""
-
-    shapes: tuple[Shape, ...]
-    dims: tuple[int, ...]
-
-    def reduced(self) -> tuple[Shape, ...]:
-        return tuple(tuple(1 if d in self.dims else s for d, s in enumerate(shape)) for shape in self.shapes)
-
-
-@dataclass
-class KernelPlan:
-    """One kernel: it materialises `root`; `body` is every value it computes in registers."""
-
-    root: Value
-    kind: str                                  # pointwise | rows | matmul | conv | pool | adaptive_pool
-    anchor: Value | None = None                # the GEMM/conv/pool whose output the epilogue starts from
-    row: RowSpace | None = None
-    reductions: list[Reduce] = field(default_factory=list)   # in dependency order
-    body: set[int] = field(default_factory=set)
-    leaves: list[Value] = field(default_factory=list)        # tensors it reads
-    target: Param | None = None                # write into this buffer instead of a new tensor
-
-    @property
-    def full_space(self) -> bool:
-        """Row kernels: the output has the reduced input's shape (softmax), not the reduced shape (sum)."""
-        return self.row is not None and self.root.shapes == self.row.shapes
+from .ir import (Attention, Gather, IndexMask, IntOp, Pointwise, Program, Reduce, Scalar, SizeOf, Value, View,
+                 is_integer, is_leaf)
+from .kernel_plan import KernelPlan, RowSpace
+from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
 
 @dataclass
@@ -127,7 +78,7 @@ def _required_tensors(program: Program) -> set[int]:
             for arg in value.args:
                 for size in _sizes_in(arg):
                     need(_shape_source(size, required))
-        elif isinstance(value, ANCHORS):
+        elif isinstance(value, ANCHOR_TYPES):
             for operand in value.operands():
                 need(operand)
         elif isinstance(value, Pointwise):
@@ -196,8 +147,9 @@ class _Forming:
 
 
 def _form(root: Value, materialized: set[int]) -> _Forming:
-    kind = _anchor_kind(root) if isinstance(root, ANCHORS) else "pointwise"
-    kernel = KernelPlan(root=root, kind=kind, anchor=root if isinstance(root, ANCHORS) else None)
+    anchored = isinstance(root, ANCHOR_TYPES)
+    kind = kind_of_anchor(root) if anchored else POINTWISE
+    kernel = KernelPlan(root=root, kind=kind.name, anchor=root if anchored else None)
     state = _Forming(kernel, materialized, prefer_rows=_reaches_reduction(root, materialized))
     _visit(state, root)
     kernel.reductions.sort(key=lambda r: r.id)
@@ -219,11 +171,6 @@ def _reaches_reduction(root: Value, materialized: set[int]) -> bool:
     return False
 
 
-def _anchor_kind(value: Value) -> str:
-    return {Matmul: "matmul", Conv: "conv", Pool: "pool", AdaptivePool: "adaptive_pool",
-            Attention: "attention", Concat: "concat", Gather: "gather"}[type(value)]
-
-
 def _visit(state: _Forming, value: Value) -> None:
     kernel = state.kernel
     if value.id in state.seen:
@@ -233,14 +180,14 @@ def _visit(state: _Forming, value: Value) -> None:
     if not is_root and (value.id in state.materialized or is_leaf(value) or isinstance(value, View)):
         kernel.leaves.append(value)
         return
-    if isinstance(value, ANCHORS):
+    if isinstance(value, ANCHOR_TYPES):
         if is_root:
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
             return
         if (kernel.anchor is None and kernel.row is None and not state.prefer_rows
-                and value.shapes == kernel.root.shapes and not isinstance(value, (Attention, Concat, Gather))):
-            kernel.anchor, kernel.kind = value, _anchor_kind(value)
+                and value.shapes == kernel.root.shapes and kind_of_anchor(value).takes_epilogue):
+            kernel.anchor, kernel.kind = value, kind_of_anchor(value).name
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
             return
@@ -250,7 +197,7 @@ def _visit(state: _Forming, value: Value) -> None:
     if isinstance(value, Reduce):
         space = RowSpace(value.base.shapes, value.dims)
         if kernel.row is None and kernel.anchor is None and kernel.root.shapes in (space.shapes, space.reduced()):
-            kernel.row, kernel.kind = space, "rows"
+            kernel.row, kernel.kind = space, ROWS.name
         if kernel.row != space:
             state.conflicts.add(value.id)
             kernel.leaves.append(value)
