@@ -4,12 +4,16 @@ the score kernel instead of declining a constant baked in at trace time (KernelB
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from mkevolve.llm.builtin.kernels import generate_kernel, variant_count
 from mkevolve.problem import call_inputs, import_file, load_problem
+
+ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+TARGET, DEVICE = ("cuda", torch.device("cuda")) if ON_GPU else ("cpu", torch.device("cpu"))
 
 SCORES = '''
 import math
@@ -45,13 +49,13 @@ def test_a_causal_mask_from_a_buffer_gets_a_correct_kernel(tmp_path: Path):
     problem = load_problem(problem_path)
     (config,) = problem.configs
     init = call_inputs(problem_path, config.get_init_inputs, "get_init_inputs")
-    inputs = call_inputs(problem_path, config.get_inputs, "get_inputs")
-    expected = problem.model_cls(*init)(*inputs)
-    assert variant_count(problem_path, "cpu") >= 1
-    generated = generate_kernel(problem_path, 0, "cpu")
+    inputs = [t.to(DEVICE) for t in call_inputs(problem_path, config.get_inputs, "get_inputs")]
+    expected = problem.model_cls(*init).to(DEVICE)(*inputs)
+    assert variant_count(problem_path, TARGET) >= 1
+    generated = generate_kernel(problem_path, 0, TARGET)
     solution = tmp_path / "solution.py"
     solution.write_text(generated.source)
-    actual = import_file(solution, prefix="generated").ModelNew(*init)(*inputs)
+    actual = import_file(solution, prefix="generated").ModelNew(*init).to(DEVICE)(*inputs)
     assert "_tensor_constant" not in generated.source
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
     assert bool((actual[..., 0, 1:] == 0).all())  # above the diagonal: -inf, then relu
