@@ -44,6 +44,7 @@ def _check(verifier: Verifier, stem: str, variant: int, tmp_path: Path, mode: st
 
 
 @pytest.mark.parametrize("stem", ATTENTION)
+@pytest.mark.slow
 def test_attention_is_one_fused_kernel_and_verifies(stem, verifier, tmp_path):
     source = _check(verifier, stem, 0, tmp_path)
     assert len(re.findall(r"^def _attention_kernel_\d+\(", source, re.M)) == 1
@@ -80,6 +81,7 @@ def test_cat_and_embedding_verify(stem, verifier, tmp_path):
     _check(verifier, stem, 0, tmp_path)
 
 
+@pytest.mark.slow
 def test_transformer_layers_verify_in_eval_mode(tmp_path):
     """Encoder and decoder layers with dropout on: eval mode gets kernels, training mode says why it gets none."""
     for stem in ("transformer_layer", "decoder_layer"):

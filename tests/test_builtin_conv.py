@@ -96,6 +96,7 @@ def _check(path: Path, source: str, tmp_path: Path, variant: int) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_convolution_matches_pytorch(name, tmp_path):
     path = _problem(tmp_path, name)
     for variant in range(variant_count(path, TARGET)):

@@ -212,6 +212,7 @@ def _conv_transpose_mean(keepdim: bool, strided: bool, channels: tuple[int, int]
 @pytest.mark.parametrize("channels", [(3, 4), (8, 8)], ids=["direct", "implicit_gemm"])
 @pytest.mark.parametrize("strided", [True, False], ids=["stride2_pad1", "stride1"])
 @pytest.mark.parametrize("keepdim", [True, False], ids=["keepdim", "no_keepdim"])
+@pytest.mark.slow
 def test_conv_transpose3d_mean_compiles_and_matches(keepdim, strided, channels, tmp_path, monkeypatch):
     path = _write_problem(tmp_path, "ct3_mean", _conv_transpose_mean(keepdim, strided, channels))
     specs = []

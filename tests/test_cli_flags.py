@@ -260,6 +260,7 @@ def test_executor_ray_on_resume_changes_nothing(tmp_path, capsys, no_ray, resume
     assert (run_dir / "config.yaml").read_text() == before and not resumed
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_work_stops_run_before_it_makes_a_run_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("MKEVOLVE_API_KEY", raising=False)

@@ -55,6 +55,7 @@ def test_there_are_at_least_ten_example_problems():
 
 
 @pytest.mark.parametrize("problem", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.slow
 def test_builtin_decomposes_each_example_into_checked_subproblems(problem, pool):
     config = _config(decompose_attempts=1, retries=0)
     decomposition, report = decompose(problem, config, make_client(config), pool)
@@ -68,6 +69,7 @@ def test_builtin_decomposes_each_example_into_checked_subproblems(problem, pool)
 ONE_KERNEL_EXAMPLES = {"conv_relu_bias"}
 
 
+@pytest.mark.slow
 def test_builtin_keeps_an_anchor_and_its_elementwise_epilogue_together(tmp_path, pool):
     """Conv2d + ReLU + bias is one kernel with a fused epilogue; with a reduction after it the module is cut."""
     config = _config(decompose_attempts=1, retries=0)
@@ -218,6 +220,7 @@ def test_replayed_fuse_and_total_fuse(tmp_path, pool):
     assert fallback.fallback and fallback.names == ["problem"]
 
 
+@pytest.mark.slow
 def test_cli_decompose_prints_json_and_exits_by_outcome(tmp_path, capsys):
     code = main(["decompose", str(PROBLEMS / "gemm_scale_batchnorm.py"), "--out", str(tmp_path), "--json",
                  "--workers", "1", "--trials", "2"])

@@ -98,6 +98,7 @@ def swap(best: Path, name: str, spec: str, verifier):
     return swap_subkernel(best, name, resolve_replacement(solution, name, spec), PROBLEM, verifier)
 
 
+@pytest.mark.slow
 def test_eval_command_on_a_copy_elsewhere_passes_with_unknown_speedups(run_dir, tmp_path, capsys):
     moved = tmp_path / "somewhere" / "my_solution"
     shutil.copytree(run_dir / "best", moved)
@@ -124,6 +125,7 @@ def test_problem_moved_away_needs_the_problem_flag(run_dir, tmp_path, capsys):
     assert resolve_problem(open_solution(moved), str(PROBLEM)) == PROBLEM
 
 
+@pytest.mark.slow
 def test_eval_names_the_subkernel_a_person_broke_by_hand(best, verifier, capsys):
     (best / "subkernel_implementations" / "linear.py").write_text(BROKEN_LINEAR)
     evaluation = evaluate_solution(best, PROBLEM, verifier)
@@ -137,6 +139,7 @@ def test_eval_names_the_subkernel_a_person_broke_by_hand(best, verifier, capsys)
     assert "unknown" in out and "no GPU" in out
 
 
+@pytest.mark.slow
 def test_eval_says_when_every_subkernel_passes_but_end_to_end_fails(best, verifier):
     top = best / "decomposed_solution.py"
     source = top.read_text()
@@ -147,6 +150,7 @@ def test_eval_says_when_every_subkernel_passes_but_end_to_end_fails(best, verifi
     assert evaluation.diagnosis.startswith("every subkernel passes locally, but end to end fails")
 
 
+@pytest.mark.slow
 def test_swap_a_hand_written_file(best, tmp_path, verifier, capsys):
     old = (best / "subkernel_implementations" / "linear.py").read_text()
     mine = tmp_path / "my_linear.py"
@@ -165,6 +169,7 @@ def test_swap_a_hand_written_file(best, tmp_path, verifier, capsys):
     assert entry["sha256"] == hashlib.sha256(HAND_LINEAR.encode()).hexdigest()
 
 
+@pytest.mark.slow
 def test_swap_pytorch_then_eval_reports_it_as_pytorch(best, verifier):
     outcome = swap(best, "linear", "pytorch", verifier)
     assert outcome.accepted and outcome.local is None
@@ -176,6 +181,7 @@ def test_swap_pytorch_then_eval_reports_it_as_pytorch(best, verifier):
     assert linear.kind.value == "pytorch" and linear.passed_locally and not linear.edited
 
 
+@pytest.mark.slow
 def test_swap_command_refuses_a_broken_file_and_changes_nothing(best, tmp_path, capsys):
     before = snapshot(best)
     broken = tmp_path / "broken_linear.py"
@@ -187,6 +193,7 @@ def test_swap_command_refuses_a_broken_file_and_changes_nothing(best, tmp_path, 
     assert snapshot(best) == before
 
 
+@pytest.mark.slow
 def test_swap_a_saved_candidate_of_the_run(best, verifier):
     candidates = sorted((best.parent / "iterations").glob("iter_*/candidates/linear_gelu/c0001.py"))
     assert candidates, "the run should have tried a second linear_gelu candidate"

@@ -151,6 +151,7 @@ SMALL_LOG = [
 ]
 
 
+@pytest.mark.slow
 def test_the_report_renders_a_small_events_list(run_dir, tmp_path):  # noqa: F811  (the fixture, by name)
     run = copy_run(run_dir, tmp_path)
     # A failed end-to-end check shows its status only where the log holds a composite verdict of it.
@@ -168,6 +169,7 @@ def test_the_report_renders_a_small_events_list(run_dir, tmp_path):  # noqa: F81
     assert ">incorrect<" in first and ">not run<" in second       # only iteration 1's composite verdict is logged
 
 
+@pytest.mark.slow
 def test_mkevolve_report_names_the_wrong_typed_field(run_dir, tmp_path, capsys):  # noqa: F811
     run = copy_run(run_dir, tmp_path)
     with (run / "events.jsonl").open("a") as log:

@@ -95,6 +95,7 @@ def last_json(result: subprocess.CompletedProcess) -> dict:
 
 
 @pytest.mark.parametrize("path", IDIOMS, ids=[p.stem for p in IDIOMS])
+@pytest.mark.slow
 def test_idiom_matches_the_reference_under_the_runtime_guard(path):
     problem = CORPUS / "problems" / f"{problem_stem(path)}.py"
     report = last_json(run_python(GUARDED_RUN, str(path), str(problem)))
@@ -109,6 +110,7 @@ def test_idiom_matches_the_reference_under_the_runtime_guard(path):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(ON_GPU, reason="with a GPU the driver exists and the autotuner can benchmark")
+@pytest.mark.slow
 def test_multi_config_autotune_fails_on_cpu_without_the_fix():
     """The failure the fix is for: the same script, minus the set-up call, dies benchmarking."""
     script = GUARDED_RUN.replace("make_autotune_interpretable()", "False")

@@ -86,6 +86,7 @@ def test_the_summary_says_partial_last(partial_run):
     assert f"cumsum runs its subproblem&#39;s PyTorch code, not a Triton kernel: {DECLINE}." in report
 
 
+@pytest.mark.slow
 def test_partial_best_verifies_again_and_eval_says_what_runs_pytorch(partial_run):
     with Verifier(RunConfig(workers=1, trials=2)) as verifier:
         undeclared = verifier.check_composite(PROBLEM, partial_run.dir / BEST)
@@ -142,6 +143,7 @@ class SpeedVerifier(Verifier):
         return result
 
 
+@pytest.mark.slow
 def test_swap_of_a_partial_best_considers_only_its_triton_subkernels(partial_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(partial_run.dir, run_dir)
@@ -161,6 +163,7 @@ def test_swap_of_a_partial_best_considers_only_its_triton_subkernels(partial_run
     assert swapped.subkernels["cumsum"].reason == DECLINE and "below tau" in swapped.subkernels["linear"].reason
 
 
+@pytest.mark.slow
 def test_a_partial_composite_that_fails_end_to_end_is_reported_as_such(tmp_path, capsys):
     replay_run = PROBLEM.parent.parent / "replay_run"
     script = PROBLEM.parent / "partial_composite_fails.yaml"
@@ -177,6 +180,7 @@ def test_a_partial_composite_that_fails_end_to_end_is_reported_as_such(tmp_path,
     assert RunState.load(run_dir).needs_total_fuse  # the next iteration would TotalFuse, as without PyTorch
 
 
+@pytest.mark.slow
 def test_a_run_with_no_kernel_at_all_still_ends_with_a_verified_pytorch_best(tmp_path, capsys):
     problem = tmp_path / "scan_only.py"
     problem.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"

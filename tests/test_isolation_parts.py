@@ -325,6 +325,7 @@ def test_harness_drops_the_package_from_sys_modules_before_the_import():
 
 # ---- the torch.compile baseline: measured once per key ------------------------------------------------------
 
+@pytest.mark.slow
 def test_concurrent_baselines_measure_once(tmp_path):
     """Four processes ask for one key at the same moment: one measures, the others read its result."""
     import subprocess

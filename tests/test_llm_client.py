@@ -302,6 +302,7 @@ def test_replayed_failures_raise_typed_errors(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # raised inside litellm's own imports
+@pytest.mark.slow
 def test_a_litellm_model_without_its_key_or_provider_fails_at_start(monkeypatch):
     if importlib.util.find_spec("litellm") is None:  # not imported here: the provider sets it up first
         pytest.skip("litellm is not installed")

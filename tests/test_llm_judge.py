@@ -266,6 +266,7 @@ RUN_FLAGS = ["--iterations", "1", "--budget", "3", "--beam-width", "1", "--decom
              "--retries", "0", "--workers", "2", "--trials", "5"]
 
 
+@pytest.mark.slow
 def test_a_replayed_run_whose_judge_rejects_a_cheat_the_checks_passed(tmp_path):
     """sharp_sigmoid, one iteration: the squash kernel skips the sigmoid above x = 5, which its own random inputs
     never reach, so it passes its checks; the judge rejects it, squash keeps its PyTorch code, and the run ends

@@ -72,6 +72,7 @@ def test_manifest_describes_every_subkernel(finished_run):
         assert (finished_run / BEST / "subkernel_implementations" / f"{name}.py").is_file()
 
 
+@pytest.mark.slow
 def test_best_is_verified_and_self_contained(finished_run, tmp_path):
     moved = tmp_path / "elsewhere" / "copy_of_best"
     shutil.copytree(finished_run / BEST, moved)
@@ -97,6 +98,7 @@ class Interrupt(KeyboardInterrupt):
     """Raised from a checkpoint, exactly as Ctrl-C arriving right after it."""
 
 
+@pytest.mark.slow
 def test_resume_after_interrupt_at_every_phase_matches(tmp_path, monkeypatch, finished_run):
     """Stop at the first checkpoint of every phase (mid-evolution included), resume, compare."""
     reference = fingerprint(finished_run)
@@ -128,6 +130,7 @@ def test_resume_after_interrupt_at_every_phase_matches(tmp_path, monkeypatch, fi
         pytest.fail("the run never finished")
 
 
+@pytest.mark.slow
 def test_resume_after_hard_kill(tmp_path, finished_run):
     out = tmp_path / "runs"
     command = [sys.executable, "-m", "mkevolve", "run", str(PROBLEM), "--out", str(out)] + RUN_ARGS
@@ -145,6 +148,7 @@ def test_resume_after_hard_kill(tmp_path, finished_run):
     assert fingerprint(run_dir) == fingerprint(finished_run)
 
 
+@pytest.mark.slow
 def test_resume_with_more_iterations_extends_a_finished_run(finished_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

@@ -287,6 +287,7 @@ def test_fuse_run_fusion_was_applied(fuse_run):
     ("split_outcome", SPLIT_SCRIPT, 4, {"whole": "kernel_whole.md"}),
     ("fuse_outcome", FUSE_SCRIPT, 2, {"scale": "kernel_scale.md", "squash_halve": "kernel_squash_halve.md"}),
 ])
+@pytest.mark.slow
 def test_best_is_the_kept_iteration_and_verifies_again(request, run, script, best_iteration, kernels):
     run_dir, code = request.getfixturevalue(run)
     assert code == 0, "the run ended without a verified end-to-end solution"

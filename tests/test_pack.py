@@ -69,6 +69,7 @@ def check_json(capsys, packed: Path) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_pack_of_an_all_triton_solution_passes_check(best, tmp_path, capsys):
     packed = tmp_path / "elsewhere" / "gemm_chain_packed.py"
     assert main(["pack", str(best), "-o", str(packed)]) == 0

@@ -4,6 +4,8 @@ import gc
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from mkevolve.pysource import parse_python
 
 SOURCE = "".join(f"def f{i}(a, b):\n    return [a + b * {i} for _ in range(3)]\n" for i in range(1500))
@@ -31,6 +33,7 @@ def _parse_at_depth(depth: int) -> str:
     return ""
 
 
+@pytest.mark.slow
 def test_parses_on_many_threads_all_succeed():
     interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
     sys.setswitchinterval(1e-6)

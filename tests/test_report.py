@@ -248,6 +248,7 @@ def test_links_to_best_and_to_each_accepted_kernel_resolve_from_the_report(run_d
 # ---- 3. next steps -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_next_steps_are_real_commands_with_this_runs_paths(run_dir, tmp_path, monkeypatch):
     steps = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", section(
         (run_dir / "report.html").read_text(), "next-steps"), flags=re.S)]

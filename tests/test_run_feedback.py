@@ -62,6 +62,7 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 # -- a provider that can answer no call stops the command ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_provider_error_stops_the_run_at_once_and_it_resumes(tmp_path, capsys):
     broken = script(tmp_path, "broken", DECOMPOSE, {"agent": "generate", "subproblem": "scale",
                                                     "fail": "connection_error"}, SQUASH_HALVE)
@@ -197,6 +198,7 @@ def test_a_state_file_written_before_the_new_fields_still_loads(tmp_path):
 
 
 @cpu_only
+@pytest.mark.slow
 def test_a_run_where_nothing_can_change_stops_and_says_so(tmp_path, capsys):
     replies = script(tmp_path, "all_pass", DECOMPOSE, SCALE, SQUASH_HALVE)
     assert run(tmp_path / "out", replies, "--iterations", "5", "--budget", "2") == 0

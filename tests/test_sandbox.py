@@ -32,6 +32,7 @@ def test_cpu_workers_use_the_triton_interpreter(pool):
     assert pool.run(job("interpreter_flag")).value == "1"
 
 
+@pytest.mark.slow
 def test_hang_times_out_and_pool_recovers(pool):
     before = pool.run(job("pid")).value
     outcome = pool.run(job("hang", timeout=2.0))

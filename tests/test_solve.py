@@ -74,6 +74,7 @@ def _solve_dir(outputs: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_cli_solves_with_the_real_verifier(tmp_path, capsys):
     code = main(["solve", str(PROBLEM), "--model", f"replay:{SCRIPT}", "--budget", "2", "--beam-width", "1",
                  "--workers", "1", "--out", str(tmp_path / "outputs")])
@@ -122,6 +123,7 @@ def test_a_given_client_is_used_as_it_is(tmp_path):
     assert not Path(tmp_path / "solution.py").exists()
 
 
+@pytest.mark.slow
 def test_cli_solves_offline_with_the_builtin_agent(tmp_path, capsys):
     kernels = pytest.importorskip("mkevolve.llm.builtin.kernels")
     if not hasattr(kernels, "generate_kernel"):

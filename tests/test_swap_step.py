@@ -74,6 +74,7 @@ def names(base_run: Path) -> list[str]:
     return list(Manifest.read(base_run / BEST).subkernels)
 
 
+@pytest.mark.slow
 def test_slow_subkernel_is_swapped_when_end_to_end_does_not_get_worse(base_run, tmp_path):
     slow, *fast = names(base_run)
     run_dir = prepared(base_run, tmp_path, {slow: 0.5, **{n: 1.3 for n in fast}}, e2e=1.0)
@@ -86,6 +87,7 @@ def test_slow_subkernel_is_swapped_when_end_to_end_does_not_get_worse(base_run, 
     assert "now run PyTorch" in log and RunState.load(run_dir).step is Step.FINISHED
 
 
+@pytest.mark.slow
 def test_swap_that_makes_things_worse_is_undone(base_run, tmp_path):
     slow, *fast = names(base_run)
     run_dir = prepared(base_run, tmp_path, {slow: 0.5, **{n: 1.3 for n in fast}}, e2e=1.0)

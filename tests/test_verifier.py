@@ -36,6 +36,7 @@ def verifier():
         yield v
 
 
+@pytest.mark.slow
 def test_honest_kernels_pass(verifier):
     honest = sorted((CORPUS / "honest").glob("*.py"))
     results = verifier.check_kernels([(problem_of(p), p) for p in honest])
@@ -54,18 +55,21 @@ def test_honest_kernels_pass(verifier):
     ("exit", Status.CRASHED, "exit code 3"),
     ("segfault", Status.CRASHED, "SIGSEGV"),
 ])
+@pytest.mark.slow
 def test_fault_costs_one_verdict(verifier, name, status, fragment):
     result = verifier.check_kernel(FAULTS / "problem.py", FAULTS / f"{name}.py")
     assert result.status is status and fragment in result.reason
     assert verifier.check_kernel(FAULTS / "problem.py", FAULTS / "honest.py").passed
 
 
+@pytest.mark.slow
 def test_hang_times_out_and_the_pool_keeps_working():
     with Verifier(RunConfig(workers=1, timeout=8.0, trials=1)) as v:
         assert v.check_kernel(FAULTS / "problem.py", FAULTS / "hang.py").status is Status.TIMEOUT
         assert v.check_kernel(FAULTS / "problem.py", FAULTS / "honest.py").passed
 
 
+@pytest.mark.slow
 def test_wrong_math_reports_errors_and_first_failed_trial(verifier):
     result = verifier.check_kernel(FAULTS / "problem.py", FAULTS / "wrong_math.py")
     assert result.failed_trial == 0 and result.max_abs_err > 1e-4
@@ -80,6 +84,7 @@ def test_bad_problem_is_its_own_verdict(verifier, tmp_path):
     assert result.status is Status.BAD_PROBLEM and "get_init_inputs() must return a list" in result.reason
 
 
+@pytest.mark.slow
 def test_check_command_exit_codes_and_json(capsys):
     assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "honest.py"), "--json", "--trials", "2"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -96,6 +101,7 @@ def test_check_command_bad_input_exits_2(capsys, tmp_path):
     assert main(["check", str(FAULTS / "problem.py")]) == 2  # usage
 
 
+@pytest.mark.slow
 def test_check_command_human_output(capsys):
     assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "honest.py"), "--trials", "1"]) == 0
     out = capsys.readouterr().out
