@@ -35,8 +35,8 @@ from types import ModuleType
 import torch
 import triton
 
+from mkevolve.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.gpu_peaks import H200
-from mkevolve.llm.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.result import Timing

@@ -270,7 +270,7 @@ class _Generated:
 
 
 def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
-    module = types.ModuleType("mkevolve.llm.builtin.kernels")
+    module = types.ModuleType("mkevolve.builtin.kernels")
 
     class UnsupportedSubproblem(Exception):
         pass
@@ -289,7 +289,7 @@ def _fake_generator(monkeypatch, count: int, unsupported: str | None = None):
 
     module.UnsupportedSubproblem, module.UnsupportedOps = UnsupportedSubproblem, UnsupportedOps
     module.variant_count, module.generate_kernel = variant_count, generate_kernel
-    monkeypatch.setitem(sys.modules, "mkevolve.llm.builtin.kernels", module)
+    monkeypatch.setitem(sys.modules, "mkevolve.builtin.kernels", module)
 
 
 def test_builtin_task_replies_with_a_variant_then_says_when_none_is_left(monkeypatch):

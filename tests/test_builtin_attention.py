@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mkevolve.agents.evolve import builtin_decline
+from mkevolve.builtin.kernels import UnsupportedOps, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.config import RunConfig
-from mkevolve.llm.builtin.kernels import UnsupportedOps, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.verify.verifier import Verifier
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "attention_small"

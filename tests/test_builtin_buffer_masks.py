@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mkevolve.llm.builtin.kernels import generate_kernel, variant_count
+from mkevolve.builtin.kernels import generate_kernel, variant_count
 from mkevolve.problem import call_inputs, import_file, load_problem
 
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from mkevolve.builtin.kernels import generate_kernel, variant_count
+from mkevolve.builtin.kernels.configs import MatmulTile
+from mkevolve.builtin.kernels.emit_conv import conv_tiles
+from mkevolve.builtin.kernels.ir import Conv
 from mkevolve.config import TOLERANCE
-from mkevolve.llm.builtin.kernels import generate_kernel, variant_count
-from mkevolve.llm.builtin.kernels.configs import MatmulTile
-from mkevolve.llm.builtin.kernels.emit_conv import conv_tiles
-from mkevolve.llm.builtin.kernels.ir import Conv
 from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 
@@ -139,7 +139,7 @@ def test_transposed_convolution_walks_only_its_phase_taps(tmp_path):
 
 
 def _conv(c_in: int, c_out: int, kernel: int = 3) -> Conv:
-    from mkevolve.llm.builtin.kernels.ir import Param
+    from mkevolve.builtin.kernels.ir import Param
     weight = Param(shapes=((c_out, c_in, kernel, kernel),))
     return Conv(shapes=((1, c_out, 8, 8),), w=weight, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=(1,),
                 output_padding=(0, 0))

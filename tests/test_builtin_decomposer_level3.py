@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mkevolve.builtin import expansions
+from mkevolve.builtin.decomposer import decomposition_files
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR
-from mkevolve.llm.builtin import expansions
-from mkevolve.llm.builtin.decomposer import decomposition_files
 from mkevolve.verify.decomposition.worker import run_checks
 
 SMALL = Path(__file__).parent / "fixtures" / "level3_small"

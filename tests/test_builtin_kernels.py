@@ -13,9 +13,9 @@ import pytest
 import torch
 import triton
 
-from mkevolve.llm.builtin.kernels import (GeneratedKernel, UnsupportedOps, UnsupportedSubproblem, generate_kernel,
-                                          variant_count)
-from mkevolve.llm.builtin.kernels.cleanup import drop_unused_assignments
+from mkevolve.builtin.kernels import (GeneratedKernel, UnsupportedOps, UnsupportedSubproblem, generate_kernel,
+                                      variant_count)
+from mkevolve.builtin.kernels.cleanup import drop_unused_assignments
 from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 
@@ -261,7 +261,7 @@ def test_launchers_do_host_arithmetic_in_plain_python(stem):
 
 
 def test_host_helpers_agree_with_triton():
-    from mkevolve.llm.builtin.kernels.module_source import HOST_HELPERS
+    from mkevolve.builtin.kernels.module_source import HOST_HELPERS
     helpers: dict = {}
     exec(HOST_HELPERS, helpers)
     assert [helpers["_next_power_of_2"](n) for n in range(2000)] == [triton.next_power_of_2(n) for n in range(2000)]

@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mkevolve.builtin.kernels import generate_kernel, ir
+from mkevolve.builtin.kernels.generate import analyse
+from mkevolve.builtin.kernels.registry import (ANCHOR_TYPES, KINDS, POINTWISE, ROWS, kind_named, kind_of,
+                                               kind_of_anchor)
 from mkevolve.gpu_peaks import H200, peaks_for
-from mkevolve.llm.builtin.kernels import generate_kernel, ir
-from mkevolve.llm.builtin.kernels.generate import analyse
-from mkevolve.llm.builtin.kernels.registry import (ANCHOR_TYPES, KINDS, POINTWISE, ROWS, kind_named, kind_of,
-                                                   kind_of_anchor)
 from mkevolve.problem import call_inputs, load_problem
 
 TESTS = Path(__file__).resolve().parent
-KERNELS = TESTS.parent / "mkevolve" / "llm" / "builtin" / "kernels"
+KERNELS = TESTS.parent / "mkevolve" / "builtin" / "kernels"
 PROBLEMS = (sorted((TESTS / "subproblems").glob("*.py")) + sorted((TESTS / "fixtures" / "attention_small").glob("*.py"))
             + sorted((TESTS.parent / "problems").glob("*.py")))
 # IR nodes that never start a kernel of their own: leaves, elementwise values, views and reductions.

@@ -22,11 +22,11 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from torch import nn
 
-from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
-from mkevolve.llm.builtin.kernels.builders import Builder
-from mkevolve.llm.builtin.kernels.calls import Call
-from mkevolve.llm.builtin.kernels.ir import Input, Program
-from mkevolve.llm.builtin.kernels.lower import FUNCTIONS
+from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.builtin.kernels.builders import Builder
+from mkevolve.builtin.kernels.calls import Call
+from mkevolve.builtin.kernels.ir import Input, Program
+from mkevolve.builtin.kernels.lower import FUNCTIONS
 from mkevolve.problem import call_inputs, import_file, load_problem
 
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()

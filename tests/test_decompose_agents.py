@@ -10,11 +10,11 @@ import yaml
 from mkevolve.agents.decompose import decompose
 from mkevolve.agents.fuse import fuse, total_fuse
 from mkevolve.agents.split import split
+from mkevolve.builtin.decomposer import trace_problem
 from mkevolve.cli import main
 from mkevolve.codebase import Decomposition
 from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
-from mkevolve.llm.builtin.decomposer import trace_problem
 from mkevolve.llm.client import make_client
 from mkevolve.workers.pool import WorkerPool
 

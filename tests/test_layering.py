@@ -1,6 +1,6 @@
 """Imports go one way: a module imports from its own layer and the layers below it, never from one above.
 
-    cli -> commands -> orchestrator -> agents -> search, llm, verify -> workers, codebase, problem, config
+    cli -> commands -> orchestrator -> agents -> search, llm, builtin, verify -> workers, codebase, problem, config
 
 Every import statement counts, including one inside a function: a lazy import hides a cycle, it does not
 remove it. Modules named in strings ("module:function" handlers, worker jobs) are not imports and not checked.
@@ -28,9 +28,9 @@ LAYERS: list[tuple[str, list[str]]] = [
               "mkevolve.budget", "mkevolve.busy", "mkevolve.display", "mkevolve.events", "mkevolve.event_records",
               "mkevolve.exit_codes", "mkevolve.fsutil", "mkevolve.gpu_peaks", "mkevolve.pysource",
               "mkevolve.text"]),
-    # The services an agent uses: checking code, asking a model (with the prompts it is shown), and keeping
-    # a search's best candidates.
-    ("services", ["mkevolve.verify", "mkevolve.llm", "mkevolve.prompts", "mkevolve.search"]),
+    # The services an agent uses: checking code, asking a model (with the prompts it is shown), the builtin
+    # offline agent's decomposer and kernel generator, and keeping a search's best candidates.
+    ("services", ["mkevolve.verify", "mkevolve.llm", "mkevolve.builtin", "mkevolve.prompts", "mkevolve.search"]),
     # One step of the algorithm each: decompose, split, fuse, evolve a kernel, judge one.
     ("agents", ["mkevolve.agents"]),
     # The run loop (and `run`, its command), its checkpoint (run_state: it holds the search's beams), and the
@@ -132,4 +132,4 @@ def test_the_allow_list_holds_only_live_back_edges():
 def test_the_import_scan_sees_lazy_and_relative_imports():
     # The lazy import in cli's _version and a relative one in the builtin kernel generator.
     assert ("mkevolve.cli", "mkevolve") in import_edges()
-    assert ("mkevolve.llm.builtin.kernels.generate", "mkevolve.llm.builtin.kernels.plan") in import_edges()
+    assert ("mkevolve.builtin.kernels.generate", "mkevolve.builtin.kernels.plan") in import_edges()

@@ -125,7 +125,7 @@ def test_a_given_client_is_used_as_it_is(tmp_path):
 
 @pytest.mark.slow
 def test_cli_solves_offline_with_the_builtin_agent(tmp_path, capsys):
-    kernels = pytest.importorskip("mkevolve.llm.builtin.kernels")
+    kernels = pytest.importorskip("mkevolve.builtin.kernels")
     if not hasattr(kernels, "generate_kernel"):
         pytest.skip("the builtin kernel generator is not present")
     code = main(["solve", str(PROBLEM), "--model", "builtin", "--budget", "2", "--beam-width", "2",

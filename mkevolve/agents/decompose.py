@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mkevolve.agents.attempts import Attempt, AttemptLoop, Feedback, emit_result, prompt_variables
+from mkevolve.builtin.decomposer import UnsupportedModule, decomposition_files, format_reply
 from mkevolve.codebase import Decomposition, wrap_original
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.events import EventLog
 from mkevolve.exit_codes import ExitCode
-from mkevolve.llm.builtin.decomposer import UnsupportedModule, decomposition_files, format_reply
 from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import ProblemError, load_problem, read_source

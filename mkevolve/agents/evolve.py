@@ -92,7 +92,7 @@ class KernelTask:
         return "eval" if self.eval_mode else "train"
 
     def builtin_reply(self) -> str:
-        from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+        from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
 
         try:
             count = variant_count(self.problem_path, self.target, mode=self.mode)
@@ -106,7 +106,7 @@ class KernelTask:
     def builtin_repertoire(self) -> Repertoire:
         """The builtin generator's variant count for this subproblem (each request asks for the next), or
         none and what it has no kernel for."""
-        from mkevolve.llm.builtin.kernels import UnsupportedSubproblem, variant_count
+        from mkevolve.builtin.kernels import UnsupportedSubproblem, variant_count
 
         try:
             count = variant_count(self.problem_path, self.target, mode=self.mode)
@@ -118,7 +118,7 @@ class KernelTask:
 
 def builtin_decline(err: Exception) -> str:
     """What the builtin generator says it cannot write: every op it lacks when that is the reason."""
-    from mkevolve.llm.builtin.kernels import UnsupportedOps
+    from mkevolve.builtin.kernels import UnsupportedOps
 
     if isinstance(err, UnsupportedOps):
         return f"the builtin generator has no kernel for: {', '.join(err.ops)}"

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mkevolve.agents.attempts import AttemptLoop, Feedback, emit_result, prompt_variables
+from mkevolve.builtin.decomposer import UnsupportedModule, format_reply, fuse_files, total_fuse_files
 from mkevolve.codebase import Decomposition, wrap_original
 from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
-from mkevolve.llm.builtin.decomposer import UnsupportedModule, format_reply, fuse_files, total_fuse_files
 from mkevolve.llm.client import LLMClient
 from mkevolve.llm.types import LLMRequest
 from mkevolve.problem import read_source

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mkevolve.llm.builtin import expansions
-from mkevolve.llm.builtin.errors import UnsupportedModule
+from mkevolve.builtin import expansions
+from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.problem import seed_everything
 
 

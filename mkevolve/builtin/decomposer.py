@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mkevolve.builtin.errors import UnsupportedModule
+from mkevolve.builtin.segments import Segmentation
+from mkevolve.builtin.tracing import TracedModule, trace_problem
+from mkevolve.builtin.writing import CodeWriter
 from mkevolve.codebase import wrap_original
-from mkevolve.llm.builtin.errors import UnsupportedModule
-from mkevolve.llm.builtin.segments import Segmentation
-from mkevolve.llm.builtin.tracing import TracedModule, trace_problem
-from mkevolve.llm.builtin.writing import CodeWriter
 from mkevolve.problem import read_source
 
 # The agents and tests import the error and the cached tracer from here, beside the four replies.

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from mkevolve.builtin.construction import Owner
+from mkevolve.builtin.errors import UnsupportedModule
+from mkevolve.builtin.init_source import is_self_attr
+from mkevolve.builtin.kinds import Kind
+from mkevolve.builtin.segments import Segmentation
+from mkevolve.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
+from mkevolve.builtin.values import literal_source, same_value
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR, class_alias, safe_name
-from mkevolve.llm.builtin.construction import Owner
-from mkevolve.llm.builtin.errors import UnsupportedModule
-from mkevolve.llm.builtin.init_source import is_self_attr
-from mkevolve.llm.builtin.kinds import Kind
-from mkevolve.llm.builtin.segments import Segmentation
-from mkevolve.llm.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
-from mkevolve.llm.builtin.values import literal_source, same_value
 from mkevolve.pysource import parse_python
 
 

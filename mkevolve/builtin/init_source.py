@@ -11,9 +11,9 @@ from typing import Any
 
 from torch import nn
 
-from mkevolve.llm.builtin.construction import Construction, LeafRecord, Owner, RawRecord, plain_tensor_attributes
-from mkevolve.llm.builtin.errors import UnsupportedModule
-from mkevolve.llm.builtin.values import literal_source, module_constants, same_value
+from mkevolve.builtin.construction import Construction, LeafRecord, Owner, RawRecord, plain_tensor_attributes
+from mkevolve.builtin.errors import UnsupportedModule
+from mkevolve.builtin.values import literal_source, module_constants, same_value
 from mkevolve.pysource import parse_python
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from mkevolve.llm.builtin.errors import UnsupportedModule
+from mkevolve.builtin.errors import UnsupportedModule
 
 
 def literal_source(value: Any) -> str:

@@ -16,14 +16,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from mkevolve.builtin import expansions
+from mkevolve.builtin.construction import (Construction, LeafRecord, Owner, RawRecord, is_torch_layer,
+                                           plain_tensor_attributes, record_construction)
+from mkevolve.builtin.errors import UnsupportedModule
+from mkevolve.builtin.init_source import FollowUp, InitSource, imported_names, init_links, raw_records
+from mkevolve.builtin.kinds import PURE_VIEWS, Kind, kind_of
+from mkevolve.builtin.values import ValueInfo, ValueKind, module_constants
 from mkevolve.codebase import ProblemSkeleton
-from mkevolve.llm.builtin import expansions
-from mkevolve.llm.builtin.construction import (Construction, LeafRecord, Owner, RawRecord, is_torch_layer,
-                                               plain_tensor_attributes, record_construction)
-from mkevolve.llm.builtin.errors import UnsupportedModule
-from mkevolve.llm.builtin.init_source import FollowUp, InitSource, imported_names, init_links, raw_records
-from mkevolve.llm.builtin.kinds import PURE_VIEWS, Kind, kind_of
-from mkevolve.llm.builtin.values import ValueInfo, ValueKind, module_constants
 from mkevolve.problem import ProblemError, call_inputs, load_problem, make_inputs, read_source, seed_everything
 from mkevolve.pysource import parse_python
 

@@ -7,10 +7,10 @@ import itertools
 
 from torch import fx
 
-from mkevolve.llm.builtin.construction import Owner
-from mkevolve.llm.builtin.kinds import EPILOGUE_ANCHORS, Kind
-from mkevolve.llm.builtin.tracing import TracedModule, external_inputs
-from mkevolve.llm.builtin.values import ValueKind
+from mkevolve.builtin.construction import Owner
+from mkevolve.builtin.kinds import EPILOGUE_ANCHORS, Kind
+from mkevolve.builtin.tracing import TracedModule, external_inputs
+from mkevolve.builtin.values import ValueKind
 
 
 class Segmentation:

@@ -6,7 +6,7 @@ from enum import Enum
 
 from torch import fx
 
-from mkevolve.llm.builtin.values import ValueInfo, ValueKind
+from mkevolve.builtin.values import ValueInfo, ValueKind
 
 
 class Kind(Enum):
