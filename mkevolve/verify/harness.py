@@ -121,7 +121,7 @@ def standby() -> Standby:
     """Run by the zygote's next child while the previous candidate still runs: on an H200 a CUDA context
     takes 0.3 s, warming Triton about 1 s and starting the profiler 3.6 to 3.8 s, time no candidate
     should wait for."""
-    if not _gpu_process():
+    if not triton_warm.gpu_process():
         return Standby()
     torch.cuda.init()
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
@@ -131,10 +131,6 @@ def standby() -> Standby:
     recorder = ActivityRecorder()
     recorder.__enter__()
     return Standby(recorder)
-
-
-def _gpu_process() -> bool:
-    return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def run_candidate(payload: str, prepared: Standby | None = None) -> int:
