@@ -6,7 +6,7 @@ import time
 
 from mkevolve.workers.executor import LocalExecutor
 from mkevolve.workers.gpu_share import LOCK_ENV, GpuShare
-from mkevolve.workers.pool import WorkerPool, worker_env
+from mkevolve.workers.pool import Job, WorkerPool, worker_env
 
 
 def _in_thread(work) -> tuple[threading.Thread, threading.Event]:
@@ -95,6 +95,16 @@ def test_slots_are_dealt_over_the_gpus_in_turn():
     pool = WorkerPool(size=5, gpus=[0, 1])
     assert [pool.device_of(s) for s in range(5)] == [0, 1, 0, 1, 0]
     assert WorkerPool(size=2).device_of(1) is None
+
+
+def test_a_closed_pool_leaves_no_log_folder_behind():
+    pool = WorkerPool(size=1)
+    assert pool.run(Job("os:getpid", {}, 60)).value > 0
+    log_dir = pool._log_dir
+    assert log_dir is not None and log_dir.is_dir()
+    pool.close()
+    assert not log_dir.exists()
+    pool.close()  # twice is harmless
 
 
 def test_worker_count_defaults(monkeypatch):

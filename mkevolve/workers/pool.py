@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -219,7 +220,7 @@ class WorkerPool:
         self.gpus = gpus or []
         self.size = max(1, size)
         self.preload = preload
-        self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
+        self._log_dir: Path | None = None  # made when the first worker starts, removed by close()
         self._slots: Queue[int] = Queue()
         self._workers: dict[int, Worker | None] = {}
         self._lock = threading.Lock()
@@ -256,6 +257,9 @@ class WorkerPool:
         device = self.device_of(slot)
         sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
         env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload)}
+        with self._lock:
+            if self._log_dir is None:
+                self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
         worker = Worker(env, self._log_dir)
         with self._lock:
             self._workers[slot] = worker
@@ -266,10 +270,14 @@ class WorkerPool:
         return self.gpus[slot % len(self.gpus)] if self.gpus else None
 
     def close(self) -> None:
+        """Stop every worker and remove the pool's log folder (each worker's kill removed its own log)."""
         for slot, worker in self._workers.items():
             if worker is not None:
                 worker.kill()
                 self._workers[slot] = None
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)  # a log a worker still held open goes with it
+            self._log_dir = None
 
     def __enter__(self) -> "WorkerPool":
         return self
