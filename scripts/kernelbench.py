@@ -25,6 +25,10 @@ median time of the problems finished so far (this part's and earlier parts'). Th
 always starts. A step that runs into the limit is killed; it is retried at the start of the next part,
 unless it already had a whole part to itself, in which case the problem is recorded as over the limit.
 
+Lanes: with --lanes N, N problems run at once on the one GPU (its CPU cores and memory are rarely the limit).
+Their untimed work shares the GPU; every timed section, the runs' own and this script's rounds, takes the
+GPU's lock alone (mkevolve/workers/gpu_share.py), so no timing overlaps another problem's kernels.
+
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
 (10 warm-ups, 100 timed runs, L2 flushed, CUDA events); each side's time is the median of its round
@@ -48,6 +52,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import date
@@ -287,7 +292,11 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
         return result
     torch.cuda.empty_cache()
     sides = {"eager": eager, "compile": torch.compile(eager), "solution": ours}
-    result.rounds_ms = alternate_rounds({name: (lambda m=m: m(*inputs)) for name, m in sides.items()}, rounds)
+    forwards = {name: (lambda m=m: m(*inputs)) for name, m in sides.items()}
+    with torch.no_grad():
+        for forward in forwards.values():
+            forward()               # compile and autotune now, sharing the GPU, not in a round that has it alone
+    result.rounds_ms = alternate_rounds(forwards, rounds)
     result.eager_ms, result.compile_ms, result.solution_ms = (
         statistics.median(r[name] for r in result.rounds_ms) for name in ("eager", "compile", "solution"))
     result.speedup_vs_compile = result.compile_ms / result.solution_ms
@@ -299,11 +308,14 @@ def alternate_rounds(forwards: dict[str, Callable[[], object]], rounds: int) -> 
     """Median ms of each forward per round, the order rotated each round so no side always goes first."""
     from mkevolve.verify.timing import time_forward
 
+    from mkevolve.workers.gpu_share import gpu_alone
+
     names = list(forwards)
     results = []
     for index in range(rounds):
         order = names[index % len(names):] + names[:index % len(names)]
-        results.append({name: time_forward(forwards[name]).median_ms for name in order})
+        with gpu_alone():           # other lanes' runs and timings wait (the lock of MKEVOLVE_GPU_LOCK, if set)
+            results.append({name: time_forward(forwards[name]).median_ms for name in order})
     return results
 
 
@@ -358,13 +370,19 @@ def run_step(command: list[str], log: Path, timeout_s: float, env: dict | None =
 
 
 def child_env() -> dict:
-    """The repository on the path (the GPU machine runs from a checkout), and the Triton interpreter
-    where there is no GPU (it must be set before Triton decorates a kernel)."""
+    """The repository on the path (the GPU machine runs from a checkout), the Triton interpreter where there is
+    no GPU (it must be set before Triton decorates a kernel), and the GPU's lock where there is one."""
     import torch
+
+    from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
+    else:
+        # The timing takes GPU 0's lock alone, the one the runs' workers share: with --lanes, timed runs of
+        # one problem never overlap another problem's work.
+        env[LOCK_ENV] = lock_path(0)
     return env
 
 
@@ -471,30 +489,49 @@ SolveFn = Callable[[str, "Row | None", float, bool], "Row | None"]
 
 
 def run_part(problems: list[str], results: Results, limit_s: float, solve: SolveFn, save: Callable[[], None],
-             now: Callable[[], float] = time.monotonic) -> list[str]:
-    """Solve unfinished problems in order until the next would not fit; returns the problems started."""
+             now: Callable[[], float] = time.monotonic, lanes: int = 1) -> list[str]:
+    """Solve unfinished problems in order, `lanes` at a time, until the next would not fit or a step was cut
+    at the deadline; returns the problems started. Each lane's first problem always starts."""
     start = now()
+    queue = [k for k in problems if not (k in results.rows and results.rows[k].finished)]
     started: list[str] = []
-    for key in problems:
-        row = results.rows.get(key)
-        if row is not None and row.finished:
-            continue
-        elapsed = now() - start
-        if started and not fits(elapsed, results.durations(), limit_s):
-            median = statistics.median(results.durations())
-            print(f"stopping this part after {elapsed:.0f} s: a problem takes {median:.0f} s (median), "
-                  f"the limit is {limit_s:.0f} s", flush=True)
-            break
-        print(f"[{elapsed:5.0f} s] {key}", flush=True)
-        row = solve(key, row, start + limit_s, not started)
-        started.append(key)
-        if row is not None:
-            results.rows[key] = row
-            save()
-            print(f"        {summary_line(row)}", flush=True)
-        if row is None or not row.finished:
-            print("        stopped at the time limit; the next part goes on from here", flush=True)
-            break
+    lock = threading.Lock()          # guards queue, started, results and the file
+    cut = threading.Event()          # a step ran into the deadline: the others would too
+
+    def take(first_in_lane: bool) -> str | None:
+        with lock:
+            if cut.is_set() or not queue:
+                return None
+            elapsed = now() - start
+            if not first_in_lane and not fits(elapsed, results.durations(), limit_s):
+                median = statistics.median(results.durations())
+                print(f"[{elapsed:5.0f} s] no more problems in this lane: a problem takes {median:.0f} s "
+                      f"(median), the limit is {limit_s:.0f} s", flush=True)
+                return None
+            key = queue.pop(0)
+            started.append(key)
+            print(f"[{elapsed:5.0f} s] {key}", flush=True)
+            return key
+
+    def lane() -> None:
+        first = True
+        while (key := take(first)) is not None:
+            row = solve(key, results.rows.get(key), start + limit_s, first)
+            first = False
+            with lock:
+                if row is not None:
+                    results.rows[key] = row
+                    save()
+                    print(f"        {key}: {summary_line(row)}", flush=True)
+                if row is None or not row.finished:
+                    print(f"        {key}: stopped at the time limit; the next part goes on from here", flush=True)
+                    cut.set()
+
+    threads = [threading.Thread(target=lane, name=f"lane{i}") for i in range(max(1, lanes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return started
 
 
@@ -566,6 +603,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=8, help="mkevolve run --budget (LLM calls per iteration)")
     parser.add_argument("--run-args", default="", metavar="ARGS",
                         help="more flags for mkevolve run, one string after '=': --run-args='--eval --workers 4'")
+    parser.add_argument("--lanes", type=int, default=1,
+                        help="problems run at once on the GPU; their timed sections take turns (the GPU lock)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="alternating timing rounds of eager, torch.compile and the solution")
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
@@ -617,9 +656,11 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     part_started = time.monotonic()
-    started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path))
+    started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path),
+                       lanes=args.lanes)
     results.meta.setdefault("parts", []).append({"date": here["date"], "gpu": here["gpu"], "problems": started,
-                                  "wall_s": round(time.monotonic() - part_started, 1)})
+                                                 "lanes": args.lanes,
+                                                 "wall_s": round(time.monotonic() - part_started, 1)})
     results.save(results_path)
     left = [k for k in problems if k not in results.rows or not results.rows[k].finished]
     print(f"results: {results_path}")

@@ -4,6 +4,8 @@ time-limit rule, run-directory reader, timing function (CPU: errors yes, speedup
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,42 @@ def test_first_problem_of_a_part_always_starts_and_a_cut_run_stops_the_part():
 
     assert kb.run_part(["p1", "p2"], results, 100, solve, lambda: None) == ["p1"]
     assert seen == [("p1", True)] and "p1" not in results.rows
+
+
+def test_lanes_solve_problems_at_once_and_each_lanes_first_problem_is_a_whole_part():
+    results = results_with([])
+    both_in = threading.Barrier(2, timeout=10)     # breaks (and fails solve) unless two run at the same time
+    seen = []
+
+    def solve(key, row, deadline, whole_part):
+        if key in ("p1", "p2"):
+            both_in.wait()
+        seen.append((key, whole_part))
+        return kb.Row(key, finished=True, wall_s=1.0)
+
+    started = kb.run_part(["p1", "p2", "p3"], results, 540, solve, lambda: None, lanes=2)
+    assert sorted(started) == ["p1", "p2", "p3"] and set(results.rows) == {"p1", "p2", "p3"}
+    assert sorted(seen)[:2] == [("p1", True), ("p2", True)] and ("p3", False) in seen
+
+
+def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
+    results = results_with([])
+    p1_cut = threading.Event()
+    both_in = threading.Barrier(2, timeout=10)
+    seen = []
+
+    def solve(key, row, deadline, whole_part):
+        seen.append(key)
+        both_in.wait()
+        if key == "p1":
+            p1_cut.set()
+            return None                             # cut at the deadline
+        assert p1_cut.wait(10)
+        time.sleep(0.5)                             # p1's lane records its cut meanwhile
+        return kb.Row(key, finished=True, wall_s=1.0)
+
+    kb.run_part(["p1", "p2", "p3", "p4"], results, 540, solve, lambda: None, lanes=2)
+    assert sorted(seen) == ["p1", "p2"] and set(results.rows) == {"p2"}
 
 
 # ---- kernelbench: reading a run directory ----------------------------------------------------------------
