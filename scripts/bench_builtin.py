@@ -37,8 +37,7 @@ import triton
 
 from mkevolve.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.gpu_peaks import H200
-from mkevolve.problem import import_file, load_problem
-from mkevolve.verify.correctness import fp32_strict
+from mkevolve.problem import fp32_strict, import_file, load_problem
 from mkevolve.verify.result import Timing
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 

@@ -265,7 +265,7 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
 
     from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, import_file,
                                   load_problem, make_inputs)
-    from mkevolve.verify.correctness import fp32_strict
+    from mkevolve.problem import fp32_strict
     from mkevolve.workers.interpreter import make_autotune_interpretable
 
     fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier

@@ -18,8 +18,7 @@ from mkevolve.builtin.kernels.configs import MatmulTile
 from mkevolve.builtin.kernels.emit_conv import conv_tiles
 from mkevolve.builtin.kernels.ir import Conv
 from mkevolve.config import TOLERANCE
-from mkevolve.problem import call_inputs, import_file, load_problem
-from mkevolve.verify.correctness import fp32_strict
+from mkevolve.problem import call_inputs, fp32_strict, import_file, load_problem
 
 ON_GPU = torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1"
 TARGET, DEVICE = ("cuda", "cuda") if ON_GPU else ("cpu", "cpu")

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from mkevolve.config import TOLERANCE
-from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, load_problem)
+from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, fp32_strict,
+                              load_problem)
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process, scratch_folder)
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
@@ -73,12 +74,6 @@ def _phase(errors: _Errors, name: str):
 
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def fp32_strict() -> None:
-    """The reference is fp32 with TF32 off, for both matmul and cuDNN."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
 
 
 def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:

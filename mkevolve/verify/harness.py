@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from mkevolve.problem import ProblemError, import_file, seed_everything
+from mkevolve.problem import ProblemError, fp32_strict, import_file, seed_everything
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
 from mkevolve.verify import triton_warm
 from mkevolve.verify.kernel_audit import ActivityRecorder
@@ -52,6 +52,10 @@ _EventBase = torch._C._CudaEventBase       # C methods: record(stream), synchron
 _event_record, _event_sync, _event_elapsed = (getattr(_EventBase, name, None)  # None in CPU builds
                                               for name in ("record", "synchronize", "elapsed_time"))
 _cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU builds
+# PyTorch's precision switches, read from C: a candidate that turns TF32 on, however it spells it, is seen.
+_PRECISION_READERS = (torch._C._get_cublas_allow_tf32, torch._C._get_cudnn_allow_tf32,
+                      torch._C._get_float32_matmul_precision)
+_PRECISION_RULE = Rule.PRECISION.value
 _TRUSTED_PACKAGE = __name__.partition(".")[0]   # "mkevolve": dropped from sys.modules before the import
 _SUBCLASS_RULE = Rule.TENSOR_SUBCLASS.value
 _start_thread, _allocate_lock = _thread.start_new_thread, _thread.allocate_lock
@@ -142,6 +146,8 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
+        fp32_strict()  # as the reference ran: PyTorch code a solution keeps must not run in TF32
+        strict = _precision_state()
         launchers = triton_warm.record_launchers() if request.device == "cuda" else []
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
@@ -151,7 +157,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
             _forget_trusted_modules()
             model_cls = import_candidate(request.solution)
         for config, (init, inputs) in zip(request.configs, loaded):
-            _run_config(request, model_cls, config, init, inputs, clock, report, saved)
+            _run_config(request, model_cls, config, init, inputs, clock, report, saved, strict)
         if prepared.recorder is not None:
             with _phase(report, "profiler_stop"):
                 prepared.recorder.__exit__(None, None, None)
@@ -246,7 +252,8 @@ def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
 
 
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
-                inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list]) -> None:
+                inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list],
+                strict: tuple) -> None:
     device = torch.device(request.device)
     with _phase(report, "build"):
         model = build(model_cls, init, request, device)
@@ -254,22 +261,26 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     # The first call compiles and autotunes beside other workers' jobs; the rest have the GPU alone.
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
-        _run_calls(request, model, first, inputs, clock, report, saved)
+        _run_calls(request, model, first, inputs, clock, report, saved, strict)
     with _phase(report, "other_calls"):
         if clock is None:
-            _run_calls(request, model, rest, inputs, clock, report, saved)
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict)
         else:
             with gpu_share.gpu_alone():
-                _run_calls(request, model, rest, inputs, clock, report, saved)
+                _run_calls(request, model, rest, inputs, clock, report, saved, strict)
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
-               clock: "_GpuClock | None", report: dict, saved: dict[str, list]) -> None:
+               clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple) -> None:
+    """`strict`: the precision switches as set before the import; a call that runs with others (set at
+    import, in __init__ or in a forward) is reported."""
     for call in calls:
         args = _copies(inputs[call.inputs])
         guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
                  if call.guard else None)
+        _check_precision(strict, "before a forward", report)
         out, ms = _forward(model, args, guard, clock, request.solution)
+        _check_precision(strict, "by a forward", report)
         if call.guard:
             report["launches"] = max(report["launches"], guard.launches)
             report["violations"] += [_violation_json(v) for v in guard.violations]
@@ -279,6 +290,17 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
         if call.save:
             # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
             saved[call.save] = _snapshot(out, report, already_checked=call.guard)
+
+
+def _precision_state() -> tuple:
+    return tuple(read() for read in _PRECISION_READERS)
+
+
+def _check_precision(strict: tuple, when: str, report: dict) -> None:
+    violation = {"rule": _PRECISION_RULE, "line": None, "message": f"PyTorch's fp32 precision settings (TF32) "
+                 f"were changed {when}; leave torch.backends as they are"}
+    if _precision_state() != strict and violation not in report["violations"]:
+        report["violations"].append(violation)
 
 
 def _copies(values: list) -> list:

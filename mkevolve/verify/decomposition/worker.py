@@ -15,12 +15,12 @@ from mkevolve.problem import (
     build_model,
     call_inputs,
     flatten_outputs,
+    fp32_strict,
     import_file,
     load_problem,
     make_inputs,
     seed_everything,
 )
-from mkevolve.verify.correctness import fp32_strict
 from mkevolve.verify.decomposition.coverage import SubproblemFacts, coverage_checks
 from mkevolve.verify.decomposition.recording import (
     Instance,
