@@ -418,10 +418,13 @@ class Orchestrator:
         for name in missing:
             record.subkernels[name].origin, record.subkernels[name].reason = ORIGIN_PYTORCH, self._no_kernel(name)
             self.display.log(f"iteration {t}: {name} runs its PyTorch code: {record.subkernels[name].reason}")
-        kernels = {n: pytorch_alternative(decomposition.subproblem(n).source) if n in missing
-                   else self._best_of(n).source for n in decomposition.names}
-        write_solution(folder, decomposition, kernels)
-        result = self.verifier.check_composite(self.problem_path, folder, pytorch=frozenset(missing))
+        result = self._compose(folder, decomposition, missing)
+        if not result.passed and not composite_not_run(result):
+            self.state.needs_total_fuse = True  # every Triton subkernel passed locally, end to end did not
+            which = "every Triton subkernel passes" if missing else "subkernels pass"
+            self.display.log(f"iteration {t}: {which} locally but the composite fails end to end: "
+                             f"{result.status.value}: {result.reason}")
+            result = self._fall_back(t, folder, decomposition, record, result)
         record.e2e_status, record.e2e_reason, record.e2e_speedup = result.status.value, result.reason, result.speedup
         record.e2e_not_run = composite_not_run(result)
         record.e2e_ran = not record.e2e_not_run
@@ -429,15 +432,42 @@ class Orchestrator:
             record.runtime_ms = self._profile(folder)
             for name, ms in record.runtime_ms.items():
                 record.subkernels[name].runtime_ms = ms
-            return record
-        self.state.needs_total_fuse = True  # every Triton subkernel passed locally, end to end did not
-        if record.e2e_ran:
-            which = "every Triton subkernel passes" if missing else "subkernels pass"
-            self.display.log(f"iteration {t}: {which} locally but the composite fails end to end: "
-                             f"{result.status.value}: {result.reason}")
-        else:
+        elif not record.e2e_ran:
             self.display.log(f"iteration {t}: the end-to-end check did not run: {record.e2e_not_run}")
         return record
+
+    def _compose(self, folder: Path, decomposition: Decomposition, pytorch: list[str]) -> EvalResult:
+        """Write the composed solution (the `pytorch` subproblems as their own PyTorch code) and check it."""
+        kernels = {n: pytorch_alternative(decomposition.subproblem(n).source) if n in pytorch
+                   else self._best_of(n).source for n in decomposition.names}
+        write_solution(folder, decomposition, kernels)
+        return self.verifier.check_composite(self.problem_path, folder, pytorch=frozenset(pytorch))
+
+    def _fall_back(self, t: int, folder: Path, decomposition: Decomposition, record: IterationRecord,
+                   failed: EvalResult) -> EvalResult:
+        """Guarded integration: the composite failed, so keep the most valuable half of its Triton subkernels
+        (by speedup) and run the rest as PyTorch code, halving until a composite passes; at worst every
+        subproblem runs its PyTorch code. At most log2(n) + 1 more end-to-end checks for n subkernels."""
+        triton = sorted((n for n in decomposition.names if n not in record.pytorch),
+                        key=lambda n: -(record.subkernels[n].speedup or 0.0))
+        result = failed
+        while triton and not result.passed:
+            triton = triton[:len(triton) // 2]
+            pytorch = [n for n in decomposition.names if n not in triton]
+            result = self._compose(folder, decomposition, pytorch)
+            kept = ", ".join(triton) or "none"
+            self.display.log(f"iteration {t}: guarded fallback with Triton for {kept}: {result.status.value}")
+            if composite_not_run(result):
+                return result
+        if not result.passed:
+            return result
+        reason = f"reverted to its PyTorch code: the composite with it failed end to end ({failed.reason[:200]})"
+        for name in decomposition.names:
+            if name not in triton and name not in record.pytorch:
+                sub = record.subkernels[name]
+                sub.origin, sub.candidate, sub.precision, sub.reason = ORIGIN_PYTORCH, None, None, reason
+        record.pytorch = [n for n in decomposition.names if n not in triton]
+        return result
 
     def _no_kernel(self, name: str) -> str:
         """Why a subproblem has no accepted kernel: what the agent said, or the best verdict its candidates got."""
