@@ -28,6 +28,8 @@ CASES = {
     # few input channels: a BLOCK_K step spans several kernel taps
     "conv2d_rgb": ("nn.Conv2d(3, 16, 3)", (2, 3, 7, 6), "torch.relu(y)"),
     "conv3d_rgb": ("nn.Conv3d(3, 16, 3, padding=1)", (1, 3, 4, 5, 4), "y * 2.0"),
+    # 8 channels x 27 taps: more steps than an outer-product kernel unrolls whole (conv3d_rgb's 81 too)
+    "conv3d_8ch_rolled": ("nn.Conv3d(8, 16, 3)", (1, 8, 4, 5, 4), "torch.relu(y)"),
     # a multiple of 16 channels per group: every step reads one tap
     "conv2d_16ch_strided": ("nn.Conv2d(16, 16, 3, stride=2, padding=1)", (2, 16, 7, 7), "y"),
     "conv1d_long": ("nn.Conv1d(8, 16, 3)", (2, 8, 2100), "y"),   # tiles inside one image (>= 2048 positions)
@@ -122,6 +124,15 @@ def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):
     generated = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
     assert all("tl.dot(" not in g.source and g.precision == "none" for g in generated)
     assert "acc += a[:, None] * b[None, :]" in generated[0].source
+
+
+def test_an_outer_product_over_many_steps_keeps_its_last_loops_rolled(tmp_path):
+    """Unrolled whole, 216 steps took 40 s to compile per tile config; the last tap and channel loops stay loops."""
+    rolled = generate_kernel(_problem(tmp_path, "conv3d_8ch_rolled"), 0, TARGET).source
+    unrolled = generate_kernel(_problem(tmp_path, "conv2d_rgb"), 0, TARGET).source    # 3 x 9 steps
+    assert "for k2 in range(K2):" in rolled and "for c in range(C_in_g):" in rolled
+    assert "for k1 in tl.static_range(K1):" in rolled
+    assert "for c in tl.static_range(C_in_g):" in unrolled
 
 
 def test_tiles_stay_inside_an_image_when_images_are_large(tmp_path):

@@ -55,6 +55,10 @@ _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mo
 _MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
 _MIN_TILE = 16       # smallest tl.dot tile side
 _MAX_BLOCK_K = 64
+# (tap, channel) steps an outer-product kernel unrolls whole. Unrolling every step of a 3x3x3 conv3d of
+# 8 channels (216) took 40 s to compile for sm_90 per tile config on a 2-core CPU, 2 s with the last tap
+# loop and the channel loop left as loops (scripts/results/conv_compile_time_cpu_2026-12-01.json).
+_MAX_UNROLLED_STEPS = 64
 _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
 
 
@@ -82,10 +86,14 @@ def _taps(conv: Conv, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(-(-k // s) for k, s in zip(kernel, conv.stride))
 
 
-def _min_reduction(conv: Conv) -> int:
-    """The smallest GEMM depth (taps x input channels of a group) over the input configs."""
+def _reductions(conv: Conv) -> list[int]:
+    """The GEMM depth (taps x input channels of a group) of each input config."""
     channels = [w[0] // g if conv.transposed else w[1] for w, g in zip(conv.w.shapes, conv.groups)]
-    return min(c * math.prod(_taps(conv, w)) for c, w in zip(channels, conv.w.shapes))
+    return [c * math.prod(_taps(conv, w)) for c, w in zip(channels, conv.w.shapes)]
+
+
+def _min_reduction(conv: Conv) -> int:
+    return min(_reductions(conv))
 
 
 def _kernel_exprs(conv: Conv) -> list[str]:
@@ -358,13 +366,16 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
 
 
 def _outer_product_lines(conv: Conv) -> list[str]:
-    """Few input channels per group: for each kernel tap (unrolled) and channel, acc += x column x w row,
-    a [BLOCK_M] gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs."""
+    """Few input channels per group: for each kernel tap and channel, acc += x column x w row, a [BLOCK_M]
+    gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs. Unrolled whole up to
+    _MAX_UNROLLED_STEPS steps; beyond, the last tap loop and the channel loop stay loops."""
     dims = range(len(conv.stride))
+    rolled = max(_reductions(conv)) > _MAX_UNROLLED_STEPS   # the last tap loop and the channel loop stay loops
     lines, mask = [], "m_ok"
     for d in dims:
         pad = "    " * d
-        lines += [f"{pad}for k{d} in tl.static_range(K{d}):",
+        loop = "range" if rolled and d == dims[-1] else "tl.static_range"
+        lines += [f"{pad}for k{d} in {loop}(K{d}):",
                   f"{pad}    in{d} = base{d} + k{d} * DIL{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
         mask = f"ok{d}"
@@ -373,7 +384,7 @@ def _outer_product_lines(conv: Conv) -> list[str]:
     return lines + [
         f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
         f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
-        f"{inner}for c in tl.static_range(C_in_g):",
+        f"{inner}for c in {'range' if rolled else 'tl.static_range'}(C_in_g):",
         f"{inner}    a = tl.load(x_ptr + x_tap + c * sxc, mask={mask}, other=0.0)",
         f"{inner}    b = tl.load(w_ptr + w_tap + c * C_out_g + rn, mask=n_ok, other=0.0)",
         f"{inner}    acc += a[:, None] * b[None, :]"]
