@@ -5,6 +5,7 @@
 2. Grouped and depthwise Conv2d, and conv subproblems with several input configs: a correct kernel each.
 3. leaky_relu with a non-default slope, in every spelling (keyword, positional, module, in-place), fused into
    a row kernel's epilogue or a pointwise kernel.
+4. aten.slice and aten.expand_as, which a level 3 decomposition writes (NetVLAD): a kernel, not a decline.
 """
 
 from __future__ import annotations
@@ -520,3 +521,45 @@ def test_inplace_statement_on_a_forward_input_is_still_refused(tmp_path):
     path = _write_problem(tmp_path, "input_mutated", INPUT_MUTATED)
     with pytest.raises(UnsupportedSubproblem, match="whose result is not used"):
         variant_count(path, TARGET)
+
+
+# --- 4. aten.slice and aten.expand_as, as a level 3 decomposition writes them (NetVLAD) ----------------------
+
+ATEN_VIEWS = {
+    "slice_view_sum": ("x",
+                       "s = torch.ops.aten.slice.Tensor(x, 1, 0, 8)\n"
+                       "        v = torch.ops.aten.view.default(s, [-1, 10, 8])\n"
+                       "        return torch.ops.aten.sum.dim_IntList(v, [1], True)",
+                       "torch.randn(40, 12)"),
+    "slice_to_the_end_with_a_step": ("x", "return torch.ops.aten.slice.Tensor(x, 0, 1, 9223372036854775807, 2) * 3.0",
+                                     "torch.randn(9, 16)"),
+    "clamp_expand_as_div": ("x0, x1",
+                            "r = torch.ops.aten.reshape.default(x0, [-1, 128])\n"
+                            "        c = torch.ops.aten.clamp_min.default(x1, 1e-12)\n"
+                            "        e = torch.ops.aten.expand_as.default(c, r)\n"
+                            "        return torch.ops.aten.div.Tensor(r, e)",
+                            "torch.randn(4, 16, 8), torch.rand(4, 1) + 0.5"),
+}
+ATEN_VIEW_PROBLEM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, {args}):
+        {body}
+
+
+def get_inputs():
+    return [{inputs}]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("case", sorted(ATEN_VIEWS))
+def test_aten_slice_and_expand_as_get_a_kernel(case, tmp_path):
+    args, body, inputs = ATEN_VIEWS[case]
+    path = _write_problem(tmp_path, case, ATEN_VIEW_PROBLEM.format(args=args, body=body, inputs=inputs))
+    _assert_all_variants_match(path, tmp_path)

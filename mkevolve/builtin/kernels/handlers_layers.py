@@ -408,6 +408,27 @@ def _getitem(b: Builder, call: Call):
     raise UnsupportedSubproblem(f"indexing a {type(base).__name__}")
 
 
+def _aten_slice(b: Builder, call: Call):
+    """aten.slice(x, dim, start, end, step): `x[:, .., start:end:step]` in the forward."""
+    x = call.arg(0, "input")
+    if not isinstance(x, Value):
+        raise UnsupportedSubproblem("slice of a non-tensor")
+    dim = int(b.const(call.arg(1, "dim", 0), "slice dim")) % x.rank
+    bounds = slice(call.arg(2, "start", None), call.arg(3, "end", None), call.arg(4, "step", 1))
+    index = (slice(None),) * dim + (_shape_arg(b, bounds),)
+    return b.view(x, "__getitem__", (index,), call.shapes)
+
+
+def _expand_as(b: Builder, call: Call):
+    """x.expand_as(other): x.expand(other's sizes), literal where every config agrees on a dim."""
+    x, other = call.arg(0, "input"), call.arg(1, "other")
+    if not isinstance(x, Value) or not isinstance(other, Value):
+        raise UnsupportedSubproblem("expand_as of a non-tensor")
+    sizes = tuple(other.shapes[0][d] if len({s[d] for s in other.shapes}) == 1 else b.size(other, d)
+                  for d in range(other.rank))
+    return b.view(x, "expand", (sizes,), call.shapes)
+
+
 def _split_like(method: str) -> Handler:
     """chunk / split: one view per piece, each `x.<method>(...)[i]` in the forward."""
     def handler(b: Builder, call: Call):
@@ -499,7 +520,7 @@ FUNCTIONS: dict[str, Handler] = {
     "flatten": _view_method("flatten"), "unflatten": _view_method("unflatten"),
     "transpose": _view_method("transpose"), "swapaxes": _view_method("transpose"), "t": _view_method("t"),
     "squeeze": _view_method("squeeze"), "unsqueeze": _view_method("unsqueeze"), "narrow": _view_method("narrow"),
-    "select": _view_method("select"),
+    "select": _view_method("select"), "slice": _aten_slice, "expand_as": _expand_as,
     "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
     "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
     "dim": _dim, "ndimension": _dim,
