@@ -67,7 +67,7 @@ def test_corpus_covers_every_rule_with_well_formed_files():
         constants = corpus_constants(path)
         assert ast.get_docstring(ast.parse(path.read_text())), path
         assert constants["PROBLEM"] in problems, path
-        assert constants["CAUGHT_BY"] in ("static", "runtime", "output", "sandbox", "judge", "gpu"), path
+        assert constants["CAUGHT_BY"] in ("static", "runtime", "output", "sandbox", "harness", "judge", "gpu"), path
         rule = Rule(constants["EXPECTED_RULE"])
         assert path.stem.startswith(rule.name.lower() + "_"), path
         # The stages of the isolated evaluation each report only their own rules. A cheat the isolation
@@ -77,7 +77,8 @@ def test_corpus_covers_every_rule_with_well_formed_files():
         assert status in ("cheating", "incorrect", "ok"), path
         assert status == "cheating" or constants["CAUGHT_BY"] == "judge", path
         only = {"sandbox": {Rule.SANDBOX}, "judge": {Rule.TIMED_OUTPUT, Rule.FORGED_RESULT},
-                "gpu": {Rule.NON_TRITON_KERNEL, Rule.HOST_COPY, Rule.PRECISION}}
+                "gpu": {Rule.NON_TRITON_KERNEL, Rule.HOST_COPY, Rule.PRECISION},
+                "harness": {Rule.PRECISION}}   # the candidate harness's own reading of PyTorch's switches
         if status == "cheating":
             assert rule in only.get(constants["CAUGHT_BY"], {rule}), path
         covered.add(rule)

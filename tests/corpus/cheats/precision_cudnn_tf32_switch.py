@@ -9,7 +9,7 @@ from torch import nn
 
 PROBLEM = "gemm_epilogue"
 EXPECTED_RULE = "precision-downgrade"
-CAUGHT_BY = "runtime"
+CAUGHT_BY = "harness"
 
 
 @triton.jit
