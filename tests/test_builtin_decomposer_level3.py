@@ -4,12 +4,13 @@ decomposition must pass every decomposition check, as `mkevolve decompose` runs 
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mkevolve.builtin import expansions
-from mkevolve.builtin.decomposer import decomposition_files
+from mkevolve.builtin.decomposer import UnsupportedModule, decomposition_files
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR
 from mkevolve.verify.decomposition.worker import run_checks
 
@@ -123,3 +124,38 @@ def test_the_expanded_attention_matches_torch_with_masks():
         for args, kwargs in (((x, x, x), {}), ((x, memory, memory), {"attn_mask": hidden})):
             expected = mha(*args, need_weights=False, **kwargs)[0]
             assert torch.allclose(expansions.multihead_attention(mha, *args, **kwargs)[0], expected, atol=1e-5)
+
+
+REINITIALISED = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8, 4)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 6, 6)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_loop_that_reinitialises_every_layer_is_declined_with_its_reason(tmp_path):
+    """MobileNetV2's init loop: the subproblems would keep default weights, so the decomposer says why it stops
+    instead of writing a decomposition that fails the equivalence check."""
+    problem = tmp_path / "reinitialised.py"
+    problem.write_text(REINITIALISED)
+    with pytest.raises(UnsupportedModule, match=r"loop over self\.modules\(\)"):
+        decomposition_files(problem)

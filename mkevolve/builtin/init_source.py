@@ -130,6 +130,7 @@ class InitSource:
         `nn.init.zeros_(self.fc.bias)` or `self.conv.bias = nn.Parameter(...)`), with the attributes they name."""
         found = []
         for stmt in self.statements:
+            _refuse_init_loop(stmt)
             touches_inside = isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
                 _is_nested_self_attribute(t) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]))
             plain_call = isinstance(stmt, ast.Expr) and not (
@@ -138,6 +139,21 @@ class InitSource:
             if (touches_inside or plain_call) and _self_attributes(stmt):
                 found.append((stmt, _self_attributes(stmt)))
         return found
+
+
+# Loops over what the module holds: `for m in self.modules(): nn.init.kaiming_normal_(m.weight)` (MobileNetV2).
+_HELD = frozenset({"modules", "named_modules", "children", "named_children", "parameters", "named_parameters"})
+
+
+def _refuse_init_loop(stmt: ast.stmt) -> None:
+    """A loop that re-initialises every layer draws random numbers for all of them after they are built, in
+    the module's order; split into subproblems, each would keep its default weights and differ."""
+    loop = stmt.iter if isinstance(stmt, ast.For) else None
+    if (isinstance(loop, ast.Call) and isinstance(loop.func, ast.Attribute) and loop.func.attr in _HELD
+            and _root_is_self(loop.func)):
+        raise UnsupportedModule(f"Model.__init__ re-initialises its layers in a loop over self.{loop.func.attr}() "
+                                f"(`{ast.unparse(stmt).splitlines()[0][:60]}`), which the builtin decomposer cannot "
+                                "share out among subproblems: their weights would differ from the original's")
 
 
 def _is_nested_self_attribute(node: ast.AST) -> bool:
