@@ -25,9 +25,10 @@ median time of the problems finished so far (this part's and earlier parts'). Th
 always starts. A step that runs into the limit is killed; it is retried at the start of the next part,
 unless it already had a whole part to itself, in which case the problem is recorded as over the limit.
 
-Lanes: with --lanes N, N problems run at once on the one GPU (its CPU cores and memory are rarely the limit).
-Their untimed work shares the GPU; every timed section, the runs' own and this script's rounds, takes the
-GPU's lock alone (mkevolve/workers/gpu_share.py), so no timing overlaps another problem's kernels.
+Lanes: with --lanes N, N problems run at once on the one GPU. Their untimed work shares it; every timed
+section, the runs' own and this script's rounds, takes the GPU's lock alone (mkevolve/workers/gpu_share.py),
+so no timing overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB) 3 or 4 lanes ran
+well; 6 full-size level 3 models at once lost the machine.
 
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
@@ -263,9 +264,8 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     alternating rounds. Weights are made identical the verifier's way: the same seed before each build."""
     import torch
 
-    from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, import_file,
+    from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, fp32_strict, import_file,
                                   load_problem, make_inputs)
-    from mkevolve.problem import fp32_strict
     from mkevolve.workers.interpreter import make_autotune_interpretable
 
     fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier
@@ -307,7 +307,6 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
 def alternate_rounds(forwards: dict[str, Callable[[], object]], rounds: int) -> list[dict[str, float]]:
     """Median ms of each forward per round, the order rotated each round so no side always goes first."""
     from mkevolve.verify.timing import time_forward
-
     from mkevolve.workers.gpu_share import gpu_alone
 
     names = list(forwards)
