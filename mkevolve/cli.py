@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.metadata
 import sys
@@ -152,3 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"mkevolve {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        print(f"mkevolve {args.command}: error: {err.filename or 'a file'}: no space left on device",
+              file=sys.stderr)
+        return ExitCode.FAILED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -728,6 +729,11 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     except KeyboardInterrupt:
         display.console.print(f"interrupted; best/ is consistent. Continue with: "
                               f"python -m mkevolve run --resume {run_dir}")
+        raise
+    except OSError as err:
+        if err.errno == errno.ENOSPC:  # checkpoints are written atomically: the last one stands
+            display.console.print(f"the disk is full; best/ is consistent. Free space, then continue with: "
+                                  f"python -m mkevolve run --resume {run_dir}")
         raise
     except ProviderError as err:
         # Every further call would fail the same way: stop here, at the last checkpoint, resumable.

@@ -2,6 +2,7 @@
 --X/--no-X, choices and positional help, per-command help, --resume against PROBLEM, --executor ray."""
 
 import argparse
+import errno
 import importlib.util
 import shutil
 from dataclasses import fields
@@ -224,6 +225,17 @@ def test_resume_reads_an_old_config_and_layers_config_then_flags(tmp_path, resum
     config = resumed[0][1]
     assert (config.iterations, config.budget, config.eval_mode) == (6, 5, True)
     assert build_config(run_dir / "config.yaml") == config  # saved, with the new key
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_a_failure_status(tmp_path, capsys, monkeypatch):
+    def full_disk(problem_path, config, run_dir, state):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "state.json"))
+
+    monkeypatch.setattr(orchestrator, "execute_run", full_disk)
+    assert main(["run", str(PROBLEM), "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mkevolve run: error: ")
+    assert "state.json: no space left on device" in err
 
 
 # ---- 8: --executor ray without Ray ----------------------------------------------------------------------

@@ -24,8 +24,8 @@ from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, c
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process, scratch_folder)
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
-from mkevolve.verify.reference import ReferenceSet, cache_root, reference_set
-from mkevolve.verify.result import EvalResult, Rejected, Status, Timing
+from mkevolve.verify.reference import ReferenceSet, ReferenceSpaceError, cache_root, reference_set
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
 from mkevolve.workers import wire
@@ -86,6 +86,8 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
         result = _judge(problem, request, errors)
     except Rejected as stop:
         result = stop.to_result()
+    except ReferenceSpaceError as err:  # the check could not run: no verdict on the candidate
+        result = Rejected(Status.CRASHED, f"{CANDIDATE_NOT_STARTED}: {err}").to_result()
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
         result.tolerance_used = errors.tolerance_used

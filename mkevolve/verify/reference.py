@@ -11,13 +11,21 @@ cannot reproduce them in `__init__` and precompute its answers; the weights stil
 seed, which ModelNew needs to build the same parameters. The candidate process can read neither the
 salt nor this folder: its harness loads the input files it is called with before the candidate's code is
 imported, and the reference outputs never leave the trusted side.
+
+Everything here can be computed again, so the cache is bounded by the disk it is on: before a set is
+written, folders no check has started on for a while are evicted, least recently used first, until the set
+fits with DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a
+ReferenceSpaceError that says how much was needed and where.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import secrets
+import shutil
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +45,18 @@ _SALT_FILE = "salt"
 EXPECTED_CACHE_BYTES = 1 << 30
 _expected: OrderedDict[tuple, list] = OrderedDict()
 _expected_bytes: dict[tuple, int] = {}
+# Disk left free under the cache (bytes). Full-size problems write gigabytes per input set: a KernelBench
+# SqueezeNet fire module's reference output is 4.3 GB, and a check uses 8 sets.
+DISK_RESERVE_BYTES = 4 << 30
+# Seconds since a check last started on a folder after which it may be evicted: three times an
+# evaluation's default time limit (300 s), so no check that could still read it is alive.
+STALE_AFTER_S = 900.0
+_USED_FILE = ".used"          # its mtime: when a check last started on the folder
+_LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
+
+
+class ReferenceSpaceError(OSError):
+    """The disk under the reference cache cannot hold one more input set, even after evicting stale ones."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,7 @@ class ReferenceSet:
         """Compute whatever input sets are missing, with one reference Model built for all of them."""
         config = self.problem.configs[self.config_index]
         init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
+        (self.folder / _USED_FILE).touch()
         if not self.init_file.exists():
             _write_atomic_values(self.init_file, init)
         if all(self.outputs_file(name).exists() for name in names):
@@ -71,7 +92,7 @@ class ReferenceSet:
         # Once even when several workers ask at the same moment (the first candidates of a beam step
         # all need the same sets): the first takes the folder's lock and computes, the others wait and
         # find the files. Released when the file closes, or when this process dies.
-        with open(self.folder / ".lock", "a") as lock:
+        with open(self.folder / _LOCK_FILE, "a") as lock:
             lock_file(lock)
             self._compute([name for name in names if not self.outputs_file(name).exists()], config, init)
 
@@ -84,6 +105,7 @@ class ReferenceSet:
             inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
             with torch.no_grad():
                 outputs = flatten_outputs(model(*clone_values(inputs)))
+            make_room(self.folder, _nbytes(inputs) + _nbytes(outputs), f"{self.problem.path.name} set {name}")
             _write_atomic_values(self.inputs_file(name), inputs)
             _write_atomic_values(self.outputs_file(name), outputs)
 
@@ -138,6 +160,58 @@ def _salt(references_dir: Path) -> bytes:
             pass
         os.unlink(tmp)
     return path.read_bytes()
+
+
+def make_room(folder: Path, needed: int, what: str) -> None:
+    """Evict stale reference folders beside `folder`, least recently used first, until `needed` bytes fit
+    with the reserve to spare; a ReferenceSpaceError naming `what` when they do not."""
+    for stale in _stale_folders(folder.parent, keep=folder):
+        if _free_bytes(folder) - needed >= DISK_RESERVE_BYTES:
+            return
+        _evict(stale)
+    free = _free_bytes(folder)
+    if free - needed < DISK_RESERVE_BYTES:
+        gib = 1 << 30
+        raise ReferenceSpaceError(
+            f"reference cache {folder.parent}: {needed / gib:.1f} GiB needed for {what}, {free / gib:.1f} GiB "
+            f"free ({DISK_RESERVE_BYTES / gib:.0f} GiB kept free); point MKEVOLVE_CACHE at a larger disk")
+
+
+def _stale_folders(references_dir: Path, keep: Path) -> list[Path]:
+    """Folders no check has started on for STALE_AFTER_S, least recently used first."""
+    cutoff = time.time() - STALE_AFTER_S
+    used = []
+    for folder in references_dir.iterdir():
+        if folder != keep and folder.is_dir() and _last_used(folder) < cutoff:
+            used.append((_last_used(folder), folder))
+    return [folder for _, folder in sorted(used)]
+
+
+def _last_used(folder: Path) -> float:
+    try:
+        return (folder / _USED_FILE).stat().st_mtime
+    except FileNotFoundError:
+        return folder.stat().st_mtime
+
+
+def _evict(folder: Path) -> None:
+    """Remove a folder unless a process is computing its sets, or a check started on it meanwhile."""
+    try:
+        with open(folder / _LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _last_used(folder) < time.time() - STALE_AFTER_S:
+                shutil.rmtree(folder, ignore_errors=True)
+    except (BlockingIOError, FileNotFoundError):
+        pass
+
+
+def _free_bytes(folder: Path) -> int:
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _nbytes(values) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _write_atomic_values(path: Path, values) -> None:

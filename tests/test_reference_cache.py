@@ -1,0 +1,85 @@
+"""The reference cache stays within its disk: stale folders go first, busy ones stay, and a set that cannot
+fit stops the check with a clear reason instead of filling the disk (full-size problems write gigabytes
+per input set)."""
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mkevolve.verify import reference
+from mkevolve.verify.correctness import KernelEvalRequest, evaluate_kernel
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Status
+
+CORPUS = Path(__file__).parent / "corpus"
+GIB = 1 << 30
+
+
+def make_folder(references: Path, name: str, age_s: float) -> Path:
+    folder = references / name
+    folder.mkdir(parents=True)
+    (folder / "trial0.ref.mkv").write_bytes(b"x")
+    used = folder / ".used"
+    used.touch()
+    past = time.time() - age_s
+    os.utime(used, (past, past))
+    return folder
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    """A pretend disk: free space is `base` plus a GiB for every folder evicted so far."""
+    state = {"base": 0, "evicted": []}
+    real_evict = reference._evict
+
+    def evict(folder):
+        real_evict(folder)
+        if not folder.exists():
+            state["evicted"].append(folder.name)
+
+    monkeypatch.setattr(reference, "_evict", evict)
+    monkeypatch.setattr(reference, "_free_bytes", lambda folder: state["base"] + len(state["evicted"]) * GIB)
+    return state
+
+
+def test_make_room_evicts_least_recently_used_stale_folders_only(tmp_path, disk):
+    old = make_folder(tmp_path, "old", reference.STALE_AFTER_S * 3)
+    older = make_folder(tmp_path, "older", reference.STALE_AFTER_S * 4)
+    fresh = make_folder(tmp_path, "fresh", 5)
+    current = make_folder(tmp_path, "current", reference.STALE_AFTER_S * 9)   # the one being written
+    disk["base"] = reference.DISK_RESERVE_BYTES
+    reference.make_room(current, GIB, "p.py set trial0")         # one eviction is enough
+    assert disk["evicted"] == ["older"]
+    assert old.exists() and fresh.exists() and current.exists()
+
+
+def test_make_room_keeps_a_folder_whose_sets_are_being_computed(tmp_path, disk):
+    busy = make_folder(tmp_path, "busy", reference.STALE_AFTER_S * 2)
+    idle = make_folder(tmp_path, "idle", reference.STALE_AFTER_S * 2 - 1)
+    disk["base"] = reference.DISK_RESERVE_BYTES
+    with open(busy / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                           # another process computing its sets
+        reference.make_room(tmp_path / "new", GIB, "p.py set trial0")
+    assert busy.exists() and not idle.exists()
+
+
+def test_a_set_that_cannot_fit_is_a_clear_error_and_fresh_folders_stay(tmp_path, disk):
+    fresh = make_folder(tmp_path, "fresh", 5)
+    stale = make_folder(tmp_path, "stale", reference.STALE_AFTER_S * 2)
+    with pytest.raises(reference.ReferenceSpaceError) as raised:
+        reference.make_room(tmp_path / "new", 3 * GIB, "fire.py set time1")
+    message = str(raised.value)
+    assert "3.0 GiB needed for fire.py set time1" in message and "MKEVOLVE_CACHE" in message
+    assert fresh.exists() and not stale.exists()
+
+
+def test_no_room_for_references_is_an_unrun_check_not_a_verdict(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "_free_bytes", lambda folder: 0)
+    request = KernelEvalRequest(problem_path=str(CORPUS / "problems" / "elementwise.py"),
+                                solution_path=str(CORPUS / "honest" / "elementwise.py"),
+                                trials=1, timed=False, cache_dir=str(tmp_path))
+    result = evaluate_kernel(request)
+    assert result.status is Status.CRASHED
+    assert result.reason.startswith(CANDIDATE_NOT_STARTED) and "reference cache" in result.reason
