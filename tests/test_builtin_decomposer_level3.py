@@ -18,8 +18,11 @@ SMALL = Path(__file__).parent / "fixtures" / "level3_small"
 
 
 def _decompose(name: str, tmp_path: Path) -> dict[str, str]:
+    return _checked_decomposition(SMALL / f"{name}.py", tmp_path)
+
+
+def _checked_decomposition(problem: Path, tmp_path: Path) -> dict[str, str]:
     """The subproblem sources (name -> source) of a decomposition that passed every check."""
-    problem = SMALL / f"{name}.py"
     files = decomposition_files(problem)
     for relative, text in files.items():
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -126,21 +129,21 @@ def test_the_expanded_attention_matches_torch_with_masks():
             assert torch.allclose(expansions.multihead_attention(mha, *args, **kwargs)[0], expected, atol=1e-5)
 
 
+# A model that re-initialises its layers after building them all, as MobileNetV2 does; {init} is the statement.
 REINITIALISED = '''import torch
 import torch.nn as nn
 
 
 class Model(nn.Module):
-    def __init__(self):
+    def __init__(self, std=0.01):
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
         self.fc = nn.Linear(8, 4)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+{init}
 
     def forward(self, x):
-        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
 
 
 def get_inputs():
@@ -148,14 +151,60 @@ def get_inputs():
 
 
 def get_init_inputs():
-    return []
+    return [0.5]
 '''
 
 
-def test_a_loop_that_reinitialises_every_layer_is_declined_with_its_reason(tmp_path):
-    """MobileNetV2's init loop: the subproblems would keep default weights, so the decomposer says why it stops
-    instead of writing a decomposition that fails the equivalence check."""
+def _reinitialised(init: str, tmp_path: Path) -> Path:
     problem = tmp_path / "reinitialised.py"
-    problem.write_text(REINITIALISED)
-    with pytest.raises(UnsupportedModule, match=r"loop over self\.modules\(\)"):
-        decomposition_files(problem)
+    problem.write_text(REINITIALISED.format(init=init))
+    return problem
+
+
+def test_an_init_loop_is_replayed_by_each_subproblem_on_its_own_layers(tmp_path):
+    """Its only random draws come after the last layer is built, so replaying it subproblem by subproblem draws
+    the same numbers in the same order: the weights and eps match the original's."""
+    init = """        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 0.5)
+                m.eps = 1e-3
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, std)
+                nn.init.zeros_(m.bias)"""
+    subs = _checked_decomposition(_reinitialised(init, tmp_path), tmp_path / "decomposition")
+    assert len(subs) > 1
+    assert _with(subs, "nn.BatchNorm2d(", "for m in self.batchnorm2d.modules():", "m.eps = 0.001")
+    assert _with(subs, "nn.Linear(", "for m in self.linear.modules():", "nn.init.normal_(m.weight, 0, std)")
+    assert not _with(subs, "nn.Conv2d(", "for m in")   # the loop changes nothing of the convolution
+
+
+@pytest.mark.parametrize("init", [
+    # MobileNetV2's loop: the convolution's new weights come after the linear layer's default ones.
+    """        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")""",
+    # One statement does the same.
+    "        nn.init.normal_(self.conv.weight, 0, std)",
+])
+def test_a_draw_after_later_subproblems_layers_is_declined_with_its_reason(tmp_path, init):
+    """Replayed in the first subproblem it would draw before the last one's layers do; only the top-level could
+    run it after building them all, and the top-level may not touch tensors."""
+    with pytest.raises(UnsupportedModule, match=r"draws random numbers in `(for m in self\.modules|nn\.init\.normal_)"
+                                                r".*exact only as one subproblem"):
+        decomposition_files(_reinitialised(init, tmp_path))
+
+
+@pytest.mark.parametrize(("init", "reason"), [
+    ("""        for name, p in self.named_parameters():
+            if name.startswith("fc"):
+                nn.init.zeros_(p)""", r"loop over self\.named_parameters\(\).*reads the names"),
+    ("""        for m in self.modules():
+            if m is not self and isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)""", r"loop over self\.modules\(\).*reads self"),
+    ("""        for m in self.modules():
+            if not isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.Linear)):
+                m.scale = 2.0""", r"writes scale for 'self', which is not one torch\.nn layer"),
+])
+def test_an_init_loop_no_subproblem_can_replay_is_declined_with_its_reason(tmp_path, init, reason):
+    with pytest.raises(UnsupportedModule, match=reason):
+        decomposition_files(_reinitialised(init, tmp_path))

@@ -1,5 +1,6 @@
 """How the original was built: a profiler hook records each torch.nn layer's constructor arguments, which
-tensors the top module creates itself, and which constructions draw random numbers, in order."""
+tensors the top module creates itself, and which constructions draw random numbers, in order; a line tracer
+on the top module's __init__ places its own statements in that order."""
 
 from __future__ import annotations
 
@@ -72,11 +73,29 @@ class RawRecord:
 
 
 @dataclass
+class RootLines:
+    """The top module's __init__ line by line: when each line first ran, in the order of the construction events,
+    and which lines drew random numbers. A statement that changes layers after they are built (a custom init)
+    keeps its place among the random draws this way."""
+
+    first_order: dict[int, int] = field(default_factory=dict)   # line number -> order
+    drawing: set[int] = field(default_factory=set)
+
+    def order(self, first: int, last: int) -> int | None:
+        """When the statement on lines first..last started; None where it never ran."""
+        return min((o for line, o in self.first_order.items() if first <= line <= last), default=None)
+
+    def draws(self, first: int, last: int) -> bool:
+        return any(first <= line <= last for line in self.drawing)
+
+
+@dataclass
 class Construction:
     root_arguments: dict[str, Any]
     leaves: dict[str, LeafRecord]
     raw_order: dict[str, tuple[int, bool]]   # qualified name ("bias", "attn.bias") -> (order, draws)
     module_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)  # user submodule path -> its init args
+    root_lines: RootLines = field(default_factory=RootLines)
 
 
 def record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, Construction]:
@@ -88,6 +107,7 @@ def record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, Co
     root_box: dict[str, Any] = {}
     raw_events: dict[tuple[int, str], tuple[int, bool]] = {}
     last_state = [torch.random.get_rng_state()]
+    lines = _LineRecorder(model_cls, counter)
 
     def profile(frame, event, arg):
         code = frame.f_code
@@ -108,15 +128,49 @@ def record_construction(model_cls: type, init_args: list) -> tuple[nn.Module, Co
 
     with torch.random.fork_rng(devices=[]):
         seed_everything(0)
-        previous = sys.getprofile()
+        previous, previous_trace = sys.getprofile(), sys.gettrace()
         sys.setprofile(profile)
+        sys.settrace(lines.call)
         try:
             model = model_cls(*init_args)
         except Exception as err:  # noqa: BLE001  (the user's constructor: any failure leaves nothing to trace)
             raise UnsupportedModule(f"Model(*get_init_inputs()) raised {type(err).__name__}: {err}") from None
         finally:
+            sys.settrace(previous_trace)
             sys.setprofile(previous)
-    return model, _construction(model, finished, raw_events)
+    construction = _construction(model, finished, raw_events)
+    construction.root_lines = lines.recorded
+    return model, construction
+
+
+class _LineRecorder:
+    """A trace function that follows the lines of the top module's __init__ only (every other frame runs
+    untraced), taking orders from the same counter as the construction events."""
+
+    def __init__(self, model_cls: type, counter):
+        self.model_cls = model_cls
+        self.counter = counter
+        self.recorded = RootLines()
+        self.root_frame = None
+        self.last: tuple[int, torch.Tensor] | None = None   # the line running now, and the RNG state it began with
+
+    def call(self, frame, event, arg):
+        code = frame.f_code
+        if (self.root_frame is None and code.co_name == "__init__" and code.co_argcount
+                and isinstance(frame.f_locals.get(code.co_varnames[0]), self.model_cls)):
+            self.root_frame = frame
+            return self.line
+        return None
+
+    def line(self, frame, event, arg):
+        if event in ("line", "return"):
+            state = torch.random.get_rng_state()
+            if self.last is not None and not torch.equal(state, self.last[1]):
+                self.recorded.drawing.add(self.last[0])
+            self.last = (frame.f_lineno, state)
+            if event == "line" and frame.f_lineno not in self.recorded.first_order:
+                self.recorded.first_order[frame.f_lineno] = next(self.counter)
+        return self.line
 
 
 def _frame_arguments(frame) -> list[tuple[str, Any]]:

@@ -5,7 +5,7 @@ uses, so its output goes through the same parsing and checks. A decomposition it
 points in the top-level's docstring; Split and Fuse start from them.
 
 This module holds the four replies; the work is in its siblings, each importing only those before it:
-errors, values, kinds, construction, init_source, tracing, segments, writing.
+errors, values, kinds, construction, init_source, init_loops, tracing, segments, writing.
 """
 
 from __future__ import annotations

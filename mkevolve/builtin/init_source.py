@@ -7,7 +7,7 @@ import ast
 import builtins
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -15,6 +15,9 @@ from mkevolve.builtin.construction import Construction, LeafRecord, Owner, RawRe
 from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.builtin.values import literal_source, module_constants, same_value
 from mkevolve.pysource import parse_python
+
+if TYPE_CHECKING:
+    from mkevolve.builtin.init_loops import InitLoop
 
 
 def _assigns(stmt: ast.stmt, name: str) -> bool:
@@ -57,13 +60,13 @@ class InitSource:
         if index is None:
             raise UnsupportedModule(f"cannot find the statement that creates self.{name} in Model.__init__")
         chosen = {index}
-        pending = list(_loaded_names(self.statements[index]))
+        pending = list(loaded_names(self.statements[index]))
         while pending:
             needed = pending.pop()
             for j in range(index - 1, -1, -1):
-                if j not in chosen and needed in _assigned_names(self.statements[j]):
+                if j not in chosen and needed in assigned_names(self.statements[j]):
                     chosen.add(j)
-                    pending += _loaded_names(self.statements[j])
+                    pending += loaded_names(self.statements[j])
                     break
         for j in range(index + 1, len(self.statements)):
             stmt = self.statements[j]
@@ -72,8 +75,8 @@ class InitSource:
         picked = [self.statements[j] for j in sorted(chosen)]
         if any(_self_attributes(s) - {name} for s in picked):
             raise UnsupportedModule(f"self.{name} is created from other attributes of the module")
-        assigned = set().union(*(_assigned_names(s) for s in picked))
-        free = [n for n in dict.fromkeys(n for s in picked for n in _loaded_names(s))
+        assigned = set().union(*(assigned_names(s) for s in picked))
+        free = [n for n in dict.fromkeys(n for s in picked for n in loaded_names(s))
                 if n not in assigned and n != "self"]
         return [ast.unparse(s) for s in picked], free
 
@@ -130,7 +133,6 @@ class InitSource:
         `nn.init.zeros_(self.fc.bias)` or `self.conv.bias = nn.Parameter(...)`), with the attributes they name."""
         found = []
         for stmt in self.statements:
-            _refuse_init_loop(stmt)
             touches_inside = isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
                 _is_nested_self_attribute(t) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]))
             plain_call = isinstance(stmt, ast.Expr) and not (
@@ -139,21 +141,6 @@ class InitSource:
             if (touches_inside or plain_call) and _self_attributes(stmt):
                 found.append((stmt, _self_attributes(stmt)))
         return found
-
-
-# Loops over what the module holds: `for m in self.modules(): nn.init.kaiming_normal_(m.weight)` (MobileNetV2).
-_HELD = frozenset({"modules", "named_modules", "children", "named_children", "parameters", "named_parameters"})
-
-
-def _refuse_init_loop(stmt: ast.stmt) -> None:
-    """A loop that re-initialises every layer draws random numbers for all of them after they are built, in
-    the module's order; split into subproblems, each would keep its default weights and differ."""
-    loop = stmt.iter if isinstance(stmt, ast.For) else None
-    if (isinstance(loop, ast.Call) and isinstance(loop.func, ast.Attribute) and loop.func.attr in _HELD
-            and _root_is_self(loop.func)):
-        raise UnsupportedModule(f"Model.__init__ re-initialises its layers in a loop over self.{loop.func.attr}() "
-                                f"(`{ast.unparse(stmt).splitlines()[0][:60]}`), which the builtin decomposer cannot "
-                                "share out among subproblems: their weights would differ from the original's")
 
 
 def _is_nested_self_attribute(node: ast.AST) -> bool:
@@ -178,16 +165,16 @@ def _self_attributes(stmt: ast.AST) -> set[str]:
             and n.value.id == "self"} - {"register_buffer", "register_parameter"}
 
 
-def _assigned_names(stmt: ast.AST) -> set[str]:
+def assigned_names(stmt: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
-def _loaded_names(stmt: ast.AST) -> list[str]:
+def loaded_names(stmt: ast.AST) -> list[str]:
     return [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
 
 
 def _loaded_names_expr(node: ast.AST) -> set[str]:
-    return set(_loaded_names(node)) - set(dir(builtins))
+    return set(loaded_names(node)) - set(dir(builtins))
 
 
 def raw_records(units, construction: Construction, init_source: InitSource, model,
@@ -267,8 +254,34 @@ class FollowUp:
     """A statement of the original __init__ that changes layers after they are built."""
 
     statement: str
-    layers: tuple[str, ...]       # the layer attributes it names
+    layers: tuple[str, ...]       # the layer attributes it names (a replayed loop: the one layer it runs on)
     free_names: tuple[str, ...]   # Model arguments and module constants it reads
+    order: float                  # its place among the construction events, so its random draws keep theirs
+    draws_random: bool
+    loop: InitLoop | None = None  # the loop it replays on its layer; a subproblem runs it once over its layers
+
+
+def statement_place(stmt: ast.stmt, construction: Construction) -> tuple[int, bool]:
+    """When a statement of Model.__init__ ran among the construction events, and whether it drew random numbers."""
+    lines = construction.root_lines
+    order = lines.order(stmt.lineno, stmt.end_lineno or stmt.lineno)
+    if order is None:
+        raise UnsupportedModule(f"cannot tell when `{ast.unparse(stmt).splitlines()[0][:60]}` runs in Model.__init__")
+    return order, lines.draws(stmt.lineno, stmt.end_lineno or stmt.lineno)
+
+
+def follow_up_free_names(stmt: ast.AST, construction: Construction, constants: dict[str, Any], import_names: set[str],
+                         local_names: frozenset[str] | set[str] = frozenset()) -> tuple[str, ...]:
+    """The Model arguments and module constants a statement reads; anything else it reads (other locals of
+    __init__, functions of the file) a subproblem would not have."""
+    free = [n for n in dict.fromkeys(loaded_names(stmt)) if n != "self" and n not in import_names
+            and n not in local_names and not hasattr(builtins, n)]
+    unknown = [n for n in free if n not in construction.root_arguments and n not in constants]
+    if unknown:
+        raise UnsupportedModule(f"`{ast.unparse(stmt).splitlines()[0][:60]}` in Model.__init__ reads "
+                                f"{', '.join(unknown)}, which is neither an argument of Model nor a module-level "
+                                "constant")
+    return tuple(free)
 
 
 def init_links(init_source: InitSource, model: nn.Module, construction: Construction, constants: dict[str, Any],
@@ -287,13 +300,9 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
                 raise UnsupportedModule(f"Model.__init__ runs `{ast.unparse(stmt)[:60]}` on self.{attribute}, "
                                         "which the builtin decomposer cannot move into a subproblem")
         if keys:
-            free = [n for n in dict.fromkeys(_loaded_names(stmt)) if n != "self" and n not in import_names
-                    and not hasattr(builtins, n)]
-            unknown = [n for n in free if n not in construction.root_arguments and n not in constants]
-            if unknown:
-                raise UnsupportedModule(f"`{ast.unparse(stmt)[:60]}` in Model.__init__ reads {', '.join(unknown)}, "
-                                        "which is neither an argument of Model nor a module-level constant")
+            free = follow_up_free_names(stmt, construction, constants, import_names)
             links.append(keys)
             layers = tuple(sorted(k.name for k in keys))
-            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, tuple(free)))
+            order, draws = statement_place(stmt, construction)
+            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, free, order, draws))
     return links, follow_ups

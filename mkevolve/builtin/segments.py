@@ -8,6 +8,7 @@ import itertools
 from torch import fx
 
 from mkevolve.builtin.construction import Owner
+from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.builtin.kinds import EPILOGUE_ANCHORS, Kind
 from mkevolve.builtin.tracing import TracedModule, external_inputs
 from mkevolve.builtin.values import ValueKind
@@ -16,9 +17,10 @@ from mkevolve.builtin.values import ValueKind
 class Segmentation:
     """Groups of consecutive units, given by cut points (the unit index each later group starts at)."""
 
-    def __init__(self, traced: TracedModule):
+    def __init__(self, traced: TracedModule, order_follow_ups: bool = True):
         self.traced = traced
         self.unit_of = traced.unit_of()
+        self.order_follow_ups = order_follow_ups   # off only to tell whether follow-ups' draws force one group
 
     def groups(self, cuts: list[int]) -> list[range]:
         bounds = [0] + sorted(cuts) + [len(self.traced.units)]
@@ -156,18 +158,29 @@ class Segmentation:
                 placed[key] = {max(earlier) if earlier else 0}
         return placed
 
-    def random_owners(self) -> dict[Owner, int]:
-        """Owner -> construction order, for owners whose construction draws random numbers."""
+    def random_draws(self) -> list[tuple[Owner, float]]:
+        """(owner, order) for every random draw of the original's __init__: constructions, and statements that
+        change layers after they are built (custom inits, replayed init loops), which run in their subproblem."""
         construction = self.traced.construction
-        owners = {Owner.leaf(p): r.order for p, r in construction.leaves.items() if r.draws_random}
-        owners.update({Owner.raw(n): r.order for n, r in self.traced.raws.items() if r.draws_random})
+        draws: list[tuple[Owner, float]] = [(Owner.leaf(p), r.order) for p, r in construction.leaves.items()
+                                            if r.draws_random]
+        draws += [(Owner.raw(n), r.order) for n, r in self.traced.raws.items() if r.draws_random]
+        if self.order_follow_ups:
+            draws += [(key, f.order) for key, follow_ups in self.traced.follow_ups.items() for f in follow_ups
+                      if f.draws_random]
+        return draws
+
+    def random_owners(self) -> dict[Owner, float]:
+        """Owner -> the order of its first random draw, for owners that draw."""
+        owners: dict[Owner, float] = {}
+        for key, order in self.random_draws():
+            owners[key] = min(order, owners.get(key, order))
         return owners
 
     def _fix_random_order(self, cuts: list[int]) -> list[int]:
         placed = self.owner_placement(cuts)
-        draws = self.random_owners()
-        by_group: dict[int, list[int]] = {}
-        for key, order in draws.items():
+        by_group: dict[int, list[float]] = {}
+        for key, order in self.random_draws():
             by_group.setdefault(min(placed.get(key, {0})), []).append(order)
         groups = sorted(by_group)
         for a, b in itertools.combinations(groups, 2):
@@ -227,4 +240,19 @@ class Segmentation:
             cut = self.best_cut(range(len(self.traced.units)))
             if cut is not None:
                 cuts = self.normalize([cut])
+        if len(self.groups(cuts)) == 1 and self.order_follow_ups:
+            self._refuse_single_group_for_follow_ups()
         return cuts
+
+    def _refuse_single_group_for_follow_ups(self) -> None:
+        """Statements that draw random numbers after layers of later groups are built would tie every group into
+        one: an exact decomposition would be the whole module. Say which statement does it, rather than write
+        the original again as one subproblem."""
+        free = Segmentation(self.traced, order_follow_ups=False)
+        if len(free.groups(free.decompose_cuts())) == 1:
+            return
+        last = max((f for follow_ups in self.traced.follow_ups.values() for f in follow_ups if f.draws_random),
+                   key=lambda f: f.order)
+        raise UnsupportedModule(f"Model.__init__ draws random numbers in `{last.statement.splitlines()[0][:60]}` "
+                                "after building later subproblems' layers: exact only as one subproblem, since a "
+                                "top-level may not re-initialise its subproblems' tensors")

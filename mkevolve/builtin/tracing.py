@@ -20,6 +20,7 @@ from mkevolve.builtin import expansions
 from mkevolve.builtin.construction import (Construction, LeafRecord, Owner, RawRecord, is_torch_layer,
                                            plain_tensor_attributes, record_construction)
 from mkevolve.builtin.errors import UnsupportedModule
+from mkevolve.builtin.init_loops import loop_follow_ups
 from mkevolve.builtin.init_source import FollowUp, InitSource, imported_names, init_links, raw_records
 from mkevolve.builtin.kinds import PURE_VIEWS, Kind, kind_of
 from mkevolve.builtin.values import ValueInfo, ValueKind, module_constants
@@ -146,6 +147,9 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
     import_names = imported_names(imports)
     raws = raw_records(units, construction, init_source, model, constants, import_names, source)
     links, follow_ups = init_links(init_source, model, construction, constants, import_names)
+    for owner, replays in loop_follow_ups(init_source, model, construction, constants, import_names).items():
+        links.append({owner})   # a replayed layer is built once, never copied into each subproblem that calls it
+        follow_ups.setdefault(owner, []).extend(replays)
     return TracedModule(
         problem_name=path.stem, source=source, skeleton=ProblemSkeleton.from_source(path.stem, source),
         graph_module=gm, values=values, units=units, shape_nodes=shape_nodes, construction=construction,

@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from mkevolve.builtin.construction import Owner
 from mkevolve.builtin.errors import UnsupportedModule
-from mkevolve.builtin.init_source import is_self_attr
+from mkevolve.builtin.init_source import FollowUp, is_self_attr
 from mkevolve.builtin.kinds import Kind
 from mkevolve.builtin.segments import Segmentation
 from mkevolve.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
@@ -44,7 +44,7 @@ class OwnerCode:
 
     key: Owner
     attribute: str
-    order: int
+    order: float
 
 
 @dataclass
@@ -261,15 +261,42 @@ class CodeWriter:
         return patterns
 
     def _pattern_key(self, code: GroupCode) -> str:
-        owners = []
-        for owner in code.owners:
-            if owner.key.is_leaf:
-                owners.append(f"{owner.attribute}={self.traced.construction.leaves[owner.key.name].cls.__qualname__}")
+        attributes = {o.key: o.attribute for o in code.owners}
+        init = []
+        for step in self._init_steps(code):
+            if isinstance(step, list):
+                init.append(self._follow_up_source(step, attributes))
+            elif step.key.is_leaf:
+                init.append(f"{step.attribute}={self.traced.construction.leaves[step.key.name].cls.__qualname__}")
             else:
-                raw = self.traced.raws[owner.key.name]
-                owners.append(f"{owner.attribute}=" + "\n".join(raw.statements))
-            owners += [f.statement for f in self.traced.follow_ups.get(owner.key, [])]
-        return "\n".join(code.forward_lines + owners)
+                init.append(f"{step.attribute}=" + "\n".join(self.traced.raws[step.key.name].statements))
+        return "\n".join(code.forward_lines + init)
+
+    def _init_steps(self, code: GroupCode) -> list[OwnerCode | list[FollowUp]]:
+        """What the subproblem's __init__ does, in the order the original does it (which keeps its random draws
+        in order): build each owner, run each follow-up statement; one loop's replays on several layers run
+        as one loop."""
+        steps: list[tuple[float, OwnerCode | FollowUp]] = [(o.order, o) for o in code.owners]
+        steps += [(f.order, f) for o in code.owners for f in self.traced.follow_ups.get(o.key, [])]
+        merged: list[OwnerCode | list[FollowUp]] = []
+        for _, step in sorted(steps, key=lambda s: s[0]):
+            if isinstance(step, OwnerCode):
+                merged.append(step)
+            elif step.loop is not None and merged and isinstance(merged[-1], list) and merged[-1][0].loop == step.loop:
+                merged[-1].append(step)
+            else:
+                merged.append([step])
+        return merged
+
+    def _follow_up_source(self, run: list[FollowUp], attributes: dict[Owner, str]) -> str:
+        """A follow-up statement on the subproblem's attributes; a replayed loop, over all its layers in `run`."""
+        first = run[0]
+        if first.loop is not None:
+            return first.loop.statement([(f.layers[0], f"self.{attributes[Owner.leaf(f.layers[0])]}") for f in run])
+        statement = first.statement
+        for layer in first.layers:
+            statement = _rename_self_attribute(statement, layer, attributes[Owner.leaf(layer)])
+        return statement
 
     def _params(self, pattern: Pattern) -> list[tuple[str, str, str]]:
         """(parameter name, owner attribute or "" for a free name of a raw owner, argument name), in the
@@ -329,9 +356,7 @@ class CodeWriter:
         lines = [f'"""{doc}"""', ""]
         params = ", ".join(["self"] + [p[0] for p in pattern.params])
         body = ["class Model(nn.Module):", f"    def __init__({params}):", "        super().__init__()"]
-        attributes = {o.key: o.attribute for o in first.owners}
-        for owner in first.owners:
-            body += [f"        {line}" for line in self._owner_lines(owner, pattern, attributes)]
+        body += [f"        {line}" for line in self._init_body(pattern)]
         inputs = ", ".join(["self"] + [("x" if len(first.input_nodes) == 1 else f"x{i}")
                                        for i in range(len(first.input_nodes))])
         body += ["", f"    def forward({inputs}):"] + [f"        {line}" for line in first.forward_lines]
@@ -339,7 +364,18 @@ class CodeWriter:
         lines += _imports_for("\n".join(body), self.traced.imports) + ["", ""] + body
         return "\n".join(lines) + "\n"
 
-    def _owner_lines(self, owner: OwnerCode, pattern: Pattern, attributes: dict[Owner, str]) -> list[str]:
+    def _init_body(self, pattern: Pattern) -> list[str]:
+        first = pattern.groups[0]
+        attributes = {o.key: o.attribute for o in first.owners}
+        lines = []
+        for step in self._init_steps(first):
+            if isinstance(step, list):
+                lines += self._follow_up_source(step, attributes).splitlines()
+            else:
+                lines += self._owner_lines(step, pattern)
+        return lines
+
+    def _owner_lines(self, owner: OwnerCode, pattern: Pattern) -> list[str]:
         if not owner.key.is_leaf:
             raw = self.traced.raws[owner.key.name]
             renamed = [_rename_self_attribute(s, raw.local, owner.attribute) for s in raw.statements]
@@ -357,13 +393,7 @@ class CodeWriter:
             positional = positional and default is _EMPTY
         if getattr(nn, leaf.cls.__name__, None) is not leaf.cls:
             raise UnsupportedModule(f"{leaf.cls.__qualname__} is not a public torch.nn layer")
-        lines = [f"self.{owner.attribute} = nn.{leaf.cls.__name__}({', '.join(args)})"]
-        for follow_up in self.traced.follow_ups.get(owner.key, []):
-            statement = follow_up.statement
-            for layer in follow_up.layers:
-                statement = _rename_self_attribute(statement, layer, attributes[Owner.leaf(layer)])
-            lines += statement.splitlines()
-        return lines
+        return [f"self.{owner.attribute} = nn.{leaf.cls.__name__}({', '.join(args)})"]
 
     def _input_functions(self, pattern: Pattern) -> list[str]:
         entries = []
