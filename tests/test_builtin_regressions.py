@@ -6,6 +6,8 @@
 3. leaky_relu with a non-default slope, in every spelling (keyword, positional, module, in-place), fused into
    a row kernel's epilogue or a pointwise kernel.
 4. aten.slice and aten.expand_as, which a level 3 decomposition writes (NetVLAD): a kernel, not a decline.
+5. Module state written in forward (VanillaRNN's `self.hidden.copy_(x)`): the kernel writes the attribute in
+   place; whole builtin runs of shrunk level 3 problems end with every subkernel in Triton.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from mkevolve.builtin.kernels.builders import Builder
 from mkevolve.builtin.kernels.calls import Call
 from mkevolve.builtin.kernels.ir import Input, Program
 from mkevolve.builtin.kernels.lower import FUNCTIONS
+from mkevolve.cli import main
 from mkevolve.problem import call_inputs, import_file, load_problem
+from mkevolve.run_layout import BEST
+from mkevolve.solution import Manifest
 
 ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
 TARGET = "cuda" if ON_GPU else "cpu"
@@ -563,3 +568,203 @@ def test_aten_slice_and_expand_as_get_a_kernel(case, tmp_path):
     args, body, inputs = ATEN_VIEWS[case]
     path = _write_problem(tmp_path, case, ATEN_VIEW_PROBLEM.format(args=args, body=body, inputs=inputs))
     _assert_all_variants_match(path, tmp_path)
+
+
+# --- 5. module state written in forward: VanillaRNN's hidden state (level 3) ------------------------------------
+
+# The subproblem a level 3 decomposition of 33_VanillaRNN writes: the hidden state is a plain tensor attribute
+# (not a buffer), overwritten with copy_ (broadcast when x0 has fewer dims) and read back through `.to`.
+HIDDEN_STATE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, batch_size, hidden_size, in_features, out_features):
+        super().__init__()
+        self.hidden = torch.randn((batch_size, hidden_size))
+        self.linear = nn.Linear(in_features, out_features)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x0, x1):
+        copy = self.hidden.copy_(x0)
+        getattr_out = x1.device
+        to = self.hidden.to(getattr_out)
+        cat = torch.cat((x1, to), dim=1)
+        linear = self.linear(cat)
+        tanh = self.tanh(linear)
+        return tanh
+
+
+def get_inputs():
+    return [torch.rand({x0_shape}), torch.rand(2, 4)]
+
+
+def get_init_inputs():
+    return [2, 8, 12, 8]
+"""
+
+
+@pytest.mark.parametrize("x0_shape", ["2, 8", "8"], ids=["same_shape", "broadcast"])
+def test_copy_into_a_tensor_attribute_writes_it_in_place(x0_shape, tmp_path):
+    """The kernel writes x0 into the caller's own self.hidden tensor (the caller sees it change, as in
+    PyTorch), and the cat after it reads the new values."""
+    path = _write_problem(tmp_path, "hidden_state", HIDDEN_STATE.format(x0_shape=x0_shape))
+    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "hidden_state_kernel"),
+                         prefix="generated")
+    torch.manual_seed(0)
+    reference = load_problem(path).model_cls(2, 8, 12, 8).to(DEVICE)
+    torch.manual_seed(0)
+    candidate = module.ModelNew(2, 8, 12, 8).to(DEVICE)
+    hidden = candidate.hidden
+    x0, x1 = torch.rand(*map(int, x0_shape.split(", ")), device=DEVICE), torch.rand(2, 4, device=DEVICE)
+    torch.testing.assert_close(candidate(x0, x1), reference(x0, x1), atol=1e-4, rtol=1e-4)
+    assert candidate.hidden is hidden and torch.equal(hidden, reference.hidden.to(DEVICE))
+
+
+WRITTEN_THEN_STALE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(4, 16))
+
+    def forward(self, x):
+        before = self.state * 2.0
+        self.state.copy_(x)
+        return before + self.state
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_read_of_the_old_state_after_it_is_overwritten_is_refused(tmp_path):
+    """`before` would be fused into the kernel that runs after the copy, and read the new values."""
+    path = _write_problem(tmp_path, "stale_state", WRITTEN_THEN_STALE)
+    with pytest.raises(UnsupportedSubproblem, match="overwritten in place"):
+        variant_count(path, TARGET)
+
+
+
+# NetVLAD's (level 3) training-mode batch norm, as its decomposition writes it: the int64 step counter is bumped
+# in place and never read. Nothing reads it in the forward, so it stays a dead state update, as the running
+# statistics do, instead of a write-back the float32 kernels cannot express.
+TRAINING_BATCH_NORM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, num_features):
+        super().__init__()
+        self.batchnorm1d = nn.BatchNorm1d(num_features)
+
+    def forward(self, x):
+        add = torch.ops.aten.add_.Tensor(self.batchnorm1d.num_batches_tracked, 1)
+        batch_norm = torch.ops.aten.batch_norm.default(x, self.batchnorm1d.weight, self.batchnorm1d.bias,
+            self.batchnorm1d.running_mean, self.batchnorm1d.running_var, True, 0.1, 1e-05, False)
+        return torch.ops.aten.softmax.int(batch_norm, 1)
+
+
+def get_inputs():
+    return [torch.randn(64, 8)]
+
+
+def get_init_inputs():
+    return [8]
+"""
+
+
+def test_a_counter_buffer_bumped_and_never_read_does_not_stop_the_kernel(tmp_path):
+    path = _write_problem(tmp_path, "training_batch_norm", TRAINING_BATCH_NORM)
+    _assert_all_variants_match(path, tmp_path)
+
+# Whole runs of the builtin agent on shrunk level 3 problems whose subproblems once ended as PyTorch code:
+# VanillaRNN's hidden-state copy, and minGPT's ReLU attention with its causal mask read from a buffer.
+VANILLA_RNN = """import torch
+import torch.nn as nn
+
+batch_size = 2
+
+
+class Model(nn.Module):
+    def __init__(self, input_size, hidden_size, output_size):
+        super().__init__()
+        self.hidden = torch.randn((batch_size, hidden_size))
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+        self.h2o = nn.Linear(hidden_size, output_size)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x, initial_hidden=None):
+        if initial_hidden is not None:
+            self.hidden.copy_(initial_hidden)
+        self.hidden = self.hidden.to(x.device)
+        combined = torch.cat((x, self.hidden), dim=1)
+        self.hidden = self.tanh(self.i2h(combined))
+        return self.h2o(self.hidden)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, 4), torch.rand(batch_size, 8)]
+
+
+def get_init_inputs():
+    return [4, 8, 4]
+"""
+
+RELU_SELF_ATTENTION = """import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, n_embd, n_head, max_seqlen):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.register_buffer("bias", torch.tril(torch.ones(max_seqlen, max_seqlen)).view(1, 1, max_seqlen, max_seqlen))
+        self.n_head = n_head
+        self.n_embd = n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.relu(att)
+        y = att @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+def get_inputs():
+    return [torch.rand(2, 6, 8)]
+
+
+def get_init_inputs():
+    return [8, 2, 8]
+"""
+
+
+LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LEVEL3_PROBLEMS))
+def test_builtin_agent_writes_every_subkernel_of_a_level3_problem(name, tmp_path, capsys):
+    path = _write_problem(tmp_path, name, LEVEL3_PROBLEMS[name])
+    out = tmp_path / "runs"
+    assert main(["run", str(path), "--out", str(out), "--iterations", "1", "--budget", "4", "--beam-width", "1",
+                 "--trials", "1", "--workers", "2"]) == 0
+    (run_dir,) = (out / name).iterdir()
+    subkernels = Manifest.read(run_dir / BEST).subkernels
+    assert {n: (e.origin, e.reason) for n, e in subkernels.items()} == {n: ("builtin", None) for n in subkernels}
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"all {len(subkernels)} subkernels in Triton"

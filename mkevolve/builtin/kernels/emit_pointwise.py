@@ -55,7 +55,7 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
     launcher_name = f"{name}_launch"
     launcher_args = ", ".join((["out"] if writes_into else []) + [a.name for a in tensor_args + scalar_args])
     frame = f"_broadcast_shape({', '.join(a.name + '.shape' for a in tensor_args)})"
-    alloc = ["shape = out.shape"] if writes_into else [
+    alloc = [*_CONTIGUOUS_TARGET, "shape = out.shape"] if writes_into else [
         f"shape = {frame}",
         f"out = torch.empty(shape, device={tensor_args[0].name}.device, dtype=torch.float32)"]
     strides = indexer.wrapper_lines("shape", {o.name: o.name for o in operands.values()})
@@ -71,6 +71,11 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
 '''
     return KernelSource(source, launcher, launcher_name, tensor_args + scalar_args, writes_into,
                         helper_sources(emitter.helpers), description=f"elementwise {ops}")
+
+
+# The kernel writes its output flat; a module tensor written in place is contiguous in every known problem.
+_CONTIGUOUS_TARGET = ["if not out.is_contiguous():",
+                      "    raise ValueError('the module tensor this kernel writes in place is not contiguous')"]
 
 
 def _autotune(variant: Variant) -> str:

@@ -106,7 +106,8 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
     kernels = list(sources.values())
     description = "; ".join(dict.fromkeys(k.description for k in kernels)) + f" [{chosen.name}]"
     check = main_block(analysis.problem.stem, analysis.work(), metric_for(analysis.uses_dot))
-    text = assemble(analysis.problem, kernels, forwards, description, check)
+    plain_attributes = list(dict.fromkeys(a for p in analysis.plans.values() for a in p.program.plain_attributes))
+    text = assemble(analysis.problem, kernels, forwards, description, check, plain_attributes)
     precision = chosen.precision if analysis.uses_dot else "none"
     return GeneratedKernel(text, precision, variant, description)
 

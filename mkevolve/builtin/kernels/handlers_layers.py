@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import nn
@@ -420,13 +421,28 @@ def _aten_slice(b: Builder, call: Call):
 
 
 def _expand_as(b: Builder, call: Call):
-    """x.expand_as(other): x.expand(other's sizes), literal where every config agrees on a dim."""
     x, other = call.arg(0, "input"), call.arg(1, "other")
     if not isinstance(x, Value) or not isinstance(other, Value):
         raise UnsupportedSubproblem("expand_as of a non-tensor")
+    return _expanded(b, x, other)
+
+
+def _expanded(b: Builder, x: Value, other: Value) -> Value:
+    """x.expand_as(other): x.expand(other's sizes), literal where every config agrees on a dim."""
     sizes = tuple(other.shapes[0][d] if len({s[d] for s in other.shapes}) == 1 else b.size(other, d)
                   for d in range(other.rank))
-    return b.view(x, "expand", (sizes,), call.shapes)
+    return b.view(x, "expand", (sizes,), other.shapes)
+
+
+def _copy(b: Builder, call: Call):
+    """`dst.copy_(src)` (and aten.copy): src broadcast to dst's shape, computed as a new value. The lowering
+    makes the in-place form write it back into dst (a module attribute: an Assign)."""
+    dst, src = call.arg(0, "input"), call.arg(1, "src")
+    if not isinstance(dst, Value) or not isinstance(src, Value):
+        raise UnsupportedSubproblem("copy_ between non-tensors")
+    if src.shapes != dst.shapes:
+        src = _expanded(b, src, dst)
+    return b.pw("identity", src)
 
 
 def _split_like(method: str) -> Handler:
@@ -481,7 +497,17 @@ def _getattr(b: Builder, call: Call):
         return x.rank
     if name in ("T", "mT"):
         return b.view(x, "transpose", (-2, -1), call.shapes) if x.rank >= 2 else x
+    if name in ("device", "dtype"):
+        return Placement(name)
     raise UnsupportedSubproblem(f"tensor attribute .{name}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`x.device` or `x.dtype`: only `.to(...)` may read it, which the lowering treats as the identity (the
+    dtype check keeps every result float32); any other use is refused as an operand of unknown type."""
+
+    attr: str
 
 
 def _math(fn: str) -> Handler:
@@ -523,7 +549,7 @@ FUNCTIONS: dict[str, Handler] = {
     "select": _view_method("select"), "slice": _aten_slice, "expand_as": _expand_as,
     "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
     "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
-    "dim": _dim, "ndimension": _dim,
+    "dim": _dim, "ndimension": _dim, "copy": _copy,
 }
 
 MODULES: dict[type, Handler] = {

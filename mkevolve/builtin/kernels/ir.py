@@ -244,6 +244,9 @@ class Program:
     outputs: object = None               # a Value, or a (nested) tuple of Values
     assigns: list[Assign] = field(default_factory=list)
     inputs: list[Input] = field(default_factory=list)
+    # Assign targets that are plain tensor attributes (neither parameters nor buffers), by path: Module.to
+    # leaves those behind, so ModelNew registers them as buffers to find them on its kernels' device.
+    plain_attributes: list[str] = field(default_factory=list)
 
     def add(self, value: Value) -> Value:
         value.id = len(self.values)
@@ -252,6 +255,10 @@ class Program:
 
     def output_values(self) -> list[Value]:
         return list(_flatten(self.outputs))
+
+    def assigned(self, path: str) -> Value | None:
+        """What the forward has written into `self.<path>` so far, or None."""
+        return next((a.value for a in self.assigns if a.target.path == path), None)
 
 
 def _flatten(spec) -> list[Value]:
@@ -262,9 +269,15 @@ def _flatten(spec) -> list[Value]:
 
 def is_integer(value: Value) -> bool:
     """An integer input, or a view of one."""
+    value = base_of(value)
+    return isinstance(value, Input) and value.integer
+
+
+def base_of(value: Value) -> Value:
+    """The tensor a chain of views starts from."""
     while isinstance(value, View):
         value = value.base
-    return isinstance(value, Input) and value.integer
+    return value
 
 
 def is_leaf(value: Value) -> bool:

@@ -13,8 +13,9 @@ from . import handlers_layers, handlers_math
 from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
-from .ir import Input, Program, Scalar, Value
-from .mutation import check_no_stale_alias, is_inplace_name, mutated_input, touches_caller_tensor
+from .ir import Assign, Input, Program, Scalar, Value, View, is_leaf
+from .mutation import (check_no_stale_alias, is_inplace_name, is_module_attribute, mutated_input,
+                       touches_caller_tensor)
 from .trace import INDEX_DTYPES, Trace
 
 FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS}
@@ -99,17 +100,29 @@ class _Lowering:
         return values[0]
 
     def _keep_mutations(self, nodes: list[fx.Node], order: dict[fx.Node, int], live: set[fx.Node]) -> set[fx.Node]:
-        """`y.relu_()` as a statement: its result is unused, yet it is live when `y` is read after it.
-        One on a forward input or a parameter stays dead, so _check_dead refuses the caller-visible mutation."""
-        module_of = self.trace.configs[0].model.get_submodule
+        """`y.relu_()` as a statement: its result is unused, yet it is live when `y` is read after it. One on
+        a plain tensor attribute (`self.hidden.copy_(x)`) is always live: its result is written back
+        (_write_back). One on a parameter or buffer nothing reads afterwards stays dead, as the running
+        statistics a training-mode batch norm updates do (BatchNorm's int64 `num_batches_tracked += 1`). One
+        on a forward input, or on a view of an attribute, stays dead, so _check_dead refuses the caller-visible
+        mutation."""
+        model = self.trace.configs[0].model
+        module_of = model.get_submodule
         changed = True
         while changed:      # a kept op makes its inputs live, which can keep an earlier in-place op
             changed = False
             for node in nodes:
                 mutated = None if node in live else mutated_input(node, module_of)
-                if mutated is None or touches_caller_tensor(mutated, module_of):
+                if mutated is None:
                     continue
-                if any(u in live and order[u] > order[node] for u in mutated.users):
+                attribute = is_module_attribute(mutated)
+                # fx gives each `self.state` in the source its own get_attr node: any of them reads the attribute
+                readers = [n for n in nodes if n.op == "get_attr" and n.target == mutated.target] if attribute \
+                    else [mutated]
+                read_later = (attribute or not touches_caller_tensor(mutated, module_of)) and any(
+                    u in live and order[u] > order[node] for reader in readers for u in reader.users)
+                plain_attribute = attribute and not _is_parameter_or_buffer(model, mutated.target)
+                if read_later or plain_attribute:
                     live |= _live([node])
                     changed = True
         return live
@@ -122,6 +135,27 @@ class _Lowering:
             return      # nothing mutated, or Python number arithmetic (`n += 1` rebinds, it mutates nothing)
         check_no_stale_alias(node, mutated, model.get_submodule, order, live)
         self.env[mutated] = self.env[node]
+        if is_module_attribute(mutated):
+            self._write_back(node, mutated.target, order, live)
+
+    def _write_back(self, node: fx.Node, path: str, order: dict[fx.Node, int], live: set[fx.Node]) -> None:
+        """`self.<path>.copy_(x)`: the caller sees the attribute change, so the program writes the op's result
+        into it (an Assign), and every read of `self.<path>` from here on, through any get_attr node, reads
+        the result; get_attr nodes taken earlier hold the same tensor, so they are rebound too."""
+        value = self.env[node]
+        if not isinstance(value, Value) or is_leaf(value) or isinstance(value, View):
+            raise UnsupportedSubproblem(f"{_describe(node)} changes the metadata of self.{path}, not its values; "
+                                        "the generated program cannot express that")
+        if self.program.assigned(path) is not None:
+            raise UnsupportedSubproblem(f"self.{path} is written twice in one forward")
+        self.program.assigns.append(Assign(self.builder.param(path, value.shapes), value))
+        model = self.trace.configs[0].model
+        if not _is_parameter_or_buffer(model, path):
+            self.program.plain_attributes.append(path)
+        for other in self.env:
+            if other.op == "get_attr" and other.target == path:
+                check_no_stale_alias(node, other, model.get_submodule, order, live)
+                self.env[other] = value
 
     def _check_dead(self, node: fx.Node) -> None:
         """An in-place op left dead (nothing reads the tensor it changes afterwards, or that tensor is the
@@ -233,7 +267,7 @@ class _Lowering:
         forward) are inlined when they hold one number."""
         if not node.target.startswith("_tensor_constant"):
             if isinstance(_resolve(self.trace.configs[0].model, node.target), torch.Tensor):
-                return self.builder.param(node.target, shapes)
+                return self.program.assigned(node.target) or self.builder.param(node.target, shapes)
             raise UnsupportedSubproblem(f"attribute {node.target} is not a tensor")
         values = {_constant_value(_resolve(c.graph_module, node.target)) for c in self.trace.configs}
         if len(values) == 1 and None not in values:
@@ -251,6 +285,12 @@ def _resolve(obj, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _is_parameter_or_buffer(model: nn.Module, path: str) -> bool:
+    owner, _, name = path.rpartition(".")
+    module = model.get_submodule(owner)
+    return name in module._parameters or name in module._buffers
 
 
 def _live(roots: list) -> set[fx.Node]:

@@ -39,6 +39,14 @@ def _broadcast_shape(*shapes):
     return tuple(out)
 
 
+def _as_buffer(module, name):
+    """A plain tensor attribute that forward writes in place becomes a non-persistent buffer, so that
+    Module.to moves it with the parameters and the kernel writing it finds it on its own device."""
+    tensor = getattr(module, name)
+    delattr(module, name)
+    module.register_buffer(name, tensor, persistent=False)
+
+
 def _group_sizes(shape, groups):
     """Number of positions in each group of merged dims."""
     sizes = []
@@ -254,9 +262,9 @@ class ModeForward:
 
 
 def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list[ModeForward],
-             description: str, main_block: str) -> str:
-    """The file: header, host helpers, kernels and launchers, the problem's support code, ModelNew, and
-    `main_block` (self_check.py)."""
+             description: str, main_block: str, plain_attributes: list[str]) -> str:
+    """The file: header, host helpers, kernels and launchers, the problem's support code, ModelNew (whose
+    __init__ makes `plain_attributes` buffers), and `main_block` (self_check.py)."""
     helpers = {**_definitions(HOST_HELPERS),
                **{name: text.rstrip() for k in kernels for name, text in sorted(k.helpers.items())}}
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
@@ -265,7 +273,7 @@ def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list
         body += [drop_unused_assignments(kernel.kernel.rstrip()), drop_unused_assignments(kernel.launcher.rstrip())]
     if support:
         body.append(support)
-    body += [_model_new(problem, forwards), main_block]
+    body += [_model_new(problem, forwards, plain_attributes), main_block]
     header = (f'"""Triton kernels for {problem.stem}: {description}."""\n\n'
               "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl")
     used = _used_helpers(helpers, "\n\n\n".join(body))
@@ -296,12 +304,15 @@ def _names(source: str) -> set[str]:
     return {node.id for node in ast.walk(parse_python(source)) if isinstance(node, ast.Name)}
 
 
-def _model_new(problem: ProblemSource, forwards: list[ModeForward]) -> str:
+def _model_new(problem: ProblemSource, forwards: list[ModeForward], plain_attributes: list[str]) -> str:
     args = ", ".join(["self"] + problem.forward_arg_names())
     call = ", ".join(problem.forward_arg_names())
     methods = []
     if problem.init is not None:
-        methods.append(ast.unparse(problem.init))
+        methods.append(ast.unparse(problem.init) + "".join(_as_buffer_line(p) for p in plain_attributes))
+    elif plain_attributes:
+        raise UnsupportedSubproblem(f"forward writes self.{plain_attributes[0]}, which Model has no __init__ of "
+                                    "its own to make a buffer in")
     if len(forwards) == 1:
         methods.append(f"def forward({args}):\n" + _body(forwards[0].lines))
     else:
@@ -314,6 +325,11 @@ def _model_new(problem: ProblemSource, forwards: list[ModeForward]) -> str:
         methods.append(f"def _forward_eval({args}):\n" + _body(evaluation.lines))
     body = "\n\n".join(_indent_block(m, 4) for m in methods)
     return f"class ModelNew({', '.join(problem.bases)}):\n{body}"
+
+
+def _as_buffer_line(path: str) -> str:
+    owner, _, name = path.rpartition(".")
+    return f"\n    _as_buffer({attribute(owner) if owner else 'self'}, {name!r})"
 
 
 def _body(lines: list[str]) -> str:

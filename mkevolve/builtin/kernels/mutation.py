@@ -82,6 +82,12 @@ def check_no_stale_alias(node: fx.Node, mutated: fx.Node, module_of: Callable[[s
                     f"is read afterwards by {user.name}; the generated program cannot express the aliasing")
 
 
+def is_module_attribute(node: fx.Node) -> bool:
+    """`self.<path>` itself (a parameter, buffer or plain tensor attribute), not a view of it: the lowering can
+    write an in-place op's result back into it."""
+    return node.op == "get_attr" and not node.target.startswith("_tensor_constant")
+
+
 def touches_caller_tensor(mutated: fx.Node, module_of: Callable[[str], nn.Module]) -> bool:
     """Whether `mutated` shares memory with a forward input or a parameter: mutating it is a side effect the
     caller sees, which the generated program (it writes new tensors only) does not reproduce."""

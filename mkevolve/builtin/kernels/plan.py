@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Attention, Gather, IndexMask, IntOp, Pointwise, Program, Reduce, Scalar, SizeOf, Value, View,
-                 is_integer, is_leaf)
+from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
+                 View, base_of, is_integer, is_leaf)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
@@ -21,18 +21,18 @@ class Plan:
 def plan(program: Program) -> Plan:
     _copy_leaf_outputs(program)
     materialized = _required_tensors(program)
+    targets = {a.value.id: a.target for a in program.assigns}
     while True:
-        formed = [_form(program.values[vid], materialized) for vid in sorted(materialized)]
+        formed = [_form(program.values[vid], materialized, targets.get(vid)) for vid in sorted(materialized)]
         conflicts = _conflicts(formed, materialized)
         if not conflicts:
             break
         materialized |= conflicts
     kernels = {state.kernel.root.id: state.kernel for state in formed}
-    targets = {a.value.id: a.target for a in program.assigns}
     ordered = [kernels[vid] for vid in sorted(kernels)]
     for kernel in ordered:
-        kernel.target = targets.get(kernel.root.id)
         _check_special_reads(kernel)
+        _check_no_read_after_write(kernel, ordered)
     return Plan(program, ordered, materialized)
 
 
@@ -45,6 +45,21 @@ def _check_special_reads(kernel: KernelPlan) -> None:
             raise UnsupportedSubproblem("an integer input is used other than as embedding/index_select/gather indices")
         if isinstance(leaf, IndexMask):
             raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
+
+
+def _check_no_read_after_write(writer: KernelPlan, kernels: list[KernelPlan]) -> None:
+    """A kernel that writes into a module tensor overwrites the old values in place. Kernels launched after
+    it must not read them (they would see the new ones), and it reads them only element for element."""
+    if writer.target is None:
+        return
+    for kernel in kernels:
+        if kernel.root.id < writer.root.id:
+            continue
+        for leaf in kernel.leaves:
+            if base_of(leaf) is writer.target and (kernel is not writer or leaf is not writer.target):
+                raise UnsupportedSubproblem(
+                    f"self.{writer.target.path} is overwritten in place, and a kernel launched at or after that "
+                    "write reads its old values (or reads it other than element for element)")
 
 
 def _copy_leaf_outputs(program: Program) -> None:
@@ -146,10 +161,10 @@ class _Forming:
     seen: set[int] = field(default_factory=set)
 
 
-def _form(root: Value, materialized: set[int]) -> _Forming:
+def _form(root: Value, materialized: set[int], target: Param | None) -> _Forming:
     anchored = isinstance(root, ANCHOR_TYPES)
     kind = kind_of_anchor(root) if anchored else POINTWISE
-    kernel = KernelPlan(root=root, kind=kind.name, anchor=root if anchored else None)
+    kernel = KernelPlan(root=root, kind=kind.name, anchor=root if anchored else None, target=target)
     state = _Forming(kernel, materialized, prefer_rows=_reaches_reduction(root, materialized))
     _visit(state, root)
     kernel.reductions.sort(key=lambda r: r.id)
@@ -185,7 +200,7 @@ def _visit(state: _Forming, value: Value) -> None:
             kernel.body.add(value.id)
             kernel.leaves.extend(o for o in value.operands() if o not in kernel.leaves)
             return
-        if (kernel.anchor is None and kernel.row is None and not state.prefer_rows
+        if (kernel.anchor is None and kernel.row is None and not state.prefer_rows and kernel.target is None
                 and value.shapes == kernel.root.shapes and kind_of_anchor(value).takes_epilogue):
             kernel.anchor, kernel.kind = value, kind_of_anchor(value).name
             kernel.body.add(value.id)
@@ -196,7 +211,8 @@ def _visit(state: _Forming, value: Value) -> None:
         return
     if isinstance(value, Reduce):
         space = RowSpace(value.base.shapes, value.dims)
-        if kernel.row is None and kernel.anchor is None and kernel.root.shapes in (space.shapes, space.reduced()):
+        if (kernel.row is None and kernel.anchor is None and kernel.target is None
+                and kernel.root.shapes in (space.shapes, space.reduced())):
             kernel.row, kernel.kind = space, ROWS.name
         if kernel.row != space:
             state.conflicts.add(value.id)

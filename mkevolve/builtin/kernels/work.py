@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ir import Input, Param, Shape, Value, View
+from .ir import Input, Param, Shape, Value, base_of
 from .plan import Plan
 from .registry import kind_of
 
@@ -31,7 +31,7 @@ def forward_work(plan: Plan) -> list[Work]:
     """One Work per input config of the subproblem, in the order of its get_input_configs()."""
     program = plan.program
     inputs = sorted(program.inputs, key=lambda i: i.index)
-    reads = [leaf for kernel in plan.kernels for leaf in kernel.leaves if isinstance(_base(leaf), (Input, Param))]
+    reads = [leaf for kernel in plan.kernels for leaf in kernel.leaves if isinstance(base_of(leaf), (Input, Param))]
     writes = program.output_values() + [a.target for a in program.assigns]
     configs = len(writes[0].shapes)
     return [Work(input_shapes=tuple(i.shapes[c] for i in inputs),
@@ -46,7 +46,7 @@ def _bytes(values: list[Value], config: int) -> int:
     bases: dict[int, Value] = {}
     views: dict[int, dict[int, Value]] = {}
     for value in values:
-        base = _base(value)
+        base = base_of(value)
         bases[base.id] = base
         views.setdefault(base.id, {})[value.id] = value
     total = 0
@@ -55,12 +55,6 @@ def _bytes(values: list[Value], config: int) -> int:
         read = sum(min(_numel(view, config), size) for view in views[base_id].values())
         total += min(read, size) * _itemsize(base)
     return total
-
-
-def _base(value: Value) -> Value:
-    while isinstance(value, View):
-        value = value.base
-    return value
 
 
 def _numel(value: Value, config: int) -> int:
