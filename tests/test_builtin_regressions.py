@@ -685,6 +685,7 @@ def test_a_counter_buffer_bumped_and_never_read_does_not_stop_the_kernel(tmp_pat
     path = _write_problem(tmp_path, "training_batch_norm", TRAINING_BATCH_NORM)
     _assert_all_variants_match(path, tmp_path)
 
+
 # Whole runs of the builtin agent on shrunk level 3 problems whose subproblems once ended as PyTorch code:
 # VanillaRNN's hidden-state copy, and minGPT's ReLU attention with its causal mask read from a buffer.
 VANILLA_RNN = """import torch
@@ -718,40 +719,8 @@ def get_init_inputs():
     return [4, 8, 4]
 """
 
-RELU_SELF_ATTENTION = """import math
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Model(nn.Module):
-    def __init__(self, n_embd, n_head, max_seqlen):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.register_buffer("bias", torch.tril(torch.ones(max_seqlen, max_seqlen)).view(1, 1, max_seqlen, max_seqlen))
-        self.n_head = n_head
-        self.n_embd = n_embd
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.relu(att)
-        y = att @ v
-        return y.transpose(1, 2).contiguous().view(B, T, C)
-
-
-def get_inputs():
-    return [torch.rand(2, 6, 8)]
-
-
-def get_init_inputs():
-    return [8, 2, 8]
-"""
+# minGPT's ReLU attention (level 3, problem 50), the causal mask read from a buffer.
+RELU_SELF_ATTENTION = (Path(__file__).parent / "fixtures" / "attention_small" / "relu_self_attention.py").read_text()
 
 
 LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION}
