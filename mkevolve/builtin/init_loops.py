@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 import copy
 import sys
-import textwrap
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,36 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mkevolve.builtin.construction import Construction, Owner
 from mkevolve.builtin.errors import UnsupportedModule
-from mkevolve.builtin.init_source import (FollowUp, InitSource, assigned_names, follow_up_free_names,
-                                          loaded_names, statement_place)
+from mkevolve.builtin.init_source import (ITEMS_OF_LAYER, LAYER_AS_ITEM, FollowUp, InitLoop, InitSource,
+                                          assigned_names, follow_up_free_names, loaded_names, statement_place)
 
-# How a subproblem lists one layer's items, per method the loop calls: a layer's own items, or the layer itself
-# as one item (a child of the top module).
-_ITEMS_OF_LAYER = {"modules": "{layer}.modules()", "named_modules": "{layer}.named_modules()",
-                   "parameters": "{layer}.parameters()", "named_parameters": "{layer}.named_parameters()"}
-_LAYER_AS_ITEM = {"children": "{layer}", "named_children": "({name!r}, {layer})"}
 # The names these give differ inside a subproblem ("0.weight" for "features.0.weight"): a body must not read them.
 _RELATIVE_NAMES = frozenset({"named_modules", "named_parameters"})
-
-
-@dataclass(frozen=True)
-class InitLoop:
-    """`for <target> in self.<held>(): <body>`, written again over the layers of one subproblem."""
-
-    target: str
-    held: str
-    body: str
-
-    def statement(self, layers: list[tuple[str, str]]) -> str:
-        """The loop over the items of `layers`, each (its path in the original, its source in the subproblem)."""
-        return f"for {self.target} in {self._items(layers)}:\n{textwrap.indent(self.body, '    ')}"
-
-    def _items(self, layers: list[tuple[str, str]]) -> str:
-        if self.held in _LAYER_AS_ITEM:
-            items = [_LAYER_AS_ITEM[self.held].format(layer=source, name=path) for path, source in layers]
-            return f"({', '.join(items)},)"
-        items = [_ITEMS_OF_LAYER[self.held].format(layer=source) for _, source in layers]
-        return items[0] if len(items) == 1 else f"[{', '.join('*' + i for i in items)}]"
 
 
 def loop_follow_ups(init_source: InitSource, model: nn.Module, construction: Construction,
@@ -77,7 +50,7 @@ def _parse(stmt: ast.stmt) -> InitLoop | None:
     """The loop, where `stmt` is a loop over self.<held>() whose body a subproblem can run item by item."""
     call = stmt.iter if isinstance(stmt, ast.For) else None
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-            and call.func.attr in _ITEMS_OF_LAYER.keys() | _LAYER_AS_ITEM.keys()
+            and call.func.attr in ITEMS_OF_LAYER.keys() | LAYER_AS_ITEM.keys()
             and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
         return None
     held = call.func.attr

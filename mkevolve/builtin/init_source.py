@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -15,9 +16,6 @@ from mkevolve.builtin.construction import Construction, LeafRecord, Owner, RawRe
 from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.builtin.values import literal_source, module_constants, same_value
 from mkevolve.pysource import parse_python
-
-if TYPE_CHECKING:
-    from mkevolve.builtin.init_loops import InitLoop
 
 
 def _assigns(stmt: ast.stmt, name: str) -> bool:
@@ -247,6 +245,33 @@ def imported_names(imports: tuple[str, ...]) -> set[str]:
             if isinstance(node, ast.alias):
                 names.add((node.asname or node.name).split(".")[0])
     return names
+
+
+# How a subproblem lists one layer's items, per method the loop calls: a layer's own items, or the layer itself
+# as one item (a child of the top module).
+ITEMS_OF_LAYER = {"modules": "{layer}.modules()", "named_modules": "{layer}.named_modules()",
+                  "parameters": "{layer}.parameters()", "named_parameters": "{layer}.named_parameters()"}
+LAYER_AS_ITEM = {"children": "{layer}", "named_children": "({name!r}, {layer})"}
+
+
+@dataclass(frozen=True)
+class InitLoop:
+    """`for <target> in self.<held>(): <body>`, written again over the layers of one subproblem."""
+
+    target: str
+    held: str
+    body: str
+
+    def statement(self, layers: list[tuple[str, str]]) -> str:
+        """The loop over the items of `layers`, each (its path in the original, its source in the subproblem)."""
+        return f"for {self.target} in {self._items(layers)}:\n{textwrap.indent(self.body, '    ')}"
+
+    def _items(self, layers: list[tuple[str, str]]) -> str:
+        if self.held in LAYER_AS_ITEM:
+            items = [LAYER_AS_ITEM[self.held].format(layer=source, name=path) for path, source in layers]
+            return f"({', '.join(items)},)"
+        items = [ITEMS_OF_LAYER[self.held].format(layer=source) for _, source in layers]
+        return items[0] if len(items) == 1 else f"[{', '.join('*' + i for i in items)}]"
 
 
 @dataclass(frozen=True)
