@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mkevolve.verify import reference
 from mkevolve.verify.correctness import KernelEvalRequest, evaluate_kernel
@@ -83,3 +84,38 @@ def test_no_room_for_references_is_an_unrun_check_not_a_verdict(tmp_path, monkey
     result = evaluate_kernel(request)
     assert result.status is Status.CRASHED
     assert result.reason.startswith(CANDIDATE_NOT_STARTED) and "reference cache" in result.reason
+
+
+# ---- outputs too large to keep are computed again ----------------------------------------------------------
+
+
+def _evaluate(problem: str, solution: Path, cache: Path):
+    return evaluate_kernel(KernelEvalRequest(problem_path=str(problem), solution_path=str(solution), trials=2,
+                                             timed=False, cache_dir=str(cache)))
+
+
+def test_large_outputs_are_not_kept_and_checks_still_decide(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "RECOMPUTED_OUTPUT_BYTES", 0)       # every output counts as large
+    honest = _evaluate(CORPUS / "problems" / "elementwise.py", CORPUS / "honest" / "elementwise.py", tmp_path)
+    assert honest.status is Status.OK, honest.reason
+    folders = [f for f in (tmp_path / "references").iterdir() if f.is_dir()]
+    assert len(folders) == 1
+    assert not list(folders[0].glob("*.ref.mkv")) and list(folders[0].glob("*.ref.recompute"))
+    assert list(folders[0].glob("*.in.mkv"))                           # the candidate still reads its inputs
+    wrong = _evaluate(CORPUS / "faults" / "problem.py", CORPUS / "faults" / "wrong_math.py", tmp_path)
+    assert wrong.status is Status.INCORRECT and wrong.failed_trial == 0
+
+
+def test_recomputed_outputs_equal_the_kept_ones(tmp_path, monkeypatch):
+    from mkevolve.problem import load_problem
+
+    problem = load_problem(CORPUS / "problems" / "elementwise.py")
+    kept = reference.reference_set(tmp_path / "kept", problem, 0, 0, False, torch.device("cpu"))
+    kept.ensure(["trial0"])
+    monkeypatch.setattr(reference, "RECOMPUTED_OUTPUT_BYTES", 0)
+    again = reference.reference_set(tmp_path / "again", problem, 0, 0, False, torch.device("cpu"))
+    (tmp_path / "again" / "references" / "salt").write_bytes((tmp_path / "kept" / "references" / "salt").read_bytes())
+    again.ensure(["trial0"])
+    assert again.recompute_mark("trial0").exists() and not again.outputs_file("trial0").exists()
+    expected, recomputed = kept.expected("trial0"), again.expected("trial0")
+    assert len(expected) == len(recomputed) and all(torch.equal(a, b) for a, b in zip(expected, recomputed))

@@ -4,7 +4,8 @@ For each (problem, seed, mode, input config, device) there is one folder:
 
     <cache>/references/<key>/init.mkv            the constructor's arguments
     <cache>/references/<key>/<set>.in.mkv        one input set ("trial0", "time1", ...)
-    <cache>/references/<key>/<set>.ref.mkv       the reference Model's outputs on it
+    <cache>/references/<key>/<set>.ref.mkv       the reference Model's outputs on it, or
+    <cache>/references/<key>/<set>.ref.recompute where they are too large to keep (RECOMPUTED_OUTPUT_BYTES)
 
 Input sets are drawn with seeds derived from a secret salt kept beside the cache, so a candidate
 cannot reproduce them in `__init__` and precompute its answers; the weights still come from the run's
@@ -15,7 +16,8 @@ imported, and the reference outputs never leave the trusted side.
 Everything here can be computed again, so the cache is bounded by the disk it is on: before a set is
 written, folders no check has started on for a while are evicted, least recently used first, until the set
 fits with DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a
-ReferenceSpaceError that says how much was needed and where.
+ReferenceSpaceError that says how much was needed and where. Outputs larger than RECOMPUTED_OUTPUT_BYTES are
+not written at all: the trusted process computes them again from the stored inputs when a check reads them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ DISK_RESERVE_BYTES = 4 << 30
 # Seconds since a check last started on a folder after which it may be evicted: three times an
 # evaluation's default time limit (300 s), so no check that could still read it is alive.
 STALE_AFTER_S = 900.0
+# Reference outputs larger than this (bytes) are computed again by the trusted process whenever a check reads
+# them, from the set's stored inputs, instead of being kept: on the GPU the forward takes milliseconds where
+# reading gigabytes back takes seconds, and the disk holds the inputs alone (a full-size SqueezeNet fire
+# module: 0.1 GB of input against 4.3 GB of output per set).
+RECOMPUTED_OUTPUT_BYTES = EXPECTED_CACHE_BYTES
+_RECOMPUTE_MARK = ".ref.recompute"
+# The reference Model of the last folder whose outputs this process computed again, by (folder, device):
+# one at a time, since a full-size model can hold gigabytes of weights.
+_recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
 _USED_FILE = ".used"          # its mtime: when a check last started on the folder
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
 
@@ -80,6 +91,12 @@ class ReferenceSet:
     def outputs_file(self, name: str) -> Path:
         return self.folder / f"{name}.ref.mkv"
 
+    def recompute_mark(self, name: str) -> Path:
+        return self.folder / f"{name}{_RECOMPUTE_MARK}"
+
+    def _done(self, name: str) -> bool:
+        return self.outputs_file(name).exists() or self.recompute_mark(name).exists()
+
     def ensure(self, names: list[str]) -> None:
         """Compute whatever input sets are missing, with one reference Model built for all of them."""
         config = self.problem.configs[self.config_index]
@@ -87,14 +104,14 @@ class ReferenceSet:
         (self.folder / _USED_FILE).touch()
         if not self.init_file.exists():
             _write_atomic_values(self.init_file, init)
-        if all(self.outputs_file(name).exists() for name in names):
+        if all(self._done(name) for name in names):
             return
         # Once even when several workers ask at the same moment (the first candidates of a beam step
         # all need the same sets): the first takes the folder's lock and computes, the others wait and
         # find the files. Released when the file closes, or when this process dies.
         with open(self.folder / _LOCK_FILE, "a") as lock:
             lock_file(lock)
-            self._compute([name for name in names if not self.outputs_file(name).exists()], config, init)
+            self._compute([name for name in names if not self._done(name)], config, init)
 
     def _compute(self, missing: list[str], config, init: list) -> None:
         if not missing:
@@ -105,13 +122,20 @@ class ReferenceSet:
             inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
             with torch.no_grad():
                 outputs = flatten_outputs(model(*clone_values(inputs)))
-            make_room(self.folder, _nbytes(inputs) + _nbytes(outputs), f"{self.problem.path.name} set {name}")
+            keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
+            needed = _nbytes(inputs) + (_nbytes(outputs) if keep_outputs else 0)
+            make_room(self.folder, needed, f"{self.problem.path.name} set {name}")
             _write_atomic_values(self.inputs_file(name), inputs)
-            _write_atomic_values(self.outputs_file(name), outputs)
+            if keep_outputs:
+                _write_atomic_values(self.outputs_file(name), outputs)
+            else:
+                self.recompute_mark(name).touch()   # last: the set is complete once it exists
 
     def expected(self, name: str) -> list:
         """The reference outputs of one input set, kept in this (trusted) process for later candidates."""
         path = self.outputs_file(name)
+        if not path.exists() and self.recompute_mark(name).exists():
+            return self._recompute(name)
         stat = path.stat()
         key = (str(path), stat.st_mtime_ns, stat.st_size, str(self.device))
         if stat.st_size > EXPECTED_CACHE_BYTES:
@@ -124,6 +148,21 @@ class ReferenceSet:
                 del _expected[oldest], _expected_bytes[oldest]
         _expected.move_to_end(key)
         return _expected[key]
+
+    def _recompute(self, name: str) -> list:
+        """The outputs of a set kept without them: the reference Model again, on the inputs the candidate got."""
+        key = (str(self.folder), str(self.device))
+        model = _recompute_models.get(key)
+        if model is None:
+            _recompute_models.clear()
+            config = self.problem.configs[self.config_index]
+            init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
+            model = build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device,
+                                self.eval_mode)
+            _recompute_models[key] = model
+        inputs = wire.read_values(self.inputs_file(name), self.device)
+        with torch.no_grad():
+            return flatten_outputs(model(*clone_values(inputs)))
 
     def _input_seed(self, name: str) -> int:
         text = f"{self.seed}/{self.eval_mode}/{self.config_index}/{name}".encode()
