@@ -29,9 +29,10 @@ Lanes: with --lanes N, N problems run at once on the one GPU. Their untimed work
 section, the runs' own and this script's rounds, takes the GPU's lock alone (mkevolve/workers/gpu_share.py),
 so no timing overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB) 3 or 4 lanes ran
 well; 6 full-size level 3 models at once lost the machine. Lanes share the disk too: the verifier's
-reference sets of full-size level 3 convolution models take tens of GB each (SqueezeNet's fire module
+reference sets of full-size level 3 convolution models took tens of GB each (SqueezeNet's fire module
 alone: 4.3 GB of output per input set), and 2 lanes (ResNet18 beside SqueezeNet) filled the machine's
-64 GB. Run those one at a time; whether SqueezeNet's sets fit that disk even alone is not measured.
+64 GB. Outputs over 1 GiB are now computed again instead of kept (mkevolve/verify/reference.py); what
+those models take since is not yet measured, so run them one at a time.
 
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
