@@ -108,6 +108,11 @@ class _Lowering:
         mutation."""
         model = self.trace.configs[0].model
         module_of = model.get_submodule
+        # fx gives each `self.state` in the source its own get_attr node: any of them reads the attribute
+        attribute_reads: dict[str, list[fx.Node]] = {}
+        for node in nodes:
+            if node.op == "get_attr":
+                attribute_reads.setdefault(node.target, []).append(node)
         changed = True
         while changed:      # a kept op makes its inputs live, which can keep an earlier in-place op
             changed = False
@@ -116,9 +121,7 @@ class _Lowering:
                 if mutated is None:
                     continue
                 attribute = is_module_attribute(mutated)
-                # fx gives each `self.state` in the source its own get_attr node: any of them reads the attribute
-                readers = [n for n in nodes if n.op == "get_attr" and n.target == mutated.target] if attribute \
-                    else [mutated]
+                readers = attribute_reads[mutated.target] if attribute else [mutated]
                 read_later = (attribute or not touches_caller_tensor(mutated, module_of)) and any(
                     u in live and order[u] > order[node] for reader in readers for u in reader.users)
                 plain_attribute = attribute and not _is_parameter_or_buffer(model, mutated.target)
