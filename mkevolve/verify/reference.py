@@ -219,11 +219,8 @@ def make_room(folder: Path, needed: int, what: str) -> None:
 def _stale_folders(references_dir: Path, keep: Path) -> list[Path]:
     """Folders no check has started on for STALE_AFTER_S, least recently used first."""
     cutoff = time.time() - STALE_AFTER_S
-    used = []
-    for folder in references_dir.iterdir():
-        if folder != keep and folder.is_dir() and _last_used(folder) < cutoff:
-            used.append((_last_used(folder), folder))
-    return [folder for _, folder in sorted(used)]
+    used = [(_last_used(folder), folder) for folder in references_dir.iterdir() if folder != keep and folder.is_dir()]
+    return [folder for last, folder in sorted(used) if last < cutoff]
 
 
 def _last_used(folder: Path) -> float:
