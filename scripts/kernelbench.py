@@ -25,9 +25,10 @@ median time of the problems finished so far (this part's and earlier parts'). Th
 always starts. A step that runs into the limit is killed; it is retried at the start of the next part,
 unless it already had a whole part to itself, in which case the problem is recorded as over the limit.
 
-Lanes: with --lanes N, N problems run at once on the one GPU. Their untimed work shares it; every timed
-section, the runs' own and this script's rounds, takes the GPU's lock alone (mkevolve/workers/gpu_share.py),
-so no timing overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB) 3 or 4 lanes ran
+Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
+its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
+own and this script's rounds, takes that GPU's lock alone (mkevolve/workers/gpu_share.py), so no timing
+overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB) 3 or 4 lanes ran
 well; 6 full-size level 3 models at once lost the machine. Lanes share the disk too: the verifier's
 reference sets of full-size level 3 convolution models took tens of GB each (SqueezeNet's fire module
 alone: 4.3 GB of output per input set), and 2 lanes (ResNet18 beside SqueezeNet) filled the machine's
@@ -372,9 +373,10 @@ def run_step(command: list[str], log: Path, timeout_s: float, env: dict | None =
     return Step(code, time.monotonic() - started, log)
 
 
-def child_env() -> dict:
+def child_env(gpu: int | None = None) -> dict:
     """The repository on the path (the GPU machine runs from a checkout), the Triton interpreter where there is
-    no GPU (it must be set before Triton decorates a kernel), and the GPU's lock where there is one."""
+    no GPU (it must be set before Triton decorates a kernel), and the GPU's lock where there is one: `gpu`'s
+    alone when given (the child then sees only that GPU), else GPU 0's."""
     import torch
 
     from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
@@ -382,11 +384,23 @@ def child_env() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
+    elif gpu is not None:
+        # The run's workers and this script's timing see only this GPU and share its lock: with --lanes,
+        # timed runs of one problem never overlap another problem's work on the same GPU.
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env[LOCK_ENV] = lock_path(gpu)
     else:
-        # The timing takes GPU 0's lock alone, the one the runs' workers share: with --lanes, timed runs of
-        # one problem never overlap another problem's work.
         env[LOCK_ENV] = lock_path(0)
     return env
+
+
+def lane_gpus() -> list[int]:
+    """Physical indices of the GPUs the lanes take in turn; empty without CUDA."""
+    import torch
+
+    from mkevolve.workers.executor import visible_gpus
+
+    return visible_gpus() if torch.cuda.is_available() else []
 
 
 def last_line(log: Path) -> str:
@@ -403,7 +417,8 @@ def find_run_dir(log: Path, parent: Path) -> Path | None:
     return runs[-1].parent if runs else None
 
 
-def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, settings: Settings) -> Row | None:
+def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, settings: Settings,
+                  gpu: int | None) -> Row | None:
     """Run (unless an earlier part did) and time one problem. Returns None when the run was cut by the
     deadline and deserves another try; a Row with finished=False when only the timing is left to do."""
     path = settings.kernelbench / key
@@ -418,7 +433,7 @@ def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, 
                    "--iterations", str(settings.iterations), "--budget", str(settings.budget),
                    "--out", str(runs_parent), *settings.run_args]
         step = run_step(command, settings.work / "logs" / f"{level}_{stem}.run.log",
-                        deadline - time.monotonic(), child_env())
+                        deadline - time.monotonic(), child_env(gpu))
         if step.exit_code is None and not whole_part:
             return None
         ran_now = True
@@ -434,7 +449,7 @@ def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, 
         if step.exit_code is None:
             row.note = f"mkevolve run stopped at the part's time limit after {step.seconds:.0f} s. {row.note}".strip()
     if row.correct and row.exit_code is not None and row.measure_s is None:
-        timed_out = pack_and_measure(row, path, settings, deadline)
+        timed_out = pack_and_measure(row, path, settings, deadline, gpu)
         if timed_out and (ran_now or not whole_part):
             return row          # finished=False: the next part times it, with the whole part to itself
         if timed_out:
@@ -444,14 +459,14 @@ def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, 
     return row
 
 
-def pack_and_measure(row: Row, problem_path: Path, settings: Settings, deadline: float) -> bool:
+def pack_and_measure(row: Row, problem_path: Path, settings: Settings, deadline: float, gpu: int | None) -> bool:
     """Pack best/ into one file and time it in a fresh process (a crash there costs this row its timing,
     not the benchmark; and the GPU memory is returned). True when the deadline cut it."""
     name = row.problem.replace("/", "_").removesuffix(".py")
     packed = settings.work / "packed" / f"{name}.py"
     packed.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    env = child_env()
+    env = child_env(gpu)
     step = run_step([sys.executable, "-m", "mkevolve", "pack", str(Path(row.run_dir) / "best"), "-o", str(packed)],
                     settings.work / "logs" / f"{name}.pack.log", deadline - time.monotonic(), env)
     if step.exit_code is None:
@@ -488,13 +503,14 @@ def fits(elapsed_s: float, durations_s: list[float], limit_s: float) -> bool:
     return not durations_s or elapsed_s + statistics.median(durations_s) <= limit_s
 
 
-SolveFn = Callable[[str, "Row | None", float, bool], "Row | None"]
+SolveFn = Callable[[str, "Row | None", float, bool, int], "Row | None"]     # ..., whole_part, lane
 
 
 def run_part(problems: list[str], results: Results, limit_s: float, solve: SolveFn, save: Callable[[], None],
              now: Callable[[], float] = time.monotonic, lanes: int = 1) -> list[str]:
     """Solve unfinished problems in order, `lanes` at a time, until the next would not fit or a step was cut
-    at the deadline; returns the problems started. Each lane's first problem always starts."""
+    at the deadline; returns the problems started. Each lane's first problem always starts. `solve` is told
+    which lane (0 to lanes - 1) it runs in."""
     start = now()
     queue = [k for k in problems if not (k in results.rows and results.rows[k].finished)]
     started: list[str] = []
@@ -516,10 +532,10 @@ def run_part(problems: list[str], results: Results, limit_s: float, solve: Solve
             print(f"[{elapsed:5.0f} s] {key}", flush=True)
             return key
 
-    def lane() -> None:
+    def lane(index: int) -> None:
         first = True
         while (key := take(first)) is not None:
-            row = solve(key, results.rows.get(key), start + limit_s, first)
+            row = solve(key, results.rows.get(key), start + limit_s, first, index)
             first = False
             with lock:
                 if row is not None:
@@ -530,7 +546,7 @@ def run_part(problems: list[str], results: Results, limit_s: float, solve: Solve
                     print(f"        {key}: stopped at the time limit; the next part goes on from here", flush=True)
                     cut.set()
 
-    threads = [threading.Thread(target=lane, name=f"lane{i}") for i in range(max(1, lanes))]
+    threads = [threading.Thread(target=lane, args=(i,), name=f"lane{i}") for i in range(max(1, lanes))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -607,7 +623,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-args", default="", metavar="ARGS",
                         help="more flags for mkevolve run, one string after '=': --run-args='--eval --workers 4'")
     parser.add_argument("--lanes", type=int, default=1,
-                        help="problems run at once on the GPU; their timed sections take turns (the GPU lock)")
+                        help="problems run at once, spread over the visible GPUs; on one GPU their timed sections "
+                             "take turns (the GPU lock)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="alternating timing rounds of eager, torch.compile and the solution")
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
@@ -652,8 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     anchors = read_anchors(settings.kernelbench)
     problems = select_problems(settings.kernelbench, args.problems)
 
-    def solve(key: str, row: Row | None, deadline: float, whole_part: bool) -> Row | None:
-        row = solve_problem(key, row, deadline, whole_part, settings)
+    gpus = lane_gpus()
+
+    def solve(key: str, row: Row | None, deadline: float, whole_part: bool, lane: int) -> Row | None:
+        row = solve_problem(key, row, deadline, whole_part, settings, gpus[lane % len(gpus)] if gpus else None)
         if row is not None and key in anchors:
             row.anchor_eager_ms, row.anchor_compile_ms = anchors[key]["eager_ms"], anchors[key]["compile_ms"]
         return row
@@ -662,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path),
                        lanes=args.lanes)
     results.meta.setdefault("parts", []).append({"date": here["date"], "gpu": here["gpu"], "problems": started,
-                                                 "lanes": args.lanes,
+                                                 "lanes": args.lanes, "gpus": len(gpus),
                                                  "wall_s": round(time.monotonic() - part_started, 1)})
     results.save(results_path)
     left = [k for k in problems if k not in results.rows or not results.rows[k].finished]

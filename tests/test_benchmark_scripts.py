@@ -90,7 +90,7 @@ def test_resume_skips_finished_problems(tmp_path):
     results.save(path)
     calls = []
 
-    def solve(key, row, deadline, whole_part):
+    def solve(key, row, deadline, whole_part, lane):
         calls.append((key, row, whole_part))
         return kb.Row(key, finished=True, wall_s=20.0)
 
@@ -105,7 +105,7 @@ def test_resume_times_a_problem_whose_run_finished():
     pending = kb.Row("level2/a.py", run_dir="/runs/a", exit_code=0, correct=True, run_s=100.0)
     results = results_with([pending])
     seen = []
-    kb.run_part(["level2/a.py"], results, 540, lambda k, row, d, whole: seen.append(row) or
+    kb.run_part(["level2/a.py"], results, 540, lambda k, row, d, whole, lane: seen.append(row) or
                 kb.Row(k, finished=True), lambda: None)
     assert seen == [pending]
 
@@ -118,7 +118,7 @@ def test_time_limit_rule():
     clock = [0.0]
     results = results_with([kb.Row(f"done{i}", finished=True, wall_s=100.0) for i in range(3)])
 
-    def solve(key, row, deadline, whole_part):
+    def solve(key, row, deadline, whole_part, lane):
         assert deadline == 250                     # the part's start (0) plus the limit
         clock[0] += 100                            # each problem takes 100 s
         return kb.Row(key, finished=True, wall_s=100.0)
@@ -131,7 +131,7 @@ def test_first_problem_of_a_part_always_starts_and_a_cut_run_stops_the_part():
     results = results_with([kb.Row("slow", finished=True, wall_s=1000.0)])
     seen = []
 
-    def solve(key, row, deadline, whole_part):
+    def solve(key, row, deadline, whole_part, lane):
         seen.append((key, whole_part))
         return None                                # cut at the deadline: retried in the next part
 
@@ -144,15 +144,29 @@ def test_lanes_solve_problems_at_once_and_each_lanes_first_problem_is_a_whole_pa
     both_in = threading.Barrier(2, timeout=10)     # breaks (and fails solve) unless two run at the same time
     seen = []
 
-    def solve(key, row, deadline, whole_part):
+    def solve(key, row, deadline, whole_part, lane):
         if key in ("p1", "p2"):
             both_in.wait()
         seen.append((key, whole_part))
+        lanes_of[key] = lane
         return kb.Row(key, finished=True, wall_s=1.0)
 
+    lanes_of = {}
     started = kb.run_part(["p1", "p2", "p3"], results, 540, solve, lambda: None, lanes=2)
     assert sorted(started) == ["p1", "p2", "p3"] and set(results.rows) == {"p1", "p2", "p3"}
     assert sorted(seen)[:2] == [("p1", True), ("p2", True)] and ("p3", False) in seen
+    assert {lanes_of["p1"], lanes_of["p2"]} == {0, 1}      # the two at once ran in different lanes
+
+
+def test_a_lanes_child_sees_only_its_gpu_and_takes_that_gpus_lock(monkeypatch):
+    from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    env = kb.child_env(1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env[LOCK_ENV] == lock_path(1)
+    assert kb.child_env()[LOCK_ENV] == lock_path(0)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert kb.child_env(1)["TRITON_INTERPRET"] == "1"
 
 
 def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
@@ -161,7 +175,7 @@ def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
     both_in = threading.Barrier(2, timeout=10)
     seen = []
 
-    def solve(key, row, deadline, whole_part):
+    def solve(key, row, deadline, whole_part, lane):
         seen.append(key)
         both_in.wait()
         if key == "p1":
