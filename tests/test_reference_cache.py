@@ -1,6 +1,6 @@
-"""The reference cache stays within its disk: stale folders go first, busy ones stay, and a set that cannot
-fit stops the check with a clear reason instead of filling the disk (full-size problems write gigabytes
-per input set)."""
+"""The reference cache stays within its disk: folders no check is using go first, least recently used, busy
+ones stay, and a set that cannot fit stops the check with a clear reason instead of filling the disk
+(full-size problems write gigabytes per input set)."""
 
 import fcntl
 import os
@@ -45,20 +45,20 @@ def disk(monkeypatch):
     return state
 
 
-def test_make_room_evicts_least_recently_used_stale_folders_only(tmp_path, disk):
-    old = make_folder(tmp_path, "old", reference.STALE_AFTER_S * 3)
-    older = make_folder(tmp_path, "older", reference.STALE_AFTER_S * 4)
-    fresh = make_folder(tmp_path, "fresh", 5)
-    current = make_folder(tmp_path, "current", reference.STALE_AFTER_S * 9)   # the one being written
+def test_make_room_evicts_least_recently_used_folders_first(tmp_path, disk):
+    old = make_folder(tmp_path, "old", 30)
+    older = make_folder(tmp_path, "older", 40)
+    current = make_folder(tmp_path, "current", 90)                   # the one being written
     disk["base"] = reference.DISK_RESERVE_BYTES
     reference.make_room(current, GIB, "p.py set trial0")         # one eviction is enough
     assert disk["evicted"] == ["older"]
-    assert old.exists() and fresh.exists() and current.exists()
+    assert old.exists() and current.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "old"]   # nothing left of the evicted one
 
 
 def test_make_room_keeps_a_folder_whose_sets_are_being_computed(tmp_path, disk):
-    busy = make_folder(tmp_path, "busy", reference.STALE_AFTER_S * 2)
-    idle = make_folder(tmp_path, "idle", reference.STALE_AFTER_S * 2 - 1)
+    busy = make_folder(tmp_path, "busy", 20)
+    idle = make_folder(tmp_path, "idle", 10)
     disk["base"] = reference.DISK_RESERVE_BYTES
     with open(busy / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)                           # another process computing its sets
@@ -66,14 +66,45 @@ def test_make_room_keeps_a_folder_whose_sets_are_being_computed(tmp_path, disk):
     assert busy.exists() and not idle.exists()
 
 
-def test_a_set_that_cannot_fit_is_a_clear_error_and_fresh_folders_stay(tmp_path, disk):
-    fresh = make_folder(tmp_path, "fresh", 5)
-    stale = make_folder(tmp_path, "stale", reference.STALE_AFTER_S * 2)
+def test_a_folder_a_check_is_using_is_never_evicted_however_old(tmp_path, disk):
+    from mkevolve.problem import load_problem
+
+    problem = load_problem(CORPUS / "problems" / "elementwise.py")
+    used = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
+    with used.in_use():
+        disk["base"] = 100 * GIB
+        used.ensure(["trial0"])
+        os.utime(used.folder / ".used", (0, 0))                     # the least recently used of all
+        make_folder(tmp_path / "references", "idle", 10)
+        disk["base"] = reference.DISK_RESERVE_BYTES
+        with pytest.raises(reference.ReferenceSpaceError):
+            reference.make_room(tmp_path / "references" / "new", 2 * GIB, "p.py set trial0")
+        assert disk["evicted"] == ["idle"] and used.expected("trial0")   # its files are all still there
+    reference.make_room(tmp_path / "references" / "new", 2 * GIB, "p.py set trial0")   # released: it may go
+    assert disk["evicted"] == ["idle", used.folder.name]
+
+
+def test_a_check_arriving_after_an_eviction_makes_the_folder_again(tmp_path):
+    from mkevolve.problem import load_problem
+
+    problem = load_problem(CORPUS / "problems" / "elementwise.py")
+    first = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
+    with first.in_use():
+        first.ensure(["trial0"])
+    reference._evict(first.folder)
+    assert not first.folder.exists()
+    with first.in_use():                                            # the same key, as the next check builds it
+        first.ensure(["trial0"])
+        assert first.outputs_file("trial0").exists()
+
+
+def test_a_set_that_cannot_fit_is_a_clear_error_and_idle_folders_go_first(tmp_path, disk):
+    idle = make_folder(tmp_path, "idle", 5)
     with pytest.raises(reference.ReferenceSpaceError) as raised:
         reference.make_room(tmp_path / "new", 3 * GIB, "fire.py set time1")
     message = str(raised.value)
     assert "3.0 GiB needed for fire.py set time1" in message and "MKEVOLVE_CACHE" in message
-    assert fresh.exists() and not stale.exists()
+    assert not idle.exists()
 
 
 def test_no_room_for_references_is_an_unrun_check_not_a_verdict(tmp_path, monkeypatch):

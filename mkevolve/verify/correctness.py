@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,20 +117,23 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                         prefix=f"config{index}_")
              for index in range(len(problem.configs))]
     root = cache_root(request.cache_dir)
-    with _phase(errors, "reference"):
-        references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
-                      for i in range(len(problem.configs))]
-        for reference, plan in zip(references, plans):
-            reference.ensure(plan.set_names())
-    with scratch_folder("mkevolve-candidate-") as scratch:
-        with _phase(errors, "candidate"):
-            report = run_candidate_process(request, references, plans, Path(scratch), device())
-        errors.phases.update({f"candidate.{name}": seconds for name, seconds in report.phases.items()})
-        with _phase(errors, "judge"):
-            result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
-    if result.passed and timed:
-        with _phase(errors, "baseline"):
-            _add_timing(problem, request, references, report, result)
+    references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
+                  for i in range(len(problem.configs))]
+    with ExitStack() as held:                  # no eviction takes a reference file until the verdict and timing
+        for reference in references:
+            held.enter_context(reference.in_use())
+        with _phase(errors, "reference"):
+            for reference, plan in zip(references, plans):
+                reference.ensure(plan.set_names())
+        with scratch_folder("mkevolve-candidate-") as scratch:
+            with _phase(errors, "candidate"):
+                report = run_candidate_process(request, references, plans, Path(scratch), device())
+            errors.phases.update({f"candidate.{name}": seconds for name, seconds in report.phases.items()})
+            with _phase(errors, "judge"):
+                result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
+        if result.passed and timed:
+            with _phase(errors, "baseline"):
+                _add_timing(problem, request, references, report, result)
     return result
 
 

@@ -20,7 +20,7 @@ from mkevolve.problem import load_problem
 from mkevolve.verify import harness
 from mkevolve.verify.candidate_run import (candidate_triton_cache, read_signed_report, scratch_folder,
                                           start_candidate)
-from mkevolve.verify.reference import cache_root, reference_set
+from mkevolve.verify.reference import ReferenceSet, cache_root, reference_set
 from mkevolve.verify.result import Rejected
 from mkevolve.workers.gpu_share import gpu_alone
 
@@ -48,7 +48,13 @@ def profile_subkernels(problem_path: str, solution_path: str, seed: int = 0, eva
         return None
     problem = load_problem(problem_path)
     reference = reference_set(cache_root(), problem, 0, seed, eval_mode, torch.device("cuda"))
-    reference.ensure([_INPUT_SET])
+    with reference.in_use():
+        reference.ensure([_INPUT_SET])
+        return _profile(reference, solution_path, seed, eval_mode, runs, timeout_s)
+
+
+def _profile(reference: ReferenceSet, solution_path: str, seed: int, eval_mode: bool, runs: int,
+             timeout_s: float) -> SubkernelProfile | None:
     key = secrets.token_bytes(32)
     request = harness.CandidateRequest(
         solution=str(Path(solution_path).resolve()), candidate_dir=str(Path(solution_path).resolve().parent),

@@ -14,9 +14,11 @@ salt nor this folder: its harness loads the input files it is called with before
 imported, and the reference outputs never leave the trusted side.
 
 Everything here can be computed again, so the cache is bounded by the disk it is on: before a set is
-written, folders no check has started on for a while are evicted, least recently used first, until the set
-fits with DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a
-ReferenceSpaceError that says how much was needed and where. Outputs larger than RECOMPUTED_OUTPUT_BYTES are
+written, folders that no check is using are evicted, least recently used first, until the set fits with
+DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a ReferenceSpaceError that says
+how much was needed and where. A check holds its folders (`in_use`) from computing the sets to timing the
+baseline, so an eviction never takes files from under it; a folder evicted between two checks is computed
+again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are
 not written at all: the trusted process computes them again from the stored inputs when a check reads them.
 """
 
@@ -27,10 +29,11 @@ import hashlib
 import os
 import secrets
 import shutil
-import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -50,9 +53,6 @@ _expected_bytes: dict[tuple, int] = {}
 # Disk left free under the cache (bytes). Full-size problems write gigabytes per input set: a KernelBench
 # SqueezeNet fire module's reference output is 4.3 GB, and a check uses 8 sets.
 DISK_RESERVE_BYTES = 4 << 30
-# Seconds since a check last started on a folder after which it may be evicted: three times an
-# evaluation's default time limit (300 s), so no check that could still read it is alive.
-STALE_AFTER_S = 900.0
 # Reference outputs larger than this (bytes) are computed again by the trusted process whenever a check reads
 # them, from the set's stored inputs, instead of being kept: on the GPU the forward takes milliseconds where
 # reading gigabytes back takes seconds, and the disk holds the inputs alone (a full-size SqueezeNet fire
@@ -64,6 +64,8 @@ _RECOMPUTE_MARK = ".ref.recompute"
 _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
 _USED_FILE = ".used"          # its mtime: when a check last started on the folder
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
+_READERS_FILE = ".readers"    # held shared by every check using the folder, alone by an eviction
+_EVICTED_PREFIX = ".evicted-"  # a folder renamed out of the way, being deleted
 
 
 class ReferenceSpaceError(OSError):
@@ -96,6 +98,23 @@ class ReferenceSet:
 
     def _done(self, name: str) -> bool:
         return self.outputs_file(name).exists() or self.recompute_mark(name).exists()
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Keep the folder from eviction while a check reads or writes it (a shared flock, released when the
+        file closes or this process dies). An eviction that won the race leaves a deleted lock file behind:
+        then the folder is made again and held anew."""
+        while True:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                readers = open(self.folder / _READERS_FILE, "a")
+            except FileNotFoundError:
+                continue                        # evicted between the mkdir and the open
+            with readers:
+                fcntl.flock(readers, fcntl.LOCK_SH)
+                if _same_file(readers, self.folder / _READERS_FILE):
+                    yield
+                    return
 
     def ensure(self, names: list[str]) -> None:
         """Compute whatever input sets are missing, with one reference Model built for all of them."""
@@ -202,12 +221,12 @@ def _salt(references_dir: Path) -> bytes:
 
 
 def make_room(folder: Path, needed: int, what: str) -> None:
-    """Evict stale reference folders beside `folder`, least recently used first, until `needed` bytes fit
-    with the reserve to spare; a ReferenceSpaceError naming `what` when they do not."""
-    for stale in _stale_folders(folder.parent, keep=folder):
+    """Evict reference folders beside `folder` that no check is using, least recently used first, until
+    `needed` bytes fit with the reserve to spare; a ReferenceSpaceError naming `what` when they do not."""
+    for other in _folders_by_last_use(folder.parent, keep=folder):
         if _free_bytes(folder) - needed >= DISK_RESERVE_BYTES:
             return
-        _evict(stale)
+        _evict(other)
     free = _free_bytes(folder)
     if free - needed < DISK_RESERVE_BYTES:
         gib = 1 << 30
@@ -216,29 +235,46 @@ def make_room(folder: Path, needed: int, what: str) -> None:
             f"free ({DISK_RESERVE_BYTES / gib:.0f} GiB kept free); point MKEVOLVE_CACHE at a larger disk")
 
 
-def _stale_folders(references_dir: Path, keep: Path) -> list[Path]:
-    """Folders no check has started on for STALE_AFTER_S, least recently used first."""
-    cutoff = time.time() - STALE_AFTER_S
-    used = [(_last_used(folder), folder) for folder in references_dir.iterdir() if folder != keep and folder.is_dir()]
-    return [folder for last, folder in sorted(used) if last < cutoff]
+def _folders_by_last_use(references_dir: Path, keep: Path) -> list[Path]:
+    """Every folder but `keep`, least recently used first (the remains of an interrupted eviction are removed)."""
+    used = []
+    for folder in references_dir.iterdir():
+        if folder.name.startswith(_EVICTED_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+        elif folder != keep and folder.is_dir():
+            used.append((_last_used(folder), folder))
+    return [folder for _, folder in sorted(used)]
 
 
 def _last_used(folder: Path) -> float:
-    try:
-        return (folder / _USED_FILE).stat().st_mtime
-    except FileNotFoundError:
-        return folder.stat().st_mtime
+    for path in (folder / _USED_FILE, folder):
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return 0.0                                  # evicted by another process meanwhile
 
 
 def _evict(folder: Path) -> None:
-    """Remove a folder unless a process is computing its sets, or a check started on it meanwhile."""
+    """Remove a folder unless a check is using it or a process is computing its sets (both checked without
+    waiting: a busy folder is skipped, never waited for). It is first renamed out of the way, in one step, so
+    a check arriving meanwhile makes a fresh folder instead of writing into one being deleted."""
+    doomed = folder.with_name(f"{_EVICTED_PREFIX}{folder.name}.{os.getpid()}")
     try:
-        with open(folder / _LOCK_FILE, "a") as lock:
+        with open(folder / _LOCK_FILE, "a") as lock, open(folder / _READERS_FILE, "a") as readers:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _last_used(folder) < time.time() - STALE_AFTER_S:
-                shutil.rmtree(folder, ignore_errors=True)
+            fcntl.flock(readers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(folder, doomed)
     except (BlockingIOError, FileNotFoundError):
-        pass
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _same_file(opened, path: Path) -> bool:
+    try:
+        return os.fstat(opened.fileno()).st_ino == path.stat().st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _free_bytes(folder: Path) -> int:
