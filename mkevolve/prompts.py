@@ -16,6 +16,7 @@ import jinja2
 
 from mkevolve.config import TOLERANCE
 from mkevolve.verify.cheating.rules import Rule
+from mkevolve.verify.decomposition.static import REINIT_ITERATORS
 
 PACKAGED_DIR = "prompt_templates"
 
@@ -47,6 +48,8 @@ def environment() -> jinja2.Environment:
     env.globals["tolerance"] = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # "1e-4"
     # The rules the checker enforces, each with its id and what it asks: _rules.j2 lists them all.
     env.globals["rules"] = list(Rule)
+    # What a top-level's __init__ may loop over to re-initialise its subproblems (the purity check's list).
+    env.globals["reinit_iterators"] = sorted(REINIT_ITERATORS)
     # A model that knows the versions writes their API (`input_precision=` rather than `allow_tf32=`).
     env.globals["versions"] = _versions()
     env.filters["excerpt"] = excerpt

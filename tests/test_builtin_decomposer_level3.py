@@ -178,20 +178,38 @@ def test_an_init_loop_is_replayed_by_each_subproblem_on_its_own_layers(tmp_path)
     assert not _with(subs, "nn.Conv2d(", "for m in")   # the loop changes nothing of the convolution
 
 
-@pytest.mark.parametrize("init", [
-    # MobileNetV2's loop: the convolution's new weights come after the linear layer's default ones.
-    """        for m in self.modules():
+def test_a_loop_that_draws_after_every_layer_is_built_runs_in_the_top_level(tmp_path):
+    """MobileNetV2's loop: the convolution's new weights come after the linear layer's default ones. Replayed in
+    the first subproblem it would draw before the last one's layers do; the top-level runs it after building
+    them all, as the original does, and the subproblems keep their layers' default initialisation."""
+    init = """        for m in self.modules():
             if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")""",
-    # One statement does the same.
-    "        nn.init.normal_(self.conv.weight, 0, std)",
-])
-def test_a_draw_after_later_subproblems_layers_is_declined_with_its_reason(tmp_path, init):
-    """Replayed in the first subproblem it would draw before the last one's layers do; only the top-level could
-    run it after building them all, and the top-level may not touch tensors."""
-    with pytest.raises(UnsupportedModule, match=r"draws random numbers in `(for m in self\.modules|nn\.init\.normal_)"
-                                                r".*exact only as one subproblem"):
-        decomposition_files(_reinitialised(init, tmp_path))
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")"""
+    folder = tmp_path / "decomposition"
+    subs = _checked_decomposition(_reinitialised(init, tmp_path), folder)
+    assert len(subs) > 1 and not _with(subs, "for m in")
+    top = (folder / PROBLEM_FILE).read_text()
+    init = top[top.index("def __init__"):top.index("def forward")]
+    assert init.index("for m in self.modules():") > init.rindex("        self.")   # after every subproblem is built
+    assert "nn.init.kaiming_normal_(m.weight, mode='fan_out')" in top
+
+
+def test_mobilenet_v2_splits_into_layer_patterns_and_its_top_level_re_initialises_them(tmp_path):
+    """KernelBench's MobileNetV2 (shrunk): 52 convolutions, one subproblem serving every shape and group count,
+    and the kaiming loop in the top-level after all 105 subproblem modules are built."""
+    subs = _decompose("20_MobileNetV2", tmp_path)
+    assert set(subs) == {"conv2d", "batchnorm2d", "batchnorm2d_relu6", "batchnorm2d_relu6_adaptiveavgpool2d",
+                         "dropout_linear"}
+    assert "get_input_configs" in subs["conv2d"] and not _with(subs, "nn.init")
+    assert "nn.init.kaiming_normal_(m.weight, mode='fan_out')" in (tmp_path / PROBLEM_FILE).read_text()
+
+
+def test_a_single_statement_that_draws_after_later_layers_is_declined_with_its_reason(tmp_path):
+    """Only a loop over self.modules() (or the like) may re-initialise in the top-level: a statement naming one
+    layer would name a path of the original."""
+    with pytest.raises(UnsupportedModule, match=r"draws random numbers in `nn\.init\.normal_.*exact only as one "
+                                                r"subproblem"):
+        decomposition_files(_reinitialised("        nn.init.normal_(self.conv.weight, 0, std)", tmp_path))
 
 
 @pytest.mark.parametrize(("init", "reason"), [

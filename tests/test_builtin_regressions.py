@@ -723,7 +723,13 @@ def get_init_inputs():
 RELU_SELF_ATTENTION = (Path(__file__).parent / "fixtures" / "attention_small" / "relu_self_attention.py").read_text()
 
 
-LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION}
+# MobileNetV2 (level 3, problem 20) in miniature: its layers re-initialised in one loop after all are built,
+# which the top-level runs over the kernels' modules.
+MOBILENET_V2 = (Path(__file__).parent / "fixtures" / "level3_small" / "mobilenet_v2_tiny.py").read_text()
+
+
+LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION,
+                   "mobilenet_v2": MOBILENET_V2}
 
 
 @pytest.mark.slow

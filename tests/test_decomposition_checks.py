@@ -69,6 +69,7 @@ def test_module_list_is_caught_at_run_time_too():
 
 def _violations(forward_body: str, init_body: str = "self.a = A(4)") -> list[str]:
     source = f'''
+import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -129,6 +130,36 @@ def test_building_anything_but_subproblems_in_init_is_a_violation(init_body, wor
 
 def test_sizes_computed_in_init_are_allowed():
     assert _violations("return self.a(x)", "hidden = max(n * 4, 8)\n        self.a = A(hidden // 2)") == []
+
+
+REINIT = "self.a = A(4)\n        for m in self.modules():\n            {body}"
+
+
+@pytest.mark.parametrize("body", [
+    "if isinstance(m, nn.Conv2d):\n                nn.init.kaiming_normal_(m.weight, mode='fan_out')\n"
+    "                if m.bias is not None:\n                    nn.init.zeros_(m.bias)",
+    "if isinstance(m, nn.Linear):\n                nn.init.uniform_(m.weight, -1 / math.sqrt(m.weight.size(1)), 1)",
+    "if isinstance(m, nn.Conv2d):\n                torch.nn.init.normal_(m.weight, 0, nn.init.calculate_gain('relu'))",
+])
+def test_a_loop_that_re_initialises_what_the_top_level_built_is_pure(body):
+    """MobileNetV2's own init loop, run after the subproblems are built: it only sets their weights."""
+    assert _violations("return self.a(x)", REINIT.format(body=body)) == []
+
+
+@pytest.mark.parametrize("init_body, words", [
+    # Each writes or runs something besides a torch.nn.init function on an item.
+    (REINIT.format(body="m.weight.data.copy_(torch.ones(4))"), "`m.weight.data.copy_(torch.ones(4))` does more"),
+    (REINIT.format(body="nn.init.constant_(m.weight, torch.randn(1).item())"), "`torch.randn(1)` does more"),
+    (REINIT.format(body="nn.init.zeros_(m(torch.ones(4)))"), "`m(torch.ones(4))` does more"),
+    (REINIT.format(body="self.cache = m"), "`self.cache = m` does more"),
+    (REINIT.format(body="m.reset_parameters()"), "`m.reset_parameters()` does more"),
+    # The loop only over what the module holds, and nowhere but in the loop's header.
+    ("self.a = A(4)\n        layers = list(self.modules())", "`self.modules()`"),
+    ("self.a = A(4)\n        for m in self.modules(remove_duplicate=False):\n            pass", "no arguments"),
+])
+def test_anything_more_in_a_re_initialising_loop_is_a_violation(init_body, words):
+    violations = _violations("return self.a(x)", init_body)
+    assert any(words in v for v in violations), violations
 
 
 def test_a_second_class_in_the_top_level_is_a_violation():

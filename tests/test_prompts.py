@@ -48,3 +48,11 @@ def test_no_code_writes_the_tolerance_itself():
                                                    isinstance(node.value, str) and is_tolerance(node.value)):
                 found.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno}")
     assert not found, f"a literal tolerance (use config.TOLERANCE): {found}"
+
+
+def test_the_decompose_prompt_names_every_loop_the_purity_check_allows():
+    from mkevolve.verify.decomposition.static import REINIT_ITERATORS
+
+    text = (PROMPTS_DIR / "decompose.j2").read_text()
+    rendered = environment().from_string(text[text.index("- purity:"):text.index("- standalone:")]).render()
+    assert all(name in rendered for name in REINIT_ITERATORS) and "nn.init" in rendered

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from mkevolve.builtin.errors import UnsupportedModule
-from mkevolve.builtin.segments import Segmentation
+from mkevolve.builtin.segments import Segmentation, hoist_late_loops
 from mkevolve.builtin.tracing import TracedModule, trace_problem
 from mkevolve.builtin.writing import CodeWriter
 from mkevolve.codebase import wrap_original
@@ -29,14 +29,14 @@ _CUTS = re.compile(r"Builtin cuts: \[([\d ]*)\] over graph (\w+)")
 
 
 def decomposition_files(problem_path: str | Path, eval_mode: bool = False) -> dict[str, str]:
-    traced = trace_problem(problem_path, eval_mode)
+    traced = _traced(problem_path, eval_mode)
     return CodeWriter(traced, Segmentation(traced).decompose_cuts()).files()
 
 
 def split_files(problem_path: str | Path, top_level: str, failing: list[str],
                 eval_mode: bool = False) -> dict[str, str]:
     """Cut every group of each failing subproblem in two at its best point."""
-    traced = trace_problem(problem_path, eval_mode)
+    traced = _traced(problem_path, eval_mode)
     cuts = _own_cuts(traced, top_level)
     segmentation = Segmentation(traced)
     names = CodeWriter(traced, cuts).pattern_names()
@@ -54,7 +54,7 @@ def split_files(problem_path: str | Path, top_level: str, failing: list[str],
 
 def fuse_files(problem_path: str | Path, top_level: str, eval_mode: bool = False) -> dict[str, str]:
     """Merge the two adjacent groups whose boundary costs most."""
-    traced = trace_problem(problem_path, eval_mode)
+    traced = _traced(problem_path, eval_mode)
     cuts = _own_cuts(traced, top_level)
     segmentation = Segmentation(traced)
     cut = segmentation.cut_to_fuse(cuts)
@@ -66,6 +66,11 @@ def fuse_files(problem_path: str | Path, top_level: str, eval_mode: bool = False
 def total_fuse_files(problem_path: str | Path) -> dict[str, str]:
     path = Path(problem_path)
     return wrap_original(path.stem, read_source(path)).files()
+
+
+def _traced(problem_path: str | Path, eval_mode: bool) -> TracedModule:
+    """The traced problem, with the init loops that only the top-level can run in order moved there."""
+    return hoist_late_loops(trace_problem(problem_path, eval_mode))
 
 
 def _own_cuts(traced: TracedModule, top_level: str) -> list[int]:

@@ -3,6 +3,7 @@ the constraints every cut must keep (tensor boundaries, one group per parameter 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from torch import fx
@@ -235,13 +236,17 @@ class Segmentation:
                 and all(u.kind is Kind.POINTWISE for u in working[1:]))
 
     def decompose_cuts(self) -> list[int]:
+        cuts = self._first_cuts()
+        if len(self.groups(cuts)) == 1 and self.order_follow_ups:
+            self._refuse_single_group_for_follow_ups()
+        return cuts
+
+    def _first_cuts(self) -> list[int]:
         cuts = self.normalize(self.initial_cuts())
         if len(self.groups(cuts)) == 1 and not self.one_kernel():
             cut = self.best_cut(range(len(self.traced.units)))
             if cut is not None:
                 cuts = self.normalize([cut])
-        if len(self.groups(cuts)) == 1 and self.order_follow_ups:
-            self._refuse_single_group_for_follow_ups()
         return cuts
 
     def _refuse_single_group_for_follow_ups(self) -> None:
@@ -255,4 +260,40 @@ class Segmentation:
                    key=lambda f: f.order)
         raise UnsupportedModule(f"Model.__init__ draws random numbers in `{last.statement.splitlines()[0][:60]}` "
                                 "after building later subproblems' layers: exact only as one subproblem, since a "
-                                "top-level may not re-initialise its subproblems' tensors")
+                                "top-level may re-initialise its subproblems' tensors only in a loop over "
+                                "self.modules() (or the like) that draws after every layer is built")
+
+
+def hoist_late_loops(traced: TracedModule) -> TracedModule:
+    """Move to the top-level the init loops that draw after every layer is built (MobileNetV2's kaiming loop),
+    when replaying them in the subproblems would tie every group into one.
+
+    The top-level runs them after building all subproblems, as the original runs them after building all its
+    layers, so every draw keeps its place. Their replays leave the subproblems, which then start from the
+    layers' default initialisation. The equivalence check tells whether the items come in the same order."""
+    if len(Segmentation(traced).groups(Segmentation(traced)._first_cuts())) > 1:
+        return traced
+    late = _late_loops(traced)
+    if not late:
+        return traced
+    follow_ups = {owner: kept for owner, items in traced.follow_ups.items()
+                  if (kept := [f for f in items if f.statement not in late])}
+    hoisted = dataclasses.replace(traced, follow_ups=follow_ups, top_statements=tuple(late))
+    return hoisted if len(Segmentation(hoisted).groups(Segmentation(hoisted)._first_cuts())) > 1 else traced
+
+
+def _late_loops(traced: TracedModule) -> list[str]:
+    """Init loops whose draws all come after every other draw of the construction, in the original's order."""
+    construction = [order for _, order in Segmentation(traced, order_follow_ups=False).random_draws()]
+    drawing = [f for follow_ups in traced.follow_ups.values() for f in follow_ups if f.draws_random]
+    first_draw: dict[str, float] = {}
+    for f in drawing:
+        if f.loop is not None:
+            first_draw[f.statement] = min(f.order, first_draw.get(f.statement, f.order))
+    late: list[str] = []
+    for statement in sorted(first_draw, key=first_draw.get, reverse=True):
+        others = construction + [f.order for f in drawing if f.statement not in (*late, statement)]
+        if others and first_draw[statement] < max(others):
+            break
+        late.append(statement)
+    return late[::-1]

@@ -63,6 +63,7 @@ class TracedModule:
     sinkable: set[fx.Node] = field(default_factory=set)   # shape values and pure views, recomputed on demand
     tensor_constants: dict[str, torch.Tensor] = field(default_factory=dict)  # made in forward, not in __init__
     returned: list[fx.Node] = field(default_factory=list)  # nodes the forward returns
+    top_statements: tuple[str, ...] = ()         # init loops the top-level runs after building every subproblem
 
     @property
     def fingerprint(self) -> str:

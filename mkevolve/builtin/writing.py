@@ -430,6 +430,8 @@ class CodeWriter:
         for code in codes:
             args = ", ".join(self._argument_value(code, p)[1] for p in code.pattern.params)
             init_lines.append(f"self.{code.attribute} = {aliases[code.pattern.name]}({args})")
+        for statement in self.traced.top_statements:     # init loops that draw after every layer is built
+            init_lines += statement.splitlines()
         names = {p: p.target if self.traced.tracer == "fx" else p.name for p in self.traced.placeholders}
         taken = set(names.values())
         forward_lines = []

@@ -21,6 +21,10 @@ VIEW_ATTRIBUTES = frozenset({"T", "mT"})
 FORWARD_BUILTINS = frozenset({"len", "range", "int", "tuple", "list", "zip", "enumerate", "isinstance"})
 INIT_BUILTINS = FORWARD_BUILTINS | frozenset({"min", "max", "float", "bool", "str", "dict", "abs", "round",
                                               "sum", "sorted", "reversed", "super"})
+# What a top-level's __init__ may loop over to re-initialise its subproblems' weights after building them all,
+# as the original does (MobileNetV2's `for m in self.modules(): nn.init.kaiming_normal_(m.weight)`).
+REINIT_ITERATORS = frozenset({"modules", "named_modules", "children", "named_children", "parameters",
+                              "named_parameters"})
 
 
 def structure_problems(files: dict[str, str]) -> list[str]:
@@ -136,7 +140,12 @@ def _root_name(node: ast.AST) -> str | None:
 
 
 class _InitScan(ast.NodeVisitor):
-    """__init__ may compute sizes in Python and build subproblem modules; it builds nothing else."""
+    """__init__ may compute sizes in Python and build subproblem modules; it builds nothing else.
+
+    It may also re-initialise what it built, in a loop over self.modules() (or another REINIT_ITERATORS method)
+    whose body only tests items (isinstance, `is None`) and calls torch.nn.init functions on them. Such a loop
+    writes new values into the subproblems' parameters and does no math on inputs; whether the values are the
+    original's is for the equivalence check, which compares outputs."""
 
     def __init__(self, aliases: set[str], torch_names: set[str]):
         self.aliases = aliases
@@ -175,6 +184,57 @@ class _InitScan(ast.NodeVisitor):
                 f"line {node.lineno}: __init__ calls `{_short(node)}`; the top-level may only build subproblem "
                 "modules (no torch.nn layers, nn.ModuleList/Sequential, nn.Parameter, buffers or tensors)")
         self.generic_visit(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        call = node.iter
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in REINIT_ITERATORS and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == "self"):
+            self.generic_visit(node)
+            return
+        loop = f"a loop over self.{call.func.attr}() in __init__ may only test items and call torch.nn.init " \
+               "functions on them"
+        if call.args or call.keywords or node.orelse:
+            self.violations.append(f"line {node.lineno}: {loop}, with no arguments to the method and no else block")
+        items = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        for stmt in node.body:
+            self._reinit_statement(stmt, loop, items)
+
+    def _reinit_statement(self, stmt: ast.stmt, loop: str, items: set[str]) -> None:
+        if isinstance(stmt, ast.If):
+            for part in (stmt.test, *stmt.body, *stmt.orelse):
+                if isinstance(part, ast.stmt):
+                    self._reinit_statement(part, loop, items)
+                else:
+                    self._reinit_expression(part, loop, items)
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and self._is_init_function(stmt.value):
+            for argument in (*stmt.value.args, *(k.value for k in stmt.value.keywords)):
+                self._reinit_expression(argument, loop, items)
+        elif not isinstance(stmt, ast.Pass):
+            self.violations.append(f"line {stmt.lineno}: {loop}; `{_short(stmt)}` does more")
+
+    def _reinit_expression(self, node: ast.expr, loop: str, items: set[str]) -> None:
+        """Tests and init arguments may use builtins, shape queries, torch.nn.init helpers (calculate_gain) and
+        functions of other modules (math.sqrt); nothing that makes or changes a tensor."""
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            func, root = call.func, _root_name(call.func)
+            allowed = ((isinstance(func, ast.Name) and func.id in INIT_BUILTINS)
+                       or (isinstance(func, ast.Attribute) and func.attr in SHAPE_METHODS)
+                       or self._in_init_namespace(func)
+                       or (isinstance(func, ast.Attribute) and root is not None
+                           and root not in self.torch_names | items | {"self"}))
+            if not allowed:
+                self.violations.append(f"line {call.lineno}: {loop}; `{_short(call)}` does more")
+
+    def _is_init_function(self, call: ast.Call) -> bool:
+        """nn.init.<name>_, torch.nn.init.<name>_ or init.<name>_ imported from torch.nn: an in-place init."""
+        return self._in_init_namespace(call.func) and call.func.attr.endswith("_")
+
+    def _in_init_namespace(self, func: ast.expr) -> bool:
+        namespace = func.value if isinstance(func, ast.Attribute) else None
+        named_init = (isinstance(namespace, ast.Attribute) and namespace.attr == "init") or \
+                     (isinstance(namespace, ast.Name) and namespace.id == "init")
+        return named_init and _root_name(func) in self.torch_names
 
 
 class _ForwardScan:
