@@ -31,6 +31,11 @@ from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, defa
 from mkevolve.workers import wire
 
 _checked_references: set[tuple[str, bool]] = set()
+# A subproblem instantiated at many shapes (a MobileNetV2's 52 convolutions) is checked at every shape but
+# timed at this many: those with the largest inputs, which dominate its runtime. Timing all of them would
+# compile a torch.compile baseline per shape (tens of seconds each on the first candidate), for a speedup
+# that ranks candidates no better.
+MAX_TIMED_CONFIGS = 4
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,6 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
 def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     """References first (trusted, cached), then the candidate in its own process, then the verdict here."""
     timed = request.timed and device().type == "cuda"
-    plans = [plan_calls(request.trials, timed, device().type == "cuda", random.Random(secrets.randbits(64)),
-                        prefix=f"config{index}_")
-             for index in range(len(problem.configs))]
     root = cache_root(request.cache_dir)
     references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
                   for i in range(len(problem.configs))]
@@ -123,6 +125,10 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
         for reference in references:
             held.enter_context(reference.in_use())
         with _phase(errors, "reference"):
+            timed_configs = _configs_to_time(references) if timed else []
+            plans = [plan_calls(request.trials, index in timed_configs, device().type == "cuda",
+                                random.Random(secrets.randbits(64)), prefix=f"config{index}_")
+                     for index in range(len(problem.configs))]
             for reference, plan in zip(references, plans):
                 reference.ensure(plan.set_names())
         with scratch_folder("mkevolve-candidate-") as scratch:
@@ -133,8 +139,20 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                 result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
         if result.passed and timed:
             with _phase(errors, "baseline"):
-                _add_timing(problem, request, references, report, result)
+                _add_timing(problem, request, references, report, result, timed_configs)
     return result
+
+
+def _configs_to_time(references: list[ReferenceSet]) -> list[int]:
+    """Every config, or the MAX_TIMED_CONFIGS with the most input bytes (the first trial set's; ties: earlier)."""
+    if len(references) <= MAX_TIMED_CONFIGS:
+        return list(range(len(references)))
+    sizes = []
+    for index, reference in enumerate(references):
+        reference.ensure(["trial0"])
+        header = wire.read_values(reference.inputs_file("trial0"), "meta")     # shapes only, no data
+        sizes.append((-sum(v.numel() * v.element_size() for v in header if isinstance(v, torch.Tensor)), index))
+    return sorted(index for _, index in sorted(sizes)[:MAX_TIMED_CONFIGS])
 
 
 def _verdict(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
@@ -204,11 +222,14 @@ def _raise_violations(violations: list[Violation]) -> None:
 
 
 def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
-                report: CandidateReport, result: EvalResult) -> None:
-    timings = [summarize(times) for times in report.times_ms]
-    baselines = [_baseline(problem, index, reference, request) for index, reference in enumerate(references)]
+                report: CandidateReport, result: EvalResult, timed_configs: list[int]) -> None:
+    """Candidate and torch.compile over the same timed configs; their times add up (timing.combine)."""
+    timings = [summarize(report.times_ms[index]) for index in timed_configs]
+    baselines = [_baseline(problem, index, references[index], request) for index in timed_configs]
     result.runtime, result.baseline = combine(timings), combine(baselines)
     result.speedup = result.baseline.median_ms / result.runtime.median_ms
+    if len(timed_configs) < len(references):
+        result.timed_configs = timed_configs
 
 
 def _compare(expected: list, actual: list, errors: _Errors) -> str:

@@ -62,6 +62,8 @@ class EvalResult:
     runtime: Timing | None = None
     baseline: Timing | None = None   # torch.compile of the reference, same worker, same inputs
     speedup: float | None = None     # baseline / runtime; None where it cannot be measured
+    # Input configs the timing covers, where it is not all of them (correctness covers every one).
+    timed_configs: list[int] | None = None
     wall_s: float = 0.0              # seconds the evaluation took, worker start included
     phases: dict[str, float] = field(default_factory=dict)  # verifier overhead by phase, seconds
     peak_rss_mb: float | None = None # host memory the candidate process held at most, sampled every 50 ms
@@ -89,6 +91,8 @@ class EvalResult:
 
     def summary(self) -> str:
         speed = "speedup unknown" if self.speedup is None else f"speedup {self.speedup:.2f}x"
+        if self.speedup is not None and self.timed_configs:
+            speed += f" over the {len(self.timed_configs)} largest input configs"
         text = f"{self.status.value}: {self.reason}" if self.reason else self.status.value
         return f"{text} ({speed})"
 

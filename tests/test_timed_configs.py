@@ -1,0 +1,71 @@
+"""A subproblem with many instance shapes is checked at every shape and timed at the largest few: the speedup
+compares the candidate and torch.compile over the same configs."""
+
+from types import SimpleNamespace
+
+import torch
+
+from mkevolve.problem import load_problem
+from mkevolve.verify import correctness, reference
+from mkevolve.verify.result import EvalResult, Status, Timing
+
+MANY_SHAPES = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.scale = width
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def get_input_configs():
+    # widths 3, 9, 5, 7, 1, 8: inputs of 2 x width floats
+    return [{"get_init_inputs": (lambda w=w: [w]), "get_inputs": (lambda w=w: [torch.randn(2, w)])}
+            for w in (3, 9, 5, 7, 1, 8)]
+
+
+def get_inputs():
+    return get_input_configs()[0]["get_inputs"]()
+
+
+def get_init_inputs():
+    return get_input_configs()[0]["get_init_inputs"]()
+'''
+
+
+def _references(tmp_path):
+    path = tmp_path / "many_shapes.py"
+    path.write_text(MANY_SHAPES)
+    problem = load_problem(path)
+    return [reference.reference_set(tmp_path / "cache", problem, i, 0, False, torch.device("cpu"))
+            for i in range(len(problem.configs))]
+
+
+def test_the_configs_with_the_largest_inputs_are_the_ones_timed(tmp_path):
+    assert correctness.MAX_TIMED_CONFIGS == 4
+    assert correctness._configs_to_time(_references(tmp_path)) == [1, 2, 3, 5]      # widths 9, 5, 7, 8
+
+
+def test_a_few_configs_are_all_timed(tmp_path):
+    references = _references(tmp_path)[:3]
+    assert correctness._configs_to_time(references) == [0, 1, 2]
+
+
+def test_the_speedup_covers_the_timed_configs_on_both_sides(tmp_path, monkeypatch):
+    references = _references(tmp_path)
+    baselines = {1: 10.0, 3: 30.0}
+
+    def baseline(problem, index, reference_set, request):
+        return Timing(*[baselines[index]] * 5, runs=100)
+
+    monkeypatch.setattr(correctness, "_baseline", baseline)
+    report = SimpleNamespace(times_ms=[[], [5.0] * 3, [], [10.0] * 3, [], []])     # configs 1 and 3 timed
+    result = EvalResult(status=Status.OK)
+    correctness._add_timing(None, None, references, report, result, [1, 3])
+    assert result.speedup == (10.0 + 30.0) / (5.0 + 10.0)
+    assert result.timed_configs == [1, 3]
+    assert "over the 2 largest input configs" in result.summary()
