@@ -195,12 +195,15 @@ def test_a_loop_that_draws_after_every_layer_is_built_runs_in_the_top_level(tmp_
 
 
 def test_mobilenet_v2_splits_into_layer_patterns_and_its_top_level_re_initialises_them(tmp_path):
-    """KernelBench's MobileNetV2 (shrunk): 52 convolutions, one subproblem serving every shape and group count,
-    and the kaiming loop in the top-level after all 105 subproblem modules are built."""
+    """KernelBench's MobileNetV2 (shrunk): 52 convolutions in two subproblems, the dense ones (a GEMM each) and
+    the depthwise ones (a window sum each), each serving every shape of its kind; and the kaiming loop in the
+    top-level after all 105 subproblem modules are built."""
     subs = _decompose("20_MobileNetV2", tmp_path)
-    assert set(subs) == {"conv2d", "batchnorm2d", "batchnorm2d_relu6", "batchnorm2d_relu6_adaptiveavgpool2d",
-                         "dropout_linear"}
-    assert "get_input_configs" in subs["conv2d"] and not _with(subs, "nn.init")
+    assert set(subs) == {"conv2d", "conv2d_depthwise", "batchnorm2d", "batchnorm2d_relu6",
+                         "batchnorm2d_relu6_adaptiveavgpool2d", "dropout_linear"}
+    top = (tmp_path / PROBLEM_FILE).read_text()
+    assert top.count("= Conv2d(") == 35 and top.count("= Conv2dDepthwise(") == 17
+    assert "get_input_configs" in subs["conv2d_depthwise"] and not _with(subs, "nn.init")
     assert "nn.init.kaiming_normal_(m.weight, mode='fan_out')" in (tmp_path / PROBLEM_FILE).read_text()
 
 

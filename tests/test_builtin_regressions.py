@@ -737,7 +737,7 @@ LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_
 def test_builtin_agent_writes_every_subkernel_of_a_level3_problem(name, tmp_path, capsys):
     path = _write_problem(tmp_path, name, LEVEL3_PROBLEMS[name])
     out = tmp_path / "runs"
-    assert main(["run", str(path), "--out", str(out), "--iterations", "1", "--budget", "4", "--beam-width", "1",
+    assert main(["run", str(path), "--out", str(out), "--iterations", "1", "--budget", "6", "--beam-width", "1",
                  "--trials", "1", "--workers", "2"]) == 0
     (run_dir,) = (out / name).iterdir()
     subkernels = Manifest.read(run_dir / BEST).subkernels

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from mkevolve.builtin.construction import Owner
+from mkevolve.builtin.construction import LeafRecord, Owner
 from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.builtin.init_source import FollowUp, is_self_attr
 from mkevolve.builtin.kinds import Kind
@@ -252,7 +252,8 @@ class CodeWriter:
             pattern.groups.append(code)
             code.pattern = pattern
         patterns = list(by_key.values())
-        bases = [safe_name("_".join(_dedupe(p.groups[0].labels)[:4]), default="block") for p in patterns]
+        bases = [safe_name("_".join(_dedupe(p.groups[0].labels)[:4]), default="block") + _grouping_suffix(p)
+                 for p in patterns]
         for pattern, base in zip(patterns, bases):
             clash = bases.count(base) > 1
             digest = hashlib.sha256(pattern.groups[0].key.encode()).hexdigest()[:6]
@@ -267,7 +268,8 @@ class CodeWriter:
             if isinstance(step, list):
                 init.append(self._follow_up_source(step, attributes))
             elif step.key.is_leaf:
-                init.append(f"{step.attribute}={self.traced.construction.leaves[step.key.name].cls.__qualname__}")
+                leaf = self.traced.construction.leaves[step.key.name]
+                init.append(f"{step.attribute}={leaf.cls.__qualname__}{_conv_grouping(leaf)}")
             else:
                 init.append(f"{step.attribute}=" + "\n".join(self.traced.raws[step.key.name].statements))
         return "\n".join(code.forward_lines + init)
@@ -476,6 +478,25 @@ class CodeWriter:
 
 
 _EMPTY = inspect.Parameter.empty
+
+
+def _grouping_suffix(pattern: Pattern) -> str:
+    """"_depthwise" or "_grouped" in the name of a pattern of such convolutions (conv2d_depthwise)."""
+    key = pattern.groups[0].key
+    return "_depthwise" if "[depthwise]" in key else "_grouped" if "[grouped]" in key else ""
+
+
+def _conv_grouping(leaf: LeafRecord) -> str:
+    """A depthwise or grouped convolution is its own pattern, apart from dense ones of the same class: a dense
+    convolution is a GEMM for tensor cores, a depthwise one a memory-bound window sum (MobileNetV2 has both
+    kinds of nn.Conv2d, and one kernel file for all 52 would have to take the slower template for every one)."""
+    if not issubclass(leaf.cls, nn.modules.conv._ConvNd):
+        return ""
+    arguments = {name: value for name, value, _ in leaf.arguments}
+    groups, channels = arguments.get("groups", 1), arguments.get("in_channels")
+    if groups == 1:
+        return ""
+    return "[depthwise]" if groups == channels else "[grouped]"
 
 
 def _render_structure(value) -> str:
