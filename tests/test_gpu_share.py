@@ -153,3 +153,20 @@ def test_jobs_waiting_for_one_baseline_let_its_timing_have_the_gpu(tmp_path):
         job.kill()
     assert not stuck, "the two jobs deadlocked on the baseline's lock and the GPU lock"
     assert [job.exitcode for job in jobs] == [0, 0]
+
+
+def test_a_worker_hands_its_cached_gpu_memory_back_between_jobs(monkeypatch):
+    """Runs sharing a GPU: an idle worker keeps no cached blocks another run's check could use."""
+    import torch
+
+    from mkevolve.workers import worker
+
+    released = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(True))
+    worker._release_cached_gpu_memory()
+    assert released == [True]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)    # no CUDA context: nothing to release
+    worker._release_cached_gpu_memory()
+    assert released == [True]

@@ -28,6 +28,16 @@ def _cuda_healthy() -> bool:
     return True
 
 
+def _release_cached_gpu_memory() -> None:
+    """Hand the blocks PyTorch's allocator keeps cached back to the GPU between jobs. Several runs may share a
+    GPU (each with its workers and candidate processes): an idle worker holding tens of GB it no longer uses
+    ran a full-size model's end-to-end check next to it out of memory. What the worker still references (the
+    cached reference outputs) stays."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _resolve(spec: str):
     module_name, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module_name), attr)
@@ -68,6 +78,8 @@ def main() -> None:
             # caller with its traceback rather than lost.
             reply["error"] = traceback.format_exc()
         reply["healthy"] = _cuda_healthy()
+        if reply["healthy"]:
+            _release_cached_gpu_memory()
         send_message(out, reply)
         healthy = reply["healthy"]
         if not healthy:
