@@ -28,12 +28,12 @@ unless it already had a whole part to itself, in which case the problem is recor
 Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
 its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
 own and this script's rounds, takes that GPU's lock alone (mkevolve/workers/gpu_share.py), so no timing
-overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB) 3 or 4 lanes ran
-well; 6 full-size level 3 models at once lost the machine. Lanes share the disk too: the verifier's
-reference sets of full-size level 3 convolution models took tens of GB each (SqueezeNet's fire module
-alone: 4.3 GB of output per input set), and 2 lanes (ResNet18 beside SqueezeNet) filled the machine's
-64 GB. Outputs over 1 GiB are now computed again instead of kept (mkevolve/verify/reference.py); what
-those models take since is not yet measured, so run them one at a time.
+overlaps another problem's kernels. On the H200 machine (16 cores, 128 GiB, 64 GB of disk) 3 or 4 lanes
+of level 2 ran well; 6 full-size level 3 models at once lost the machine. Lanes share the disk too: the
+verifier's reference sets of 4 full-size level 3 convolution models reached 51 to 60 GB within 7 minutes.
+The cache evicts what no check holds (mkevolve/verify/reference.py), which kept that last part running;
+but 4 such models on one GPU also ran one of them out of GPU memory, and none finished an iteration in
+530 s. Give full-size convolution models one or two lanes per GPU.
 
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
