@@ -18,8 +18,8 @@ written, folders that no check is using are evicted, least recently used first, 
 DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a ReferenceSpaceError that says
 how much was needed and where. A check holds its folders (`in_use`) from computing the sets to timing the
 baseline, so an eviction never takes files from under it; a folder evicted between two checks is computed
-again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are
-not written at all: the trusted process computes them again from the stored inputs when a check reads them.
+again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are not written at all: the trusted
+process computes them again from the stored inputs when a check reads them.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ class ReferenceSet:
     @contextmanager
     def in_use(self) -> Iterator[None]:
         """Keep the folder from eviction while a check reads or writes it (a shared flock, released when the
-        file closes or this process dies). An eviction that won the race leaves a deleted lock file behind:
-        then the folder is made again and held anew."""
+        file closes or this process dies). When an eviction won the race, the file locked here is no longer
+        the folder's (it was renamed away with it): the folder is made again and held anew."""
         while True:
             self.folder.mkdir(parents=True, exist_ok=True)
             try:

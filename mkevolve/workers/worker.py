@@ -30,9 +30,9 @@ def _cuda_healthy() -> bool:
 
 def _release_cached_gpu_memory() -> None:
     """Hand the blocks PyTorch's allocator keeps cached back to the GPU between jobs. Several runs may share a
-    GPU (each with its workers and candidate processes): an idle worker holding tens of GB it no longer uses
-    ran a full-size model's end-to-end check next to it out of memory. What the worker still references (the
-    cached reference outputs) stays."""
+    GPU, each with its workers and candidate processes (on an H200 shared by 4 full-size runs, one end-to-end
+    check ran out of memory while three other processes held 19 to 38 GB). What the worker still references,
+    such as the cached reference outputs, stays."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
