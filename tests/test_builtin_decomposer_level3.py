@@ -204,7 +204,7 @@ def test_mobilenet_v2_splits_into_layer_patterns_and_its_top_level_re_initialise
     top = (tmp_path / PROBLEM_FILE).read_text()
     assert top.count("= Conv2d(") == 35 and top.count("= Conv2dDepthwise(") == 17
     assert "get_input_configs" in subs["conv2d_depthwise"] and not _with(subs, "nn.init")
-    assert "nn.init.kaiming_normal_(m.weight, mode='fan_out')" in (tmp_path / PROBLEM_FILE).read_text()
+    assert "nn.init.kaiming_normal_(m.weight, mode='fan_out')" in top
 
 
 def test_a_single_statement_that_draws_after_later_layers_is_declined_with_its_reason(tmp_path):
