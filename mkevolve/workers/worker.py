@@ -16,10 +16,18 @@ def _protocol_streams():
     return sys.stdin.buffer, out
 
 
-def _cuda_healthy() -> bool:
-    """After an illegal memory access the context is unusable: the worker must be replaced."""
+def _cuda_context():
+    """torch, where this worker has opened a CUDA context (a job used the GPU); else None."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch
+
+
+def _cuda_healthy() -> bool:
+    """After an illegal memory access the context is unusable: the worker must be replaced."""
+    torch = _cuda_context()
+    if torch is None:
         return True
     try:
         torch.cuda.synchronize()
@@ -33,8 +41,8 @@ def _release_cached_gpu_memory() -> None:
     GPU, each with its workers and candidate processes (on an H200 shared by 4 full-size runs, one end-to-end
     check ran out of memory while three other processes held 19 to 38 GB). What the worker still references,
     such as the cached reference outputs, stays."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    torch = _cuda_context()
+    if torch is not None:
         torch.cuda.empty_cache()
 
 
