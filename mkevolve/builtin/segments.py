@@ -271,7 +271,7 @@ def hoist_late_loops(traced: TracedModule) -> TracedModule:
     The top-level runs them after building all subproblems, as the original runs them after building all its
     layers, so every draw keeps its place. Their replays leave the subproblems, which then start from the
     layers' default initialisation. The equivalence check tells whether the items come in the same order."""
-    if len(Segmentation(traced).groups(Segmentation(traced)._first_cuts())) > 1:
+    if _group_count(traced) > 1:
         return traced
     late = _late_loops(traced)
     if not late:
@@ -279,7 +279,13 @@ def hoist_late_loops(traced: TracedModule) -> TracedModule:
     follow_ups = {owner: kept for owner, items in traced.follow_ups.items()
                   if (kept := [f for f in items if f.statement not in late])}
     hoisted = dataclasses.replace(traced, follow_ups=follow_ups, top_statements=tuple(late))
-    return hoisted if len(Segmentation(hoisted).groups(Segmentation(hoisted)._first_cuts())) > 1 else traced
+    return hoisted if _group_count(hoisted) > 1 else traced
+
+
+def _group_count(traced: TracedModule) -> int:
+    """How many subproblems the fusion rules and the draw-order constraints allow."""
+    segmentation = Segmentation(traced)
+    return len(segmentation.groups(segmentation._first_cuts()))
 
 
 def _late_loops(traced: TracedModule) -> list[str]:
