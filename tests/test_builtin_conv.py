@@ -30,6 +30,8 @@ CASES = {
     "conv3d_rgb": ("nn.Conv3d(3, 16, 3, padding=1)", (1, 3, 4, 5, 4), "y * 2.0"),
     # 8 channels x 27 taps: more steps than an outer-product kernel unrolls whole (conv3d_rgb's 81 too)
     "conv3d_8ch_rolled": ("nn.Conv3d(8, 16, 3)", (1, 8, 4, 5, 4), "torch.relu(y)"),
+    # 16 channels or more per group, but not a multiple of 16: tl.dot, each step spanning taps
+    "conv2d_24ch": ("nn.Conv2d(24, 16, 3, padding=1)", (1, 24, 5, 4), "y - 1.0"),
     # a multiple of 16 channels per group: every step reads one tap
     "conv2d_16ch_strided": ("nn.Conv2d(16, 16, 3, stride=2, padding=1)", (2, 16, 7, 7), "y"),
     "conv1d_long": ("nn.Conv1d(8, 16, 3)", (2, 8, 2100), "y"),   # tiles inside one image (>= 2048 positions)
@@ -105,7 +107,7 @@ def test_convolution_matches_pytorch(name, tmp_path):
 
 
 @pytest.mark.parametrize("name, template", [
-    ("conv2d_rgb", "Outer-product"), ("conv2d_16ch_strided", "Implicit-GEMM"),
+    ("conv2d_rgb", "Outer-product"), ("conv2d_16ch_strided", "Implicit-GEMM"), ("conv2d_24ch", "Implicit-GEMM"),
     ("convT2d_stride2", "Implicit-GEMM"), ("conv2d_depthwise", "Direct"), ("convT2d_stride2_dil2", "Direct")])
 def test_template_follows_the_geometry(name, template, tmp_path):
     source = generate_kernel(_problem(tmp_path, name), 0, TARGET).source
@@ -114,9 +116,9 @@ def test_template_follows_the_geometry(name, template, tmp_path):
 
 def test_steps_stay_in_one_tap_only_when_channels_allow(tmp_path):
     per_tap = generate_kernel(_problem(tmp_path, "conv2d_16ch_strided"), 0, TARGET).source
-    spanning = generate_kernel(_problem(tmp_path, "convT2d_stride2"), 0, TARGET).source   # 8 channels
     assert "t = k0 // C_in_g" in per_tap and "kk = k0 + tl.arange" not in per_tap
-    assert "kk = k0 + tl.arange" in spanning
+    for spanning in ("convT2d_stride2", "conv2d_24ch"):   # 8 and 24 channels
+        assert "kk = k0 + tl.arange" in generate_kernel(_problem(tmp_path, spanning), 0, TARGET).source
 
 
 def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):

@@ -366,6 +366,31 @@ def test_conv_whose_groups_differ_between_configs(case, tmp_path):
     _assert_all_variants_match(path, tmp_path)
 
 
+# A MobileNet's dense convolutions in one subproblem: an RGB stem, 16-, 24- and 32-channel layers, and a
+# depthwise one. Each instance needs another template, so the file holds one kernel per template.
+MIXED_TEMPLATE_CONFIGS = [([3, 16, 1], (2, 3, 6, 6)), ([16, 16, 1], (1, 16, 5, 5)), ([24, 16, 1], (1, 24, 4, 5)),
+                          ([32, 16, 1], (1, 32, 3, 4)), ([4, 4, 4], (1, 4, 5, 4))]
+
+
+def test_conv_instances_get_the_template_that_fits_each(tmp_path, monkeypatch):
+    path = _write_problem(tmp_path, "mixed_templates", _conv_configs(MIXED_TEMPLATE_CONFIGS))
+    specs = []
+    for variant in range(variant_count(path, TARGET)):
+        generated = _assert_variant_matches(path, variant, tmp_path)
+        if not ON_GPU:  # on a GPU, running the kernels compiled them
+            specs += _launch_specs(path, generated.source, tmp_path, monkeypatch, f"v{variant}")
+    source = generated.source
+    for header in ("# Direct", "# Outer-product", "# Implicit-GEMM"):
+        assert header in source
+    assert "if C_in_g % 16 == 0:\n        return _conv_kernel_0_gemm_launch(" in source
+    assert "return _conv_kernel_0_gemm_spanning_launch(" in source
+    # each instance ran the kernel of its own template: 5 instances, 4 kernels, every one launched
+    launched = {name for _, name, *_ in specs}
+    assert not specs or launched == {f"_conv_kernel_0_{t}" for t in ("direct", "outer", "gemm", "gemm_spanning")}
+    if specs:
+        _assert_compiles(specs)
+
+
 STRIDED_MODEL = """
 import torch
 import torch.nn as nn

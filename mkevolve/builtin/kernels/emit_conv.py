@@ -1,6 +1,6 @@
 """Convolutions (1-3 spatial dims, strided, padded, dilated, grouped, transposed) with a fused epilogue.
 
-Three templates, chosen by shape (`conv_template`).
+Three templates, chosen per instance shape (`instance_templates`).
 
 Implicit GEMM, on tensor cores through tl.dot: for one group, C[M, N] = A[M, K] @ B[K, N] with
 M = output positions (batch and spatial), N = output channels and K = (kernel tap, input channel).
@@ -21,11 +21,15 @@ has too few output channels for a tile (depthwise convolutions) and for transpos
 whose dilation and stride share a factor.
 
 A subproblem's instances may differ in groups, stride, padding, dilation and kernel size: the
-launcher then reads them from the instance's module and weight, so one file serves them all.
+launcher then reads them from the instance's module and weight, so one file serves them all. When
+the instances of a forward convolution need different templates (a MobileNet's RGB stem and its
+wide layers), the file holds one kernel per template and a launcher that sends each instance to
+its own (`_emit_dispatch`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from enum import Enum
@@ -62,12 +66,17 @@ _MAX_UNROLLED_STEPS = 64
 _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
 
 
+def _instance_channels(conv: Conv) -> list[tuple[int, int]]:
+    """(input channels per group, output channels per group) of each input config."""
+    if conv.transposed:   # w is [C_in, C_out_g, K..]
+        return [(w[0] // g, w[1]) for w, g in zip(conv.w.shapes, conv.groups)]
+    return [(w[1], w[0] // g) for w, g in zip(conv.w.shapes, conv.groups)]
+
+
 def _group_channels(conv: Conv) -> tuple[set[int], set[int]]:
     """(input channels per group, output channels per group) over the configs."""
-    shapes = list(zip(conv.w.shapes, conv.groups))
-    if conv.transposed:
-        return ({s[0] // g for s, g in shapes}, {s[1] for s, g in shapes})
-    return ({s[1] for s, g in shapes}, {s[0] // g for s, g in shapes})
+    channels = _instance_channels(conv)
+    return {c for c, _ in channels}, {n for _, n in channels}
 
 
 def _groups_line(conv: Conv, x: str, w: str) -> str:
@@ -88,8 +97,7 @@ def _taps(conv: Conv, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _reductions(conv: Conv) -> list[int]:
     """The GEMM depth (taps x input channels of a group) of each input config."""
-    channels = [w[0] // g if conv.transposed else w[1] for w, g in zip(conv.w.shapes, conv.groups)]
-    return [c * math.prod(_taps(conv, w)) for c, w in zip(channels, conv.w.shapes)]
+    return [c * math.prod(_taps(conv, w)) for (c, _), w in zip(_instance_channels(conv), conv.w.shapes)]
 
 
 def _min_reduction(conv: Conv) -> int:
@@ -118,23 +126,43 @@ def _phases_split(conv: Conv) -> bool:
 
 
 class ConvTemplate(Enum):
-    IMPLICIT_GEMM = "implicit GEMM"
+    IMPLICIT_GEMM = "implicit GEMM"                                  # each BLOCK_K step inside one tap
+    IMPLICIT_GEMM_SPANNING = "implicit GEMM, steps spanning taps"
     OUTER_PRODUCT = "outer products"
     DIRECT = "direct"
 
 
-def conv_template(conv: Conv) -> ConvTemplate:
-    """Which template fits this convolution's shapes (see the module docstring)."""
-    _, c_out = _group_channels(conv)
-    if min(c_out) < _MIN_DOT_N or _min_reduction(conv) < _MIN_DOT_K:
+_DOT_TEMPLATES = (ConvTemplate.IMPLICIT_GEMM, ConvTemplate.IMPLICIT_GEMM_SPANNING)
+
+
+def _instance_template(c_in_g: int, c_out_g: int, reduction: int) -> ConvTemplate:
+    """The template of one forward-convolution instance (see the module docstring). `_dispatch_test`
+    writes the same rule into a launcher: keep the two together."""
+    if c_out_g < _MIN_DOT_N or reduction < _MIN_DOT_K:
         return ConvTemplate.DIRECT
+    if c_in_g < _MIN_TILE:
+        return ConvTemplate.OUTER_PRODUCT
+    return ConvTemplate.IMPLICIT_GEMM if c_in_g % _MIN_TILE == 0 else ConvTemplate.IMPLICIT_GEMM_SPANNING
+
+
+def _transposed_template(conv: Conv) -> ConvTemplate:
+    """One template for every instance of a transposed convolution: the least demanding one."""
+    _, c_out = _group_channels(conv)
+    if min(c_out) < _MIN_DOT_N or _min_reduction(conv) < _MIN_DOT_K or not _phases_split(conv):
+        return ConvTemplate.DIRECT
+    return ConvTemplate.IMPLICIT_GEMM if _tap_per_block(conv) else ConvTemplate.IMPLICIT_GEMM_SPANNING
+
+
+def instance_templates(conv: Conv) -> list[ConvTemplate]:
+    """The template of each input config."""
     if conv.transposed:
-        return ConvTemplate.IMPLICIT_GEMM if _phases_split(conv) else ConvTemplate.DIRECT
-    return ConvTemplate.IMPLICIT_GEMM if _tap_per_block(conv) else ConvTemplate.OUTER_PRODUCT
+        return [_transposed_template(conv)] * len(conv.groups)
+    return [_instance_template(c_in, c_out, reduction)
+            for (c_in, c_out), reduction in zip(_instance_channels(conv), _reductions(conv))]
 
 
 def conv_uses_dot(conv: Conv) -> bool:
-    return conv_template(conv) is ConvTemplate.IMPLICIT_GEMM
+    return any(t in _DOT_TEMPLATES for t in instance_templates(conv))
 
 
 def conv_flops(conv: Conv, config: int) -> int:
@@ -147,11 +175,17 @@ def conv_flops(conv: Conv, config: int) -> int:
 
 
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    conv: Conv = kernel.anchor
-    template = conv_template(conv)
+    configs = _configs_by_template(kernel.anchor)
+    if len(configs) == 1:
+        return _emit_template(kernel, name, variant, program, next(iter(configs)))
+    return _emit_dispatch(kernel, name, variant, program, configs)
+
+
+def _emit_template(kernel: KernelPlan, name: str, variant: Variant, program: Program,
+                   template: ConvTemplate) -> KernelSource:
     if template is ConvTemplate.DIRECT:
         return _emit_direct(kernel, name, variant, program)
-    return _emit_tiled(kernel, name, variant, program, dot=template is ConvTemplate.IMPLICIT_GEMM)
+    return _emit_tiled(kernel, name, variant, program, dot=template in _DOT_TEMPLATES)
 
 
 def _geometry_params(conv: Conv) -> list[KernelParam]:
@@ -274,19 +308,26 @@ def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> t
     """The variant's tiles cut to this convolution: BLOCK_N no wider than its output channels per group,
     BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap.
     Outer products have no BLOCK_K: tiles that differ only there are one."""
-    c_in, c_out = _group_channels(conv)
+    _, c_out = _group_channels(conv)
     n_cap = max(_MIN_TILE, 1 << (max(c_out) - 1).bit_length())
     if not dot:
         k_cap = _MIN_TILE
     elif _tap_per_block(conv):
-        common = math.gcd(*c_in)
-        k_cap = _MAX_BLOCK_K
-        while common % k_cap:
-            k_cap //= 2  # stops at 16 at the latest: every group's channels are a multiple of 16
+        k_cap = _per_tap_block_k(conv)
     else:
         k_cap = max(_MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
     cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
     return tuple(dict.fromkeys(cut))
+
+
+def _per_tap_block_k(conv: Conv) -> int:
+    """The deepest BLOCK_K, at most 64, that divides every group's input channels: each step then reads
+    one tap. At least 16 when the channels are multiples of 16."""
+    common = math.gcd(*_group_channels(conv)[0])
+    k_cap = _MAX_BLOCK_K
+    while common % k_cap:
+        k_cap //= 2
+    return k_cap
 
 
 def _image_tiles(conv: Conv) -> bool:
@@ -534,7 +575,8 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     t = tiles[0]
     tile_text = (f"autotuned over {len(tiles)} tile configs" if variant.autotune else
                  f"tile {t.block_m}x{t.block_n}" + (f"x{t.block_k}" if dot else ""))
-    how = f"{variant.precision} tl.dot" if dot else "fp32 FMA"
+    how = (f"{variant.precision} tl.dot{'' if _tap_per_block(conv) else ', steps spanning taps'}" if dot
+           else "fp32 FMA")
     description = (f"{'implicit-GEMM' if dot else 'outer-product'} "
                    f"{'transposed convolution' if conv.transposed else 'convolution'}"
                    f"{' + ' + ops if ops else ''} ({how}, {tile_text})")
@@ -652,3 +694,65 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
                         helper_sources(emitter.helpers), description=description)
 
+
+# -- per-instance dispatch --------------------------------------------------------------------------
+
+_SUFFIXES = {ConvTemplate.DIRECT: "direct", ConvTemplate.OUTER_PRODUCT: "outer",
+             ConvTemplate.IMPLICIT_GEMM: "gemm", ConvTemplate.IMPLICIT_GEMM_SPANNING: "gemm_spanning"}
+
+
+def _configs_by_template(conv: Conv) -> dict[ConvTemplate, list[int]]:
+    """The input configs each template serves, in the order a dispatching launcher tests them."""
+    templates = instance_templates(conv)
+    return {t: [c for c, own in enumerate(templates) if own is t] for t in _SUFFIXES if t in templates}
+
+
+def _for_configs(kernel: KernelPlan, configs: list[int]) -> KernelPlan:
+    """`kernel` as if its convolution had only these input configs: each template's tiles, step depth
+    and loop shapes then follow the instances it serves. Values keep their ids, so operands still match."""
+    conv: Conv = kernel.anchor
+    x, w, anchor = copy.copy(conv.x), copy.copy(conv.w), copy.copy(conv)
+    x.shapes = tuple(conv.x.shapes[c] for c in configs)
+    w.shapes = tuple(conv.w.shapes[c] for c in configs)
+    anchor.shapes = tuple(conv.shapes[c] for c in configs)
+    anchor.groups = tuple(conv.groups[c] for c in configs)
+    anchor.x, anchor.w = x, w
+    return replace(kernel, anchor=anchor)
+
+
+def _dispatch_test(template: ConvTemplate, conv: Conv) -> str:
+    """The launcher's test that sends an instance to `template`'s kernel: the rule of `_instance_template`
+    over the launcher's C_in_g, C_out_g and taps, tested in `_SUFFIXES` order. The per-tap implicit GEMM
+    asks for channels that its deepest BLOCK_K divides, which every instance it was made for has."""
+    return {ConvTemplate.DIRECT: f"C_out_g < {_MIN_DOT_N} or C_in_g * taps < {_MIN_DOT_K}",
+            ConvTemplate.OUTER_PRODUCT: f"C_in_g < {_MIN_TILE}",
+            ConvTemplate.IMPLICIT_GEMM: f"C_in_g % {_per_tap_block_k(conv)} == 0",
+            ConvTemplate.IMPLICIT_GEMM_SPANNING: f"C_in_g >= {_MIN_TILE}"}[template]
+
+
+def _emit_dispatch(kernel: KernelPlan, name: str, variant: Variant, program: Program,
+                   configs: dict[ConvTemplate, list[int]]) -> KernelSource:
+    """One kernel per template the instances need, and a launcher that picks one by the instance's shapes.
+    Every template's launcher takes the same arguments: the same operands, epilogue scalars and geometry."""
+    restricted = {t: _for_configs(kernel, c) for t, c in configs.items()}
+    parts = {t: _emit_template(k, f"{name}_{_SUFFIXES[t]}", variant, program, t) for t, k in restricted.items()}
+    args = next(iter(parts.values())).args
+    params = ", ".join(a.name for a in args)
+    conv: Conv = kernel.anchor
+    operands = make_operands(kernel.leaves)
+    x, w = operands[conv.x.id].name, operands[conv.w.id].name
+    lines = ["# The instances differ in channels per group: each goes to the kernel of its template.",
+             f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // ({x}.shape[1] // C_in_g)",
+             f"taps = {w}.shape[2:].numel()"]
+    for template, part in parts.items():
+        lines += [f"if {_dispatch_test(template, restricted[template].anchor)}:",
+                  f"    return {part.launcher_name}({params})"]
+    lines.append(f'raise ValueError(f"{name}: no kernel of this file takes {{C_in_g}} input channels per group")')
+    launcher = "\n\n\n".join([p.launcher.rstrip() for p in parts.values()]
+                               + [f"def {name}_launch({params}):\n{indent(lines, 4)}\n"])
+    total = len(conv.groups)
+    description = "per instance: " + "; ".join(f"{p.description} for {len(configs[t])} of {total} instances"
+                                               for t, p in parts.items())
+    return KernelSource("\n\n\n".join(p.kernel.rstrip() for p in parts.values()) + "\n", launcher,
+                        f"{name}_launch", args, False,
+                        {n: text for p in parts.values() for n, text in p.helpers.items()}, description=description)
