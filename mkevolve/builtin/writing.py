@@ -252,7 +252,7 @@ class CodeWriter:
             pattern.groups.append(code)
             code.pattern = pattern
         patterns = list(by_key.values())
-        bases = [safe_name("_".join(_dedupe(p.groups[0].labels)[:4]), default="block") + _grouping_suffix(p)
+        bases = [safe_name("_".join(_dedupe(p.groups[0].labels)[:4]), default="block") + self._grouping_suffix(p)
                  for p in patterns]
         for pattern, base in zip(patterns, bases):
             clash = bases.count(base) > 1
@@ -260,6 +260,12 @@ class CodeWriter:
             pattern.name = f"{base}_{digest}" if clash else base
             pattern.params = self._params(pattern)
         return patterns
+
+    def _grouping_suffix(self, pattern: Pattern) -> str:
+        """"_depthwise" or "_grouped" in the name of a pattern of such convolutions (conv2d_depthwise)."""
+        tags = {_conv_grouping(self.traced.construction.leaves[o.key.name])
+                for o in pattern.groups[0].owners if o.key.is_leaf}
+        return "_depthwise" if "[depthwise]" in tags else "_grouped" if "[grouped]" in tags else ""
 
     def _pattern_key(self, code: GroupCode) -> str:
         attributes = {o.key: o.attribute for o in code.owners}
@@ -480,16 +486,10 @@ class CodeWriter:
 _EMPTY = inspect.Parameter.empty
 
 
-def _grouping_suffix(pattern: Pattern) -> str:
-    """"_depthwise" or "_grouped" in the name of a pattern of such convolutions (conv2d_depthwise)."""
-    key = pattern.groups[0].key
-    return "_depthwise" if "[depthwise]" in key else "_grouped" if "[grouped]" in key else ""
-
-
 def _conv_grouping(leaf: LeafRecord) -> str:
     """A depthwise or grouped convolution is its own pattern, apart from dense ones of the same class: a dense
     convolution is a GEMM for tensor cores, a depthwise one a memory-bound window sum (MobileNetV2 has both
-    kinds of nn.Conv2d, and one kernel file for all 52 would have to take the slower template for every one)."""
+    kinds of nn.Conv2d): each kind then gets its own search, budget and timing."""
     if not issubclass(leaf.cls, nn.modules.conv._ConvNd):
         return ""
     arguments = {name: value for name, value, _ in leaf.arguments}
