@@ -47,20 +47,38 @@ def _references(tmp_path):
 
 def test_the_configs_with_the_largest_inputs_are_the_ones_timed(tmp_path):
     assert correctness.MAX_TIMED_CONFIGS == 4
-    assert correctness._configs_to_time(_references(tmp_path)) == [1, 2, 3, 5]      # widths 9, 5, 7, 8
+    assert correctness._configs_to_time(_references(tmp_path), trials=3) == [1, 2, 3, 5]      # widths 9, 5, 7, 8
 
 
 def test_a_few_configs_are_all_timed(tmp_path):
     references = _references(tmp_path)[:3]
-    assert correctness._configs_to_time(references) == [0, 1, 2]
+    assert correctness._configs_to_time(references, trials=3) == [0, 1, 2]
+
+
+def test_choosing_builds_each_reference_model_once_and_timing_adds_one_per_timed_config(tmp_path, monkeypatch):
+    references = _references(tmp_path)
+    built = []
+    original = reference.ReferenceSet.build_model
+
+    def counting(self):
+        built.append(self.config_index)
+        return original(self)
+
+    monkeypatch.setattr(reference.ReferenceSet, "build_model", counting)
+    timed = correctness._configs_to_time(references, trials=3)
+    assert sorted(built) == list(range(6))
+    for index, reference_set in enumerate(references):     # what _judge asks for next
+        plan = correctness.plan_calls(3, index in timed, True, correctness.random.Random(index))
+        reference_set.ensure(plan.set_names())
+    assert sorted(built) == sorted(list(range(6)) + timed)
 
 
 def test_the_speedup_covers_the_timed_configs_on_both_sides(tmp_path, monkeypatch):
     references = _references(tmp_path)
     baselines = {1: 10.0, 3: 30.0}
 
-    def baseline(problem, index, reference_set, request):
-        return Timing(*[baselines[index]] * 5, runs=100)
+    def baseline(problem, reference_set, request):
+        return Timing(*[baselines[reference_set.config_index]] * 5, runs=100)
 
     monkeypatch.setattr(correctness, "_baseline", baseline)
     report = SimpleNamespace(times_ms=[[], [5.0] * 3, [], [10.0] * 3, [], []])     # configs 1 and 3 timed

@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from mkevolve.config import TOLERANCE
-from mkevolve.problem import (Problem, ProblemError, build_model, call_inputs, check_reference, fp32_strict,
-                              load_problem)
+from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process, scratch_folder)
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
@@ -125,7 +124,7 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
         for reference in references:
             held.enter_context(reference.in_use())
         with _phase(errors, "reference"):
-            timed_configs = _configs_to_time(references) if timed else []
+            timed_configs = _configs_to_time(references, request.trials) if timed else []
             plans = [plan_calls(request.trials, index in timed_configs, device().type == "cuda",
                                 random.Random(secrets.randbits(64)), prefix=f"config{index}_")
                      for index in range(len(problem.configs))]
@@ -143,13 +142,16 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
     return result
 
 
-def _configs_to_time(references: list[ReferenceSet]) -> list[int]:
-    """Every config, or the MAX_TIMED_CONFIGS with the most input bytes (the first trial set's; ties: earlier)."""
+def _configs_to_time(references: list[ReferenceSet], trials: int) -> list[int]:
+    """Every config, or the MAX_TIMED_CONFIGS with the most input bytes (the first trial set's; ties: earlier).
+    Choosing computes every config's untimed sets, each config's reference Model built once; the chosen
+    configs then add only their timing sets."""
     if len(references) <= MAX_TIMED_CONFIGS:
         return list(range(len(references)))
+    untimed = plan_calls(trials, False, True, random.Random(0)).set_names()   # the same for any order drawn
     sizes = []
     for index, reference in enumerate(references):
-        reference.ensure(["trial0"])
+        reference.ensure(untimed)
         header = wire.read_values(reference.inputs_file("trial0"), "meta")     # shapes only, no data
         sizes.append((-sum(v.numel() * v.element_size() for v in header if isinstance(v, torch.Tensor)), index))
     return sorted(index for _, index in sorted(sizes)[:MAX_TIMED_CONFIGS])
@@ -225,7 +227,7 @@ def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[R
                 report: CandidateReport, result: EvalResult, timed_configs: list[int]) -> None:
     """Candidate and torch.compile over the same timed configs; their times add up (timing.combine)."""
     timings = [summarize(report.times_ms[index]) for index in timed_configs]
-    baselines = [_baseline(problem, index, references[index], request) for index in timed_configs]
+    baselines = [_baseline(problem, references[index], request) for index in timed_configs]
     result.runtime, result.baseline = combine(timings), combine(baselines)
     result.speedup = result.baseline.median_ms / result.runtime.median_ms
     if len(timed_configs) < len(references):
@@ -291,7 +293,7 @@ def tolerance_used(ref: torch.Tensor, diff: torch.Tensor, atol: float, rtol: flo
     return float(torch.nan_to_num(diff / (atol + rtol * ref.abs()), nan=0.0).max())
 
 
-def _baseline(problem: Problem, index: int, reference: ReferenceSet, request: KernelEvalRequest) -> Timing:
+def _baseline(problem: Problem, reference: ReferenceSet, request: KernelEvalRequest) -> Timing:
     """torch.compile's time on the first timing set; the model is built only when it is not cached yet."""
     inputs_file = reference.inputs_file(TIMING_SETS[0])
     shapes = [list(v.shape) if isinstance(v, torch.Tensor) else repr(v)
@@ -300,8 +302,7 @@ def _baseline(problem: Problem, index: int, reference: ReferenceSet, request: Ke
     cache = Path(request.baseline_cache_dir) if request.baseline_cache_dir else default_cache_dir()
 
     def measure() -> Timing:
-        init = call_inputs(problem.path, problem.configs[index].get_init_inputs, "get_init_inputs")
-        model = build_model(problem.path, problem.model_cls, init, request.seed, device(), request.eval_mode)
+        model = reference.build_model()
         inputs = wire.read_values(inputs_file, device())
         compiled = torch.compile(model)
         return time_forward(lambda: compiled(*inputs))

@@ -130,13 +130,18 @@ class ReferenceSet:
         # find the files. Released when the file closes, or when this process dies.
         with open(self.folder / _LOCK_FILE, "a") as lock:
             lock_file(lock)
-            self._compute([name for name in names if not self._done(name)], config, init)
+            self._compute([name for name in names if not self._done(name)], config)
 
-    def _compute(self, missing: list[str], config, init: list) -> None:
+    def build_model(self) -> torch.nn.Module:
+        """This config's reference Model: its init arguments, the check's seed, device and mode."""
+        config = self.problem.configs[self.config_index]
+        init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
+        return build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device, self.eval_mode)
+
+    def _compute(self, missing: list[str], config) -> None:
         if not missing:
             return
-        model = build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device,
-                            self.eval_mode)
+        model = self.build_model()
         for name in missing:
             inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
             with torch.no_grad():
@@ -174,11 +179,7 @@ class ReferenceSet:
         model = _recompute_models.get(key)
         if model is None:
             _recompute_models.clear()
-            config = self.problem.configs[self.config_index]
-            init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
-            model = build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device,
-                                self.eval_mode)
-            _recompute_models[key] = model
+            model = _recompute_models[key] = self.build_model()
         inputs = wire.read_values(self.inputs_file(name), self.device)
         with torch.no_grad():
             return flatten_outputs(model(*clone_values(inputs)))
