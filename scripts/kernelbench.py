@@ -22,8 +22,11 @@ problem in progress, and running the same command again skips what is done.
 
 Parts: a part stops starting problems when the next one would not fit in --time-limit, judged from the
 median time of the problems finished so far (this part's and earlier parts'). The first problem of a part
-always starts. A step that runs into the limit is killed; it is retried at the start of the next part,
-unless it already had a whole part to itself, in which case the problem is recorded as over the limit.
+always starts. A step that runs into the limit is stopped. A stopped `mkevolve run` is resumed by the
+next part (`mkevolve run --resume`: subproblems already evolved and candidates already checked are kept),
+up to MAX_RUN_PARTS parts in all, after which the problem is recorded as over the limit; its run_s adds
+up the parts. A stopped timing is retried at the start of the next part, unless it already had a whole
+part to itself. A run directory gone with its machine starts the problem afresh.
 
 Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
 its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
@@ -72,6 +75,7 @@ DEFAULT_KERNELBENCH = next((p for p in (ROOT / "shared" / "kernelbench", ROOT.pa
 DEFAULT_WORK = ROOT / "outputs" / "kernelbench"
 DEFAULT_ROUNDS = 5
 KILL_GRACE_S = 15            # after SIGINT, seconds a run gets to stop its workers before SIGKILL
+MAX_RUN_PARTS = 3            # parts one `mkevolve run` may span (resumed at the start of each next part)
 
 
 # ---- rows and the results file ---------------------------------------------------------------------------
@@ -99,7 +103,8 @@ class Row:
     run_speedup: float | None = None      # the run's own end-to-end figure (the verifier's, vs torch.compile)
     llm_calls: int | None = None          # calls that reached the model (cache hits left out)
     tokens: int | None = None             # prompt + completion + reasoning
-    run_s: float | None = None            # wall time of `mkevolve run`, seconds
+    run_s: float | None = None            # wall time of `mkevolve run`, seconds (over all its parts)
+    run_parts: int | None = None          # parts the run spanned: more than 1 when a part's limit stopped it
     measure_s: float | None = None        # wall time of pack + timing, seconds
     wall_s: float | None = None           # run_s + measure_s
     anchor_eager_ms: float | None = None  # anchors_h200.tsv, for a sanity check of our eager/compile times
@@ -417,45 +422,68 @@ def find_run_dir(log: Path, parent: Path) -> Path | None:
     return runs[-1].parent if runs else None
 
 
+def resumable(row: Row | None) -> bool:
+    """A run that a part's limit stopped, whose run directory is still here to be resumed."""
+    return (row is not None and not row.finished and row.exit_code is None and row.run_dir is not None
+            and (Path(row.run_dir) / "state.json").is_file())
+
+
 def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, settings: Settings,
                   gpu: int | None) -> Row | None:
-    """Run (unless an earlier part did) and time one problem. Returns None when the run was cut by the
-    deadline and deserves another try; a Row with finished=False when only the timing is left to do."""
-    path = settings.kernelbench / key
-    level, stem = Path(key).parent.name, Path(key).stem
-    ran_now = False
-    if row is not None and row.run_dir and not (Path(row.run_dir) / "best").is_dir():
+    """Run (or resume, or leave alone when an earlier part did it) and time one problem. The Row has
+    finished=False when the next part has work left on it: resuming the run the deadline stopped, or the
+    timing."""
+    if row is not None and row.run_dir and not resumable(row) and not (Path(row.run_dir) / "best").is_dir():
         row = None          # its run directory is gone (a fresh GPU machine): run the problem again
-    if row is None or (row.run_dir is None and row.exit_code is None):
-        row = Row(problem=key)
-        runs_parent = settings.work / "runs" / level
-        command = [sys.executable, "-m", "mkevolve", "run", str(path), "--model", settings.model,
-                   "--iterations", str(settings.iterations), "--budget", str(settings.budget),
-                   "--out", str(runs_parent), *settings.run_args]
-        step = run_step(command, settings.work / "logs" / f"{level}_{stem}.run.log",
-                        deadline - time.monotonic(), child_env(gpu))
-        if step.exit_code is None and not whole_part:
-            return None
+    if row is None or resumable(row) or (row.run_dir is None and row.exit_code is None):
+        row = run_problem(key, row if resumable(row) else None, deadline, settings, gpu)
+        if not row.finished and row.exit_code is None:
+            return row      # stopped at the deadline: the next part resumes the run
         ran_now = True
-        row.exit_code, row.run_s = step.exit_code, round(step.seconds, 1)
-        run_dir = find_run_dir(step.log, runs_parent / stem)
-        row.run_dir = str(run_dir) if run_dir else None
-        if run_dir is None:
-            row.correct, row.note = False, f"no run directory; the run said: {last_line(step.log)}"
-        else:
-            info = read_run(run_dir)
-            for name, value in asdict(info).items():
-                setattr(row, name, value)
-        if step.exit_code is None:
-            row.note = f"mkevolve run stopped at the part's time limit after {step.seconds:.0f} s. {row.note}".strip()
+    else:
+        ran_now = False
     if row.correct and row.exit_code is not None and row.measure_s is None:
-        timed_out = pack_and_measure(row, path, settings, deadline, gpu)
+        timed_out = pack_and_measure(row, Path(settings.kernelbench) / key, settings, deadline, gpu)
         if timed_out and (ran_now or not whole_part):
             return row          # finished=False: the next part times it, with the whole part to itself
         if timed_out:
             row.note = f"{row.note} timing stopped at the part's time limit".strip()
     row.wall_s = round((row.run_s or 0) + (row.measure_s or 0), 1)
     row.finished = True
+    return row
+
+
+def run_problem(key: str, stopped: Row | None, deadline: float, settings: Settings, gpu: int | None) -> Row:
+    """`mkevolve run` on one problem, or `--resume` of the run a part's limit `stopped`; the Row it leaves.
+    Stopped at the deadline: finished=False while parts are left to resume it, else finished=True."""
+    level, stem = Path(key).parent.name, Path(key).stem
+    runs_parent = settings.work / "runs" / level
+    if stopped is not None:
+        row, command = stopped, [sys.executable, "-m", "mkevolve", "run", "--resume", stopped.run_dir]
+    else:
+        row = Row(problem=key)
+        command = [sys.executable, "-m", "mkevolve", "run", str(settings.kernelbench / key), "--model", settings.model,
+                   "--iterations", str(settings.iterations), "--budget", str(settings.budget),
+                   "--out", str(runs_parent), *settings.run_args]
+    step = run_step(command, settings.work / "logs" / f"{level}_{stem}.run.log", deadline - time.monotonic(),
+                    child_env(gpu))
+    row.exit_code, row.run_parts = step.exit_code, (row.run_parts or 0) + 1
+    row.run_s = round((row.run_s or 0) + step.seconds, 1)
+    run_dir = find_run_dir(step.log, runs_parent / stem)
+    row.run_dir = str(run_dir) if run_dir else None
+    if run_dir is None:
+        row.correct, row.note = False, f"no run directory; the run said: {last_line(step.log)}"
+        return row
+    for name, value in asdict(read_run(run_dir)).items():
+        setattr(row, name, value)
+    if step.exit_code is None:
+        if row.run_parts < MAX_RUN_PARTS:
+            row.note = (f"mkevolve run stopped at the part's time limit after {row.run_s:.0f} s in "
+                        f"{row.run_parts} part(s); the next part resumes it")
+            return row
+        row.note = (f"mkevolve run stopped at the part's time limit in each of {row.run_parts} parts, "
+                    f"{row.run_s:.0f} s in all. {row.note}").strip()
+        row.finished = True     # over the limit: not resumed again
     return row
 
 
@@ -555,7 +583,8 @@ def run_part(problems: list[str], results: Results, limit_s: float, solve: Solve
 
 
 def summary_line(row: Row) -> str:
-    state = "waiting for its timing" if not row.finished else (
+    waiting = "waiting for the next part to resume its run" if row.exit_code is None else "waiting for its timing"
+    state = waiting if not row.finished else (
         f"correct={fmt_bool(row.correct)} all_triton={fmt_bool(row.all_triton)} "
         f"vs_compile={fmt_speedup(row.speedup_vs_compile)} vs_eager={fmt_speedup(row.speedup_vs_eager)} "
         f"err={fmt_err(row.err_solution)} (eager {fmt_err(row.err_eager)}) wall={fmt_number(row.wall_s)} s")

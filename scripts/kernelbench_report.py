@@ -37,7 +37,8 @@ class ProblemRow:
     """The fields of one results row that the report shows; None where the file does not know the value."""
 
     problem: str                            # "level2/63_Gemm_ReLU_Divide.py"
-    finished: bool | None = None            # False: the run is done, its timing is not
+    finished: bool | None = None            # False: the run or its timing is still to finish
+    exit_code: int | None = None            # of `mkevolve run`; None unfinished: a part's limit stopped it
     correct: bool | None = None             # best/ passed the end-to-end check
     all_triton: bool | None = None          # every subkernel is a Triton kernel
     speedup_vs_compile: float | None = None
@@ -208,8 +209,9 @@ def table_row(row: ProblemRow) -> str:
 
 
 def row_note(row: ProblemRow) -> str:
-    # An unfinished row has its run but not its timing: say so, or its "unknown" speedups look like a failure.
-    pending = "timing still to do" if row.finished is False else ""
+    # An unfinished row has its run stopped or its timing to do: say so, or its "unknown" speedups look like a
+    # failure. (The note of a stopped run says that the next part resumes it.)
+    pending = "timing still to do" if row.finished is False and row.exit_code is not None else ""
     return "; ".join(filter(None, (pending, row.note)))
 
 

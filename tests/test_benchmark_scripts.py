@@ -194,7 +194,7 @@ def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
 
 def fake_run(folder: Path, pytorch: list[str], correct: bool = True) -> Path:
     """A run directory as `mkevolve run` leaves one: state.json, best/manifest.yaml, events.jsonl."""
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     names = ["linear", "relu_truediv"]
     record = IterationRecord(index=1, refinement="none", subproblems=names, budget={n: 4 for n in names},
                              subkernels={n: SubkernelRecord(status="ok") for n in names},
@@ -229,6 +229,70 @@ def test_read_run_without_best(tmp_path):
     assert not info.correct and info.all_triton is None
     assert "output 0 differs" in info.note
     assert (info.llm_calls, info.tokens) == (1, 7)         # no totals event: the paid calls counted
+
+
+# ---- kernelbench: a run that a part's limit stopped -------------------------------------------------------
+
+
+def stopped_run(folder: Path) -> Path:
+    """A run directory as a stopped `mkevolve run` leaves one: its checkpoint, no best/."""
+    folder.mkdir(parents=True, exist_ok=True)
+    RunState(problem="p.py", run_id="r", iteration=1, step=Step.EVOLVED).save(folder)
+    return folder
+
+
+def scripted_steps(monkeypatch, run_dir: Path, outcomes: list[int | None]) -> list[list[str]]:
+    """Replace run_step: the n-th `mkevolve run` ends with outcomes[n] (None: stopped at the deadline) after
+    100 s, leaving `run_dir` stopped, or finished with best/ when it exits 0; returns the commands seen."""
+    commands = []
+
+    def step(command, log, timeout_s, env=None):
+        code = outcomes[len(commands)]
+        commands.append(command)
+        stopped_run(run_dir) if code is None else fake_run(run_dir, pytorch=[])
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"run directory: {run_dir}\n")
+        return kb.Step(code, 100.0, log)
+
+    monkeypatch.setattr(kb, "run_step", step)
+    monkeypatch.setattr(kb, "pack_and_measure", lambda row, *args: setattr(row, "measure_s", 5.0) or False)
+    return commands
+
+
+def kb_settings(tmp_path: Path):
+    return kb.Settings(kernelbench=tmp_path / "kb", work=tmp_path / "work", model="builtin", iterations=1,
+                       budget=8, run_args=[], rounds=1)
+
+
+def test_a_run_stopped_at_the_limit_is_resumed_by_the_next_part(tmp_path, monkeypatch):
+    run_dir = tmp_path / "work" / "runs" / "level2" / "p" / "r1"
+    commands = scripted_steps(monkeypatch, run_dir, [None, 0])
+    deadline = time.monotonic() + 600
+    row = kb.solve_problem("level2/p.py", None, deadline, True, kb_settings(tmp_path), None)
+    assert not row.finished and row.exit_code is None and row.run_parts == 1 and kb.resumable(row)
+    assert "the next part resumes it" in row.note and "--resume" not in commands[0]
+    row = kb.solve_problem("level2/p.py", row, deadline, True, kb_settings(tmp_path), None)
+    assert commands[1][-2:] == ["--resume", str(run_dir)]
+    assert row.finished and row.correct and row.exit_code == 0 and row.note == ""
+    assert (row.run_parts, row.run_s, row.wall_s) == (2, 200.0, 205.0)        # both parts' run time
+
+
+def test_a_run_stopped_in_every_part_is_recorded_over_the_limit(tmp_path, monkeypatch):
+    run_dir = tmp_path / "work" / "runs" / "level2" / "p" / "r1"
+    commands = scripted_steps(monkeypatch, run_dir, [None] * kb.MAX_RUN_PARTS)
+    row = None
+    for _ in range(kb.MAX_RUN_PARTS):
+        assert row is None or not row.finished
+        row = kb.solve_problem("level2/p.py", row, time.monotonic() + 600, True, kb_settings(tmp_path), None)
+    assert len(commands) == kb.MAX_RUN_PARTS and row.finished and not row.correct and not kb.resumable(row)
+    assert f"in each of {kb.MAX_RUN_PARTS} parts, {100 * kb.MAX_RUN_PARTS} s in all" in row.note
+
+
+def test_a_stopped_run_whose_directory_is_gone_starts_afresh(tmp_path, monkeypatch):
+    commands = scripted_steps(monkeypatch, tmp_path / "work" / "runs" / "level2" / "p" / "r2", [0])
+    gone = kb.Row("level2/p.py", run_dir=str(tmp_path / "elsewhere"), run_parts=1, run_s=100.0)
+    row = kb.solve_problem("level2/p.py", gone, time.monotonic() + 600, True, kb_settings(tmp_path), None)
+    assert "--resume" not in commands[0] and row.finished and (row.run_parts, row.run_s) == (1, 100.0)
 
 
 # ---- kernelbench: timing and rendering -------------------------------------------------------------------

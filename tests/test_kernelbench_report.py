@@ -42,7 +42,7 @@ ROWS = [
      "a_field_from_the_future": 1},
     {"problem": FAILED, "finished": True, "correct": False, "speedup_vs_compile": 8.0, "wall_s": 150.0,
      "note": "no correct end-to-end solution: shape mismatch"},
-    {"problem": MLP, "finished": False, "correct": True},
+    {"problem": MLP, "finished": False, "exit_code": 0, "correct": True},
 ]
 META = {"date": "2026-12-01", "gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3",
         "settings": {"model": "builtin", "iterations": 1, "budget": 8, "run_args": [], "rounds": 5},
@@ -103,6 +103,13 @@ def test_header_facts_and_notes_come_from_the_file(results, kernelbench):
     assert f"- {FAILED.removesuffix('.py')}: no correct end-to-end solution: shape mismatch" in table
     assert f"- {MLP.removesuffix('.py')}: timing still to do" in table
     assert f"- {CONV.removesuffix('.py')}:" not in table
+
+
+def test_a_stopped_run_is_not_said_to_wait_for_its_timing():
+    stopped = report.ProblemRow.from_json({"problem": MLP, "finished": False, "exit_code": None,
+                                           "note": "mkevolve run stopped at the part's time limit after 530 s in "
+                                                   "1 part(s); the next part resumes it"})
+    assert report.row_note(stopped) == stopped.note
 
 
 def test_totals_are_unknown_without_a_kernelbench_folder(results, tmp_path):
