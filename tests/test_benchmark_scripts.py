@@ -22,6 +22,7 @@ GEMM = "level2/63_Gemm_ReLU_Divide.py"
 
 profile_script = load_script("eval_profile")
 kb = load_script("kernelbench")
+throughput = load_script("throughput")
 
 
 # ---- eval_profile ----------------------------------------------------------------------------------------
@@ -187,6 +188,40 @@ def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
 
     kb.run_part(["p1", "p2", "p3", "p4"], results, 540, solve, lambda: None, lanes=2)
     assert sorted(seen) == ["p1", "p2"] and set(results.rows) == {"p2"}
+
+
+# ---- throughput ------------------------------------------------------------------------------------------
+
+
+def test_throughput_of_two_runs_against_the_targets(tmp_path):
+    # Run a: 0 to 60 s, 3 verdicts (one composite), one 50 s iteration with 5 s overhead. Run b: 30 to 120 s,
+    # 3 verdicts, no iteration finished. Together: 6 verdicts in 120 s on 1 GPU.
+    run_a = [{"t": 1000.0, "kind": "decomposed"}, {"t": 1020.0, "kind": "verdict"}, {"t": 1030.0, "kind": "verdict"},
+             {"t": 1055.0, "kind": "verdict", "composite": True},
+             {"t": 1060.0, "kind": "iteration", "seconds": 50.0, "overhead_s": 5.0}]
+    run_b = [{"t": 1030.0, "kind": "decomposed"}] + [{"t": 1030.0 + 30 * i, "kind": "verdict"} for i in (1, 2, 3)]
+    (tmp_path / "a").mkdir()
+    write_events(tmp_path / "a" / "events.jsonl", run_a)
+    write_events(tmp_path / "b.jsonl", run_b)
+    (tmp_path / "util.csv").write_text("0\n35\n100\n0\nutilization.gpu\n")   # a stray header is skipped
+    measured = throughput.measure([tmp_path / "a", tmp_path / "b.jsonl"], tmp_path / "util.csv", gpus=1,
+                                  runs_per_gpu=2)
+    assert sorted(r.wall_s for r in measured.runs) == [60.0, 90.0] and measured.median_run_s == 75.0
+    assert [r.composite_verdicts for r in measured.runs] == [1, 0]
+    assert measured.span_s == 120.0 and measured.candidates_per_gpu_minute == 3.0
+    assert (measured.gpu_samples, measured.gpu_busy_share, measured.gpu_mean_utilisation) == (4, 0.5, 33.75)
+    assert measured.overhead_share == 0.1
+    lines = "\n".join(measured.lines())
+    assert "75.0 s (target <= 30 s) (2 runs per GPU; the target is for one alone)" in lines
+    assert "3.00 (target >= 20)" in lines and "50.0% of 4 samples" in lines
+
+
+def test_throughput_without_samples_or_iterations_is_unknown(tmp_path):
+    write_events(tmp_path / "events.jsonl", [{"t": 5.0, "kind": "verdict"}])
+    measured = throughput.measure([tmp_path], None, gpus=2, runs_per_gpu=1)
+    assert measured.gpu_busy_share is None and measured.overhead_share is None
+    assert measured.candidates_per_gpu_minute is None           # one event: no span to divide by
+    assert "GPU busy: unknown" in "\n".join(measured.lines())
 
 
 # ---- kernelbench: reading a run directory ----------------------------------------------------------------
