@@ -62,7 +62,7 @@ def _subcommands(sub) -> None:
                    help="continue an interrupted or finished run; flags given change its saved config")
     add_config_flags(p, ["model", "api_base", "judge", "iterations", "budget", "beam_width", "expansion",
                          "refine_every", "fuse", "swap", "tau", "search", "decompose_attempts", "retries",
-                         "llm_parallel", "llm_timeout", "executor", "out"] + VERIFY_FLAGS, RUN_HELP)
+                         "llm_parallel", "llm_timeout", "executor", "time_budget", "out"] + VERIFY_FLAGS, RUN_HELP)
     p.set_defaults(handler="mkevolve.orchestrator:run_command")
 
     p = sub.add_parser("eval", help="re-verify and profile a solution folder, per subkernel and end to end")

@@ -62,6 +62,9 @@ class RunConfig:
     llm_parallel: int = _opt(8, "LLM calls in flight at once")
     llm_timeout: float = _opt(600.0, "seconds one LLM call may take")
     # The run.
+    time_budget: float = _opt(0.0, "seconds after which this command starts no further LLM call or iteration "
+                                   "(0: no limit); checks in flight and the iteration's end-to-end check finish",
+                              metavar="SECONDS")
     out: str = _opt("outputs", "parent folder: the output goes to OUT/<problem>/<folder>")
     seed: int = _opt(0, "seed for inputs, weights and the search")
 
@@ -155,6 +158,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("config: 'memory_limit_gb' must be positive")
     if config.timeout <= 0 or config.llm_timeout <= 0:
         raise ConfigError("config: timeouts must be positive")
+    if config.time_budget < 0:
+        raise ConfigError("config: 'time_budget' must be >= 0 (0: no limit)")
     if config.workers < 0 or config.retries < 0:
         raise ConfigError("config: 'workers' and 'retries' must be >= 0")
     if not 0 < config.tau <= 10:

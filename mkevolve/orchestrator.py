@@ -105,6 +105,8 @@ class Orchestrator:
         if judge is not None:
             judge.client.clock = verifier.clock
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
+        # --time-budget: past this moment (time.monotonic()) no LLM call or iteration starts
+        self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -145,7 +147,7 @@ class Orchestrator:
         self._emit_iteration(record, overhead)
         self._keep_if_best(record)
         self.state.history.append(record)
-        self.state.stop = self._nothing_can_change(record, decomposition) or ""
+        self.state.stop = self._time_spent() or self._nothing_can_change(record, decomposition) or ""
         self._checkpoint(Step.EVALUATED)
         if self.state.stop:
             self.events.emit("stopped", iteration=t, iterations=self.config.iterations, reason=self.state.stop)
@@ -180,6 +182,15 @@ class Orchestrator:
             return f"nothing can change: {quiet}, and no later iteration would split or fuse"
         if str(pending) == record.asked:
             return f"nothing can change: {quiet}, and {pending} was asked this iteration and left it as it was"
+        return None
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _time_spent(self) -> str | None:
+        """Why no further iteration starts: the time budget is spent (and iterations were left)."""
+        if self._out_of_time() and self.state.iteration < self.config.iterations:
+            return f"the time budget of {self.config.time_budget:g} s is spent"
         return None
 
     def _checkpoint(self, step: Step) -> None:
@@ -320,6 +331,10 @@ class Orchestrator:
         pending = [name for name in decomposition.names if name not in self.state.evolved]
         with ThreadPoolExecutor(max_workers=self._search_lanes(len(pending))) as lanes:
             list(lanes.map(partial(self._evolve_one, t), pending))  # list(): a search's error is raised here
+        if self._out_of_time():
+            self.events.emit("time_budget_spent", iteration=t, seconds=self.config.time_budget)
+            self.display.log(f"iteration {t}: the time budget of {self.config.time_budget:g} s is spent: "
+                             "searches asked for no further batch")
         self._checkpoint(Step.EVOLVED)
 
     def _search_lanes(self, pending: int) -> int:
@@ -344,7 +359,7 @@ class Orchestrator:
         before = self._beam(name)
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
                              self.client, self.config, folder / "candidates", context, progress=self._progress,
-                             judge=self.judge)
+                             judge=self.judge, deadline=self.deadline)
         with self._state_lock:  # other subproblems' searches end at the same time
             self.state.beams[name] = beam
             self.state.evolved.append(name)

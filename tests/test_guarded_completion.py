@@ -205,3 +205,31 @@ def test_a_run_with_no_kernel_at_all_still_ends_with_a_verified_pytorch_best(tmp
     assert "partial: 0 of 1 in Triton (cumsum runs PyTorch code)" in out
     assert DECLINE in out
     assert {e["agent"] for e in events(run_dir, "llm_call")} == {"decompose"}  # no kernel request
+
+@pytest.mark.slow
+def test_a_spent_time_budget_stops_the_run_with_a_verified_best(tmp_path, capsys):
+    """--time-budget: spent before the first search (decomposing takes longer), so no kernel request is made,
+    no second iteration starts, and the iteration's composite still ends verified, every subproblem as PyTorch."""
+    gemm_chain = Path(__file__).resolve().parents[1] / "problems" / "gemm_chain.py"
+    code = main(["run", str(gemm_chain), "--out", str(tmp_path / "runs"), "--iterations", "3", "--budget", "3",
+                 "--workers", "1", "--trials", "2", "--time-budget", "0.001"])
+    out = capsys.readouterr().out
+    (run_dir,) = (tmp_path / "runs" / "gemm_chain").iterdir()
+    state = RunState.load(run_dir)
+    assert code == 0 and state.step is Step.FINISHED and state.iteration == 1
+    assert state.stop == "the time budget of 0.001 s is spent"
+    assert "the time budget of 0.001 s is spent: searches asked for no further batch" in out
+    assert {e["agent"] for e in events(run_dir, "llm_call")} == {"decompose"}  # no kernel request
+    manifest = Manifest.read(run_dir / BEST)
+    assert manifest.status == "ok" and {e.origin for e in manifest.subkernels.values()} == {ORIGIN_PYTORCH}
+
+
+def test_a_search_past_its_deadline_asks_for_nothing(tmp_path):
+    from mkevolve.agents.evolve import evolve_kernel
+    from mkevolve.search.beam import Beam
+
+    beam = Beam(width=2)
+    # No agent is made: the verifier and the client would fail at their first use.
+    evolved = evolve_kernel("linear", PROBLEM, beam, 4, verifier=None, client=None, config=RunConfig(),
+                            candidates_dir=tmp_path, deadline=0.0)
+    assert evolved is not beam and evolved.members == [] and evolved.next_seq == beam.next_seq

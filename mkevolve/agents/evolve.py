@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -369,7 +370,7 @@ class KernelAgent:
 def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: int, verifier: KernelVerifier,
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
                   context: RefineContext | None = None, progress: ProgressHook | None = None,
-                  judge: Judge | None = None) -> Beam:
+                  judge: Judge | None = None, deadline: float | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`), parallel
@@ -377,23 +378,31 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     the best `width` of everything made). Candidates are saved under `candidates_dir/<subproblem_name>/`.
     Where kernels are not timed (no GPU), beam search and MCTS stop at the first passing kernel. `progress` hears
     of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
+    Past `deadline` (time.monotonic(); None: none) no further batch is asked for: the run's time budget.
     Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
     evolved = beam.copy()
     evolved.width = config.beam_width
-    if budget <= 0:
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    if budget <= 0 or out_of_time():
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
                         Path(candidates_dir), context, judge)
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
+    def settled(searched: Beam) -> bool:
+        return agent.settled(searched) or out_of_time()
+
     if calls > 0 and config.search == "parallel":
         parallel_sampling(evolved, calls, propose)
     elif calls > 0 and config.search == "mcts":
-        mcts_search(evolved, calls, propose, settled=agent.settled)
+        mcts_search(evolved, calls, propose, settled=settled)
     elif calls > 0:
-        beam_search(evolved, calls, config.expansion, propose, settled=agent.settled)
+        beam_search(evolved, calls, config.expansion, propose, settled=settled)
     agent.accept_members()
     agent.mark_exhausted(repertoire)
     made = evolved.next_seq - beam.next_seq
@@ -403,7 +412,8 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
                           members=[c.id for c in evolved.members], best=best.id if best else None,
                           best_speedup=best.result.speedup if best else None,
                           exhausted=evolved.exhausted.reason if evolved.exhausted else None,
-                          settled=UNTIMED_NOTE if made < calls and agent.settled(evolved) else None)
+                          settled=UNTIMED_NOTE if made < calls and agent.settled(evolved) else None,
+                          out_of_time=made < calls and out_of_time())
     return evolved
 
 
