@@ -429,7 +429,7 @@ def resumable(row: Row | None) -> bool:
 
 
 def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, settings: Settings,
-                  gpu: int | None) -> Row | None:
+                  gpu: int | None) -> Row:
     """Run (or resume, or leave alone when an earlier part did it) and time one problem. The Row has
     finished=False when the next part has work left on it: resuming the run the deadline stopped, or the
     timing."""
@@ -443,7 +443,7 @@ def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, 
     else:
         ran_now = False
     if row.correct and row.exit_code is not None and row.measure_s is None:
-        timed_out = pack_and_measure(row, Path(settings.kernelbench) / key, settings, deadline, gpu)
+        timed_out = pack_and_measure(row, settings.kernelbench / key, settings, deadline, gpu)
         if timed_out and (ran_now or not whole_part):
             return row          # finished=False: the next part times it, with the whole part to itself
         if timed_out:

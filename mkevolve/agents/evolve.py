@@ -394,6 +394,7 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
+
     def settled(searched: Beam) -> bool:
         return agent.settled(searched) or out_of_time()
 
