@@ -26,7 +26,9 @@ always starts. A step that runs into the limit is stopped. A stopped `mkevolve r
 next part (`mkevolve run --resume`: subproblems already evolved and candidates already checked are kept),
 up to MAX_RUN_PARTS parts in all, after which the problem is recorded as over the limit; its run_s adds
 up the parts. A stopped timing is retried at the start of the next part, unless it already had a whole
-part to itself. A run directory gone with its machine starts the problem afresh.
+part to itself. A run directory gone with its machine starts the problem afresh. Each part's record keeps
+its wall time, the verdicts its runs reached in it (and per GPU-minute) and, with CUDA, the GPUs'
+utilisation sampled every 0.5 s by nvidia-smi: the share of samples in which a kernel ran, and the mean.
 
 Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
 its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
@@ -604,13 +606,12 @@ def select_problems(kernelbench: Path, names: list[str]) -> list[str]:
     return keys
 
 
-# ---- rendering: scripts/kernelbench_report.py -----------------------------------------------------------
+# ---- siblings: scripts/kernelbench_report.py and scripts/throughput.py ----------------------------------
 
 
-def load_report_module():
-    """The table and the plot are scripts/kernelbench_report.py's. scripts/ is not a package, and this file is
-    itself imported by path (the tests), so its sibling is loaded by path too, once."""
-    name = "kernelbench_report"
+def load_sibling(name: str):
+    """scripts/<name>.py as a module. scripts/ is not a package, and this file is itself imported by path
+    (the tests), so its siblings are loaded by path too, once each."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
@@ -619,7 +620,8 @@ def load_report_module():
     return sys.modules[name]
 
 
-report = load_report_module()
+report = load_sibling("kernelbench_report")       # the table and the plot
+throughput = load_sibling("throughput")          # the GPU's utilisation samples, read
 # The progress lines of a part show a value the way the table will.
 fmt_bool, fmt_speedup, fmt_err, fmt_number = report.fmt_bool, report.fmt_speedup, report.fmt_err, report.fmt_number
 
@@ -627,6 +629,51 @@ fmt_bool, fmt_speedup, fmt_err, fmt_number = report.fmt_bool, report.fmt_speedup
 def render(results_path: Path, folder: Path, kernelbench: Path | None = None) -> None:
     """kernelbench.md and kernelbench_speedup.svg in `folder` (the plot skipped, with a note, without matplotlib)."""
     report.write_report(results_path, folder / "kernelbench.md", folder / "kernelbench_speedup.svg", kernelbench)
+
+
+# ---- a part's throughput ---------------------------------------------------------------------------------
+
+UTILISATION_INTERVAL_MS = 500
+UTILISATION_COMMAND = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                       "-lms", str(UTILISATION_INTERVAL_MS)]
+
+
+class UtilisationSampler:
+    """GPU utilisation sampled over a part into a file, one percentage per line and GPU: how busy the part
+    kept the GPUs (a sample is the share of its period in which any kernel ran)."""
+
+    def __init__(self, path: Path, command: list[str] = UTILISATION_COMMAND):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        with path.open("w") as out:
+            try:
+                self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+            except FileNotFoundError:
+                self.proc = None        # no nvidia-smi: the part records no samples
+
+    def stop(self) -> dict:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        samples = throughput.read_utilisation(self.path)
+        busy, mean = throughput.busy_and_mean(samples)
+        return {"gpu_samples": len(samples), "gpu_sample_interval_s": UTILISATION_INTERVAL_MS / 1000,
+                "gpu_busy_share": None if busy is None else round(busy, 4),
+                "gpu_mean_utilisation": None if mean is None else round(mean, 2)}
+
+
+def part_verdicts(rows: list[Row], since: float, until: float) -> int:
+    """Verdicts (every evaluation, end-to-end checks included) the runs of `rows` reached between the two
+    wall-clock times: a resumed run's earlier parts are not this part's work."""
+    from mkevolve.events import read_event_lines
+
+    count = 0
+    for row in rows:
+        events = Path(row.run_dir) / "events.jsonl" if row.run_dir else None
+        if events is not None and events.is_file():
+            count += sum(1 for e in read_event_lines(events)
+                         if e.get("kind") == "verdict" and since <= e.get("t", -1) <= until)
+    return count
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -706,12 +753,18 @@ def main(argv: list[str] | None = None) -> int:
             row.anchor_eager_ms, row.anchor_compile_ms = anchors[key]["eager_ms"], anchors[key]["compile_ms"]
         return row
 
-    part_started = time.monotonic()
+    part_started, wall_started = time.monotonic(), time.time()
+    sampler = UtilisationSampler(settings.work / "logs" / f"gpu-utilisation-{int(wall_started)}.csv") if gpus else None
     started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path),
                        lanes=args.lanes)
-    results.meta.setdefault("parts", []).append({"date": here["date"], "gpu": here["gpu"], "problems": started,
-                                                 "lanes": args.lanes, "gpus": len(gpus),
-                                                 "wall_s": round(time.monotonic() - part_started, 1)})
+    wall_s = time.monotonic() - part_started
+    verdicts = part_verdicts([results.rows[k] for k in started if k in results.rows], wall_started, time.time())
+    part = {"date": here["date"], "gpu": here["gpu"], "problems": started, "lanes": args.lanes, "gpus": len(gpus),
+            "wall_s": round(wall_s, 1), "verdicts": verdicts,
+            "verdicts_per_gpu_minute": round(verdicts / (wall_s / 60 * max(1, len(gpus))), 2) if wall_s else None}
+    if sampler is not None:
+        part.update(sampler.stop())
+    results.meta.setdefault("parts", []).append(part)
     results.save(results_path)
     left = [k for k in problems if k not in results.rows or not results.rows[k].finished]
     print(f"results: {results_path}")

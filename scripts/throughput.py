@@ -112,20 +112,26 @@ def read_utilisation(path: Path | None) -> list[int]:
     return [int(line) for line in path.read_text().split() if line.isdigit()]
 
 
+def busy_and_mean(samples: list[int]) -> tuple[float | None, float | None]:
+    """(share of samples above zero, mean utilisation in %), None without samples."""
+    if not samples:
+        return None, None
+    return sum(1 for s in samples if s > 0) / len(samples), statistics.fmean(samples)
+
+
 def measure(paths: list[Path], util: Path | None, gpus: int, runs_per_gpu: int) -> Throughput:
     measured = [m for m in (run_throughput(p) for p in event_files(paths)) if m is not None]
     runs = [m[0] for m in measured]
     span = (max(m[2] for m in measured) - min(m[1] for m in measured)) if measured else None
     verdicts = sum(r.verdicts for r in runs)
     samples = read_utilisation(util)
+    busy, mean = busy_and_mean(samples)
     iteration_s = sum(r.iteration_s for r in runs)
     return Throughput(
         runs=runs, gpus=gpus, runs_per_gpu=runs_per_gpu, span_s=span,
         median_run_s=statistics.median(r.wall_s for r in runs) if runs else None,
         candidates_per_gpu_minute=verdicts / (span / 60 * gpus) if span else None,
-        gpu_samples=len(samples),
-        gpu_busy_share=sum(1 for s in samples if s > 0) / len(samples) if samples else None,
-        gpu_mean_utilisation=statistics.fmean(samples) if samples else None,
+        gpu_samples=len(samples), gpu_busy_share=busy, gpu_mean_utilisation=mean,
         overhead_share=sum(r.overhead_s for r in runs) / iteration_s if iteration_s else None)
 
 

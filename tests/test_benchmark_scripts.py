@@ -4,6 +4,7 @@ time-limit rule, run-directory reader, timing function (CPU: errors yes, speedup
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -224,6 +225,25 @@ def test_throughput_without_samples_or_iterations_is_unknown(tmp_path):
     assert "GPU busy: unknown" in "\n".join(measured.lines())
 
 
+def test_a_parts_gpu_samples_are_summarised(tmp_path):
+    fake_smi = [sys.executable, "-c", "print('0'); print('40'); print('100'); print('0')"]
+    sampler = kb.UtilisationSampler(tmp_path / "util.csv", command=fake_smi)
+    sampler.proc.wait(timeout=30)
+    summary = sampler.stop()
+    assert summary["gpu_samples"] == 4 and summary["gpu_busy_share"] == 0.5 and summary["gpu_mean_utilisation"] == 35.0
+    missing = kb.UtilisationSampler(tmp_path / "none.csv", command=["no-such-sampler-here"]).stop()
+    assert missing["gpu_samples"] == 0 and missing["gpu_busy_share"] is None
+
+
+def test_a_part_counts_only_the_verdicts_within_its_own_time(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_events(run / "events.jsonl", [{"t": 50.0, "kind": "verdict"}, {"t": 150.0, "kind": "verdict"},
+                                        {"t": 160.0, "kind": "iteration"}, {"t": 170.0, "kind": "verdict"}])
+    rows = [kb.Row("level2/a.py", run_dir=str(run)), kb.Row("level2/b.py")]   # b never got a run directory
+    assert kb.part_verdicts(rows, since=100.0, until=200.0) == 2
+
+
 # ---- kernelbench: reading a run directory ----------------------------------------------------------------
 
 
@@ -377,6 +397,9 @@ def test_kernelbench_end_to_end_on_a_shrunk_problem(tmp_path):
     if not torch.cuda.is_available():
         assert row["speedup_vs_compile"] is None and row["speedup_vs_eager"] is None
     assert (tmp_path / "packed" / "level2_63_Gemm_ReLU_Divide.py").is_file()
+    part = data["parts"][-1]
+    assert part["verdicts"] >= 2 and part["verdicts_per_gpu_minute"] > 0     # a kernel's and the composite's
+    assert ("gpu_busy_share" in part) == torch.cuda.is_available()
     assert kb.main(args) == 0
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["parts"][-1]["problems"] == [] and again["rows"] == data["rows"]
