@@ -62,9 +62,9 @@ class RunConfig:
     llm_parallel: int = _opt(8, "LLM calls in flight at once")
     llm_timeout: float = _opt(600.0, "seconds one LLM call may take")
     # The run.
-    time_budget: float = _opt(0.0, "seconds after which this command starts no further LLM call or iteration "
-                                   "(0: no limit); checks in flight and the iteration's end-to-end check finish",
-                              metavar="SECONDS")
+    time_budget: float = _opt(0.0, "seconds after which this command asks for no further kernel and starts no "
+                                   "further iteration (0: no limit); a decomposition under way, checks in flight "
+                                   "and the iteration's end-to-end check finish", metavar="SECONDS")
     out: str = _opt("outputs", "parent folder: the output goes to OUT/<problem>/<folder>")
     seed: int = _opt(0, "seed for inputs, weights and the search")
 

@@ -105,7 +105,7 @@ class Orchestrator:
         if judge is not None:
             judge.client.clock = verifier.clock
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
-        # --time-budget: past this moment (time.monotonic()) no LLM call or iteration starts
+        # --time-budget: past this moment (time.monotonic()) no kernel is asked for and no iteration starts
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
 
     # -- the loop -------------------------------------------------------------------------------
