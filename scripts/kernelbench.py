@@ -654,7 +654,11 @@ class UtilisationSampler:
     def stop(self) -> dict:
         if self.proc is not None:
             self.proc.terminate()
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         samples = throughput.read_utilisation(self.path)
         busy, mean = throughput.busy_and_mean(samples)
         return {"gpu_samples": len(samples), "gpu_sample_interval_s": UTILISATION_INTERVAL_MS / 1000,
@@ -755,15 +759,17 @@ def main(argv: list[str] | None = None) -> int:
 
     part_started, wall_started = time.monotonic(), time.time()
     sampler = UtilisationSampler(settings.work / "logs" / f"gpu-utilisation-{int(wall_started)}.csv") if gpus else None
-    started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path),
-                       lanes=args.lanes)
+    try:
+        started = run_part(problems, results, args.time_limit, solve, lambda: results.save(results_path),
+                           lanes=args.lanes)
+    finally:                            # an interrupted part leaves no sampler running
+        sampled = sampler.stop() if sampler is not None else {}
     wall_s = time.monotonic() - part_started
     verdicts = part_verdicts([results.rows[k] for k in started if k in results.rows], wall_started, time.time())
     part = {"date": here["date"], "gpu": here["gpu"], "problems": started, "lanes": args.lanes, "gpus": len(gpus),
             "wall_s": round(wall_s, 1), "verdicts": verdicts,
-            "verdicts_per_gpu_minute": round(verdicts / (wall_s / 60 * max(1, len(gpus))), 2) if wall_s else None}
-    if sampler is not None:
-        part.update(sampler.stop())
+            "verdicts_per_gpu_minute": round(verdicts / (wall_s / 60 * max(1, len(gpus))), 2) if wall_s else None,
+            **sampled}
     results.meta.setdefault("parts", []).append(part)
     results.save(results_path)
     left = [k for k in problems if k not in results.rows or not results.rows[k].finished]
