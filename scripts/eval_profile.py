@@ -157,6 +157,16 @@ def summarize(events: Iterable[VerdictEvent | dict]) -> Profile:
                    wall_p90_s=percentile(walls, 0.9) if walls else 0.0, rows=rows)
 
 
+def by_problem(events: Iterable[VerdictEvent | dict]) -> dict[str, Profile]:
+    """One profile per problem (a subproblem's file, or the problem of an end-to-end check), the problem
+    whose evaluations took the most wall time first: which evaluations make a slow median or p90."""
+    groups: dict[str, list[VerdictEvent]] = {}
+    for verdict in as_verdicts(events):
+        groups.setdefault(Path(verdict.problem).stem or "unknown", []).append(verdict)
+    ordered = sorted(groups.items(), key=lambda item: -sum(v.wall_s or 0.0 for v in item[1]))
+    return {name: summarize(verdicts) for name, verdicts in ordered}
+
+
 def render_table(profile: Profile) -> str:
     """A plain fixed-width table; sub-phases are indented under their phase."""
     header = f"{'phase':<28} {'count':>6} {'median s':>9} {'p90 s':>9} {'total s':>9} {'share':>7}"
@@ -183,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the profile as JSON to FILE")
     parser.add_argument("--composite", choices=("all", "only", "none"), default="all",
                         help="end-to-end evaluations of a composed solution: include (all), only them, or none")
+    parser.add_argument("--by-problem", action="store_true",
+                        help="one table per problem, the one whose evaluations took longest first")
     args = parser.parse_args(argv)
     verdicts = read_verdicts(find_event_files(args.paths))
     if args.composite != "all":
@@ -190,11 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     if not verdicts:
         print("no verdict events found", file=sys.stderr)
         return 1
-    profile = summarize(verdicts)
-    print(render_table(profile))
+    if args.by_problem:
+        profiles = by_problem(verdicts)
+        print("\n\n".join(f"== {name}\n{render_table(profile)}" for name, profile in profiles.items()))
+        data = {name: asdict(profile) for name, profile in profiles.items()}
+    else:
+        profile = summarize(verdicts)
+        print(render_table(profile))
+        data = asdict(profile)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(asdict(profile), indent=1) + "\n")
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

@@ -68,6 +68,18 @@ def test_profile_of_synthetic_events(tmp_path):
     assert json.loads(out.read_text())["wall_total_s"] == 4.0
 
 
+def test_profile_by_problem_puts_the_longest_first(tmp_path):
+    slow = {**FIRST, "problem": "/runs/iter_01/subkernel_problems/conv2d.py"}
+    fast = {**SECOND, "problem": "/kb/level2/23_Conv3d_GroupNorm_Mean.py"}
+    write_events(tmp_path / "events.jsonl", [fast, slow, {**slow, "wall_s": 12.0}])
+    out = tmp_path / "by_problem.json"
+    assert profile_script.main([str(tmp_path), "--by-problem", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert list(data) == ["conv2d", "23_Conv3d_GroupNorm_Mean"]          # 22 s of evaluations before 4 s
+    assert (data["conv2d"]["evaluations"], data["conv2d"]["wall_total_s"]) == (2, 22.0)
+    assert data["23_Conv3d_GroupNorm_Mean"]["evaluations"] == 1
+
+
 def test_profile_with_missing_phases(tmp_path):
     crashed = {"kind": "verdict", "status": "crashed", "wall_s": 2.0, "phases": {"worker_start": 0.5}}
     old = {"kind": "verdict", "status": "ok", "speedup": None}        # written before wall_s and phases
