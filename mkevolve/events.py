@@ -47,3 +47,23 @@ def read_event_lines(path: Path) -> list[dict]:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+class EventFilesError(ValueError):
+    """A path given for events.jsonl files that names none; the message names the path."""
+
+
+def find_event_files(paths: list[Path]) -> list[Path]:
+    """An events.jsonl file as given; a folder is searched for every events.jsonl below it."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.rglob("events.jsonl"))
+            if not found:
+                raise EventFilesError(f"{path}: no events.jsonl in this folder or below it")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise EventFilesError(f"{path}: no such file or folder")
+    return files

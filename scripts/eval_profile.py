@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not: the imports below need the path first
 
 from mkevolve.event_records import EventFieldError, VerdictEvent, of_type, parse_events  # noqa: E402
-from mkevolve.events import read_event_lines  # noqa: E402
+from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
 PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
@@ -81,22 +81,6 @@ def percentile(values: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def find_event_files(paths: list[Path]) -> list[Path]:
-    """An events.jsonl file as given; a folder is searched for every events.jsonl below it."""
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found = sorted(path.rglob("events.jsonl"))
-            if not found:
-                raise SystemExit(f"{path}: no events.jsonl in this folder or below it")
-            files += found
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise SystemExit(f"{path}: no such file or folder")
-    return files
 
 
 def read_verdicts(files: list[Path]) -> list[VerdictEvent]:
@@ -196,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by-problem", action="store_true",
                         help="one table per problem, the one whose evaluations took longest first")
     args = parser.parse_args(argv)
-    verdicts = read_verdicts(find_event_files(args.paths))
+    try:
+        verdicts = read_verdicts(find_event_files(args.paths))
+    except EventFilesError as err:
+        raise SystemExit(str(err)) from None
     if args.composite != "all":
         verdicts = [v for v in verdicts if v.composite == (args.composite == "only")]
     if not verdicts:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mkevolve.events import read_event_lines  # noqa: E402
+from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
 
 # The targets of the evaluation-throughput work (H200, builtin agent, 1 iteration, budget 8).
 MEDIAN_RUN_TARGET_S = 30.0          # one level 2 problem alone on a GPU
@@ -83,13 +83,6 @@ def _value(value: float | None, spec: str, unit: str = "") -> str:
     return "unknown" if value is None else f"{value:{spec}}{unit}"
 
 
-def event_files(paths: list[Path]) -> list[Path]:
-    files = []
-    for path in paths:
-        files += sorted(path.rglob("events*.jsonl")) if path.is_dir() else [path]
-    return files
-
-
 def run_throughput(path: Path) -> tuple[RunThroughput, float, float] | None:
     """One run's counts, and its first and last event times; None for a file without events."""
     events = read_event_lines(path)
@@ -120,7 +113,7 @@ def busy_and_mean(samples: list[int]) -> tuple[float | None, float | None]:
 
 
 def measure(paths: list[Path], util: Path | None, gpus: int, runs_per_gpu: int) -> Throughput:
-    measured = [m for m in (run_throughput(p) for p in event_files(paths)) if m is not None]
+    measured = [m for m in (run_throughput(p) for p in find_event_files(paths)) if m is not None]
     runs = [m[0] for m in measured]
     span = (max(m[2] for m in measured) - min(m[1] for m in measured)) if measured else None
     verdicts = sum(r.verdicts for r in runs)
@@ -145,10 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.runs_per_gpu < 1:
         parser.error("--gpus and --runs-per-gpu must be at least 1")
-    missing = [str(p) for p in args.events + ([args.util] if args.util else []) if not p.exists()]
-    if missing:
-        parser.error(f"{missing[0]}: no such file or folder")
-    throughput = measure(args.events, args.util, args.gpus, args.runs_per_gpu)
+    if args.util is not None and not args.util.is_file():
+        parser.error(f"{args.util}: no such file")
+    try:
+        throughput = measure(args.events, args.util, args.gpus, args.runs_per_gpu)
+    except EventFilesError as err:
+        parser.error(str(err))
     print("\n".join(throughput.lines()))
     if args.json:
         args.json.write_text(json.dumps(asdict(throughput), indent=1) + "\n")
