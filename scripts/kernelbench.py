@@ -435,10 +435,11 @@ def solve_problem(key: str, row: Row | None, deadline: float, whole_part: bool, 
     """Run (or resume, or leave alone when an earlier part did it) and time one problem. The Row has
     finished=False when the next part has work left on it: resuming the run the deadline stopped, or the
     timing."""
-    if row is not None and row.run_dir and not resumable(row) and not (Path(row.run_dir) / "best").is_dir():
+    stopped = resumable(row)
+    if row is not None and row.run_dir and not stopped and not (Path(row.run_dir) / "best").is_dir():
         row = None          # its run directory is gone (a fresh GPU machine): run the problem again
-    if row is None or resumable(row) or (row.run_dir is None and row.exit_code is None):
-        row = run_problem(key, row if resumable(row) else None, deadline, settings, gpu)
+    if row is None or stopped or (row.run_dir is None and row.exit_code is None):
+        row = run_problem(key, row if stopped else None, deadline, settings, gpu)
         if not row.finished and row.exit_code is None:
             return row      # stopped at the deadline: the next part resumes the run
         ran_now = True
