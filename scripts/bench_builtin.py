@@ -6,7 +6,7 @@
 
 Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
 script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4) and times it the
-way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 100 timed runs, L2 flushed
+way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed
 before each, every stream joined, median). The fastest correct variant and torch.compile(Model) are then
 timed again in alternating rounds (PAIRED_ROUNDS), and each side's time is the median of its round
 medians: timings drift by several percent over a run, and alternating puts that drift on both sides

@@ -42,7 +42,7 @@ but 4 such models on one GPU also ran one of them out of GPU memory, and none fi
 
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
-(10 warm-ups, 100 timed runs, L2 flushed, CUDA events); each side's time is the median of its round
+(10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed, CUDA events); each side's time is the median of its round
 medians, so drift over the minutes a problem takes falls on all three alike. Without CUDA nothing is
 timed and the speedups are null, never a made-up number; the errors against an fp64 reference (the same
 Model and weights in float64) are measured on any device.

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mkevolve.verify.candidate_run import LATE_CALLS_UNTIMED, TIMING_SETS, plan_calls
-from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
+from mkevolve.verify.timing import MIN_TIMED_RUNS, TIMED_BUDGET_MS, TIMED_RUNS, WARMUP_RUNS, timing_done
 from mkevolve.workers import wire
 from mkevolve.workers.zygote import Zygote
 
@@ -250,6 +250,46 @@ def test_timed_plan_hides_trials_among_timed_calls_and_checks_two_timed_outputs(
         assert [c.guard for c in plan.calls] == [c.inputs.startswith("trial") for c in plan.calls]
         positions.add(tuple(i for i, c in enumerate(plan.calls) if c.inputs.startswith("trial")))
     assert len(positions) > 10  # the trials move: a call counter cannot know which calls are read
+
+
+class _FixedClock:
+    """Stands in for the harness's GPU clock: every call takes `ms`."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> float:
+        return self.ms
+
+
+@pytest.mark.parametrize("call_ms, timed", [(1.0, TIMED_RUNS), (TIMED_BUDGET_MS / 10, MIN_TIMED_RUNS)])
+def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(call_ms, timed):
+    from mkevolve.verify import harness
+    from mkevolve.verify.harness import CandidateRequest
+
+    plan = plan_calls(5, timed=True, on_gpu=True, rng=random.Random(3))
+    seen = []
+
+    class Echo(torch.nn.Module):
+        def forward(self, x):
+            seen.append(float(x[0]))
+            return x * 2
+
+    inputs = {name: [torch.full((3,), float(i))] for i, name in enumerate(plan.set_names())}
+    request = CandidateRequest(solution=__file__, candidate_dir="", scratch="", key="", device="cpu",
+                               eval_mode=False, construct_seed=0, configs=[])
+    report = {"violations": [], "launches": 0, "times_ms": [[]]}
+    saved = {}
+    harness._run_calls(request, Echo(), plan.calls, inputs, _FixedClock(call_ms), report, saved,
+                       harness._precision_state())
+    times = report["times_ms"][0]
+    # the two checked timed calls run even after the median is settled, and are timed as well
+    assert timed <= len(times) <= timed + 2 and timing_done(times)
+    assert set(saved) == {c.save for c in plan.checks}   # trials and checked timed calls: none skipped
+    assert len(seen) == plan.length - (TIMED_RUNS - len(times))
 
 
 # ---- the harness after the candidate's import: only what it bound before -----------------------------------

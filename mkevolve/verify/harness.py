@@ -36,6 +36,7 @@ from mkevolve.problem import ProblemError, fp32_strict, import_file, seed_everyt
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
 from mkevolve.verify import triton_warm
 from mkevolve.verify.kernel_audit import ActivityRecorder
+from mkevolve.verify.timing import timing_done
 from mkevolve.workers import gpu_share, harden, wire
 from mkevolve.workers.pool import SHARERS_ENV
 
@@ -275,6 +276,8 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
     """`strict`: the precision switches as set before the import; a call that runs with others (set at
     import, in __init__ or in a forward) is reported."""
     for call in calls:
+        if call.timed and call.save is None and timing_done(report["times_ms"][-1]):
+            continue  # the median is settled: the trials and the checked calls among the rest still run
         args = _copies(inputs[call.inputs])
         guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
                  if call.guard else None)
