@@ -10,8 +10,11 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
     worker_start, load, reference, candidate, judge, baseline           top level: they add up to wall_s,
                                                                         less the time spent waiting
     candidate.setup, candidate.import, candidate.build,                 inside the candidate process, so
-    candidate.first_call, candidate.other_calls,                        part of `candidate`; Triton's JIT
-    candidate.profiler_stop, candidate.save                             and autotuning are in first_call
+    candidate.first_call, candidate.gpu_wait,                           part of `candidate`; Triton's JIT
+    candidate.other_calls, candidate.profiler_stop, candidate.save      and autotuning are in first_call;
+                                                                        gpu_wait is the wait for the GPU
+                                                                        lock before the trials and timed
+                                                                        calls, which hold it alone
     judge.accounting, judge.read, judge.compare                         part of `judge`: what ran on the
                                                                         GPU, reading and hashing the saved
                                                                         outputs, comparing them
@@ -46,9 +49,9 @@ from mkevolve.events import EventFilesError, find_event_files, read_event_lines 
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
 PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
-               "candidate.build", "candidate.first_call", "candidate.other_calls", "candidate.profiler_stop",
-               "candidate.save", "candidate.unaccounted", "judge", "judge.accounting", "judge.read",
-               "judge.compare", "baseline", "waiting")
+               "candidate.build", "candidate.first_call", "candidate.gpu_wait", "candidate.other_calls",
+               "candidate.profiler_stop", "candidate.save", "candidate.unaccounted", "judge", "judge.accounting",
+               "judge.read", "judge.compare", "baseline", "waiting")
 WAITING = "waiting"
 CANDIDATE = "candidate"
 UNACCOUNTED = "candidate.unaccounted"

@@ -263,12 +263,18 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
         _run_calls(request, model, first, inputs, clock, report, saved, strict)
-    with _phase(report, "other_calls"):
-        if clock is None:
+    if clock is None:
+        with _phase(report, "other_calls"):
             _run_calls(request, model, rest, inputs, clock, report, saved, strict)
-        else:
-            with gpu_share.gpu_alone():
-                _run_calls(request, model, rest, inputs, clock, report, saved, strict)
+        return
+    alone = gpu_share.gpu_alone()
+    with _phase(report, "gpu_wait"):  # until every other job on this GPU has let go of it
+        alone.__enter__()
+    try:
+        with _phase(report, "other_calls"):
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict)
+    finally:
+        alone.__exit__(None, None, None)
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
