@@ -107,6 +107,8 @@ class Orchestrator:
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
         # --time-budget: past this moment (time.monotonic()) no kernel is asked for and no iteration starts
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
+        if self.deadline is not None:  # and checks still queued for a worker then are not started
+            verifier.candidates_start_by = time.time() + config.time_budget
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -22,10 +22,13 @@ problem in progress, and running the same command again skips what is done.
 
 Parts: a part stops starting problems when the next one would not fit in --time-limit, judged from the
 median time of the problems finished so far (this part's and earlier parts'). The first problem of a part
-always starts. A step that runs into the limit is stopped. A stopped `mkevolve run` is resumed by the
-next part (`mkevolve run --resume`: subproblems already evolved and candidates already checked are kept),
-up to MAX_RUN_PARTS parts in all, after which the problem is recorded as over the limit; its run_s adds
-up the parts. A stopped timing is retried at the start of the next part, unless it already had a whole
+always starts. Each run gets `--time-budget`: the part's time left less --run-reserve (200 s), so its
+searches stop asking for kernels while there is still time to finish the check in progress, compose best/
+(subproblems without a kernel keep their PyTorch code), check it end to end and time it; a row whose
+searches were cut says so (time_budget_spent). A step that runs into the limit anyway is stopped. A
+stopped `mkevolve run` is resumed by the next part (`mkevolve run --resume`: subproblems already evolved
+and candidates already checked are kept), up to MAX_RUN_PARTS parts in all, after which the problem is
+recorded as over the limit; its run_s adds up the parts. A stopped timing is retried at the start of the next part, unless it already had a whole
 part to itself. A run directory gone with its machine starts the problem afresh. Each part's record keeps
 its wall time, the verdicts its runs reached in it (and per GPU-minute) and, with CUDA, the GPUs'
 utilisation sampled every 0.5 s by nvidia-smi: the share of samples in which a kernel ran, and the mean.
@@ -42,8 +45,8 @@ but 4 such models on one GPU also ran one of them out of GPU memory, and none fi
 
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
-(10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed, CUDA events); each side's time is the median of its round
-medians, so drift over the minutes a problem takes falls on all three alike. Without CUDA nothing is
+(10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed, CUDA events); each side's time
+is the median of its round medians, so drift over the minutes a problem takes falls on all three alike. Without CUDA nothing is
 timed and the speedups are null, never a made-up number; the errors against an fp64 reference (the same
 Model and weights in float64) are measured on any device.
 """
@@ -78,6 +81,11 @@ DEFAULT_WORK = ROOT / "outputs" / "kernelbench"
 DEFAULT_ROUNDS = 5
 KILL_GRACE_S = 15            # after SIGINT, seconds a run gets to stop its workers before SIGKILL
 MAX_RUN_PARTS = 3            # parts one `mkevolve run` may span (resumed at the start of each next part)
+# --run-reserve: seconds of the part kept, after a run's --time-budget, for what follows its searches: the check
+# in progress then (one full-size evaluation: up to about 100 s), composing best/ and its end-to-end check (one
+# more), packing, and this script's timing (35 to 80 s on the H200)
+DEFAULT_RUN_RESERVE_S = 200.0
+MIN_RUN_BUDGET_S = 60.0      # a run given less than this would end before its first kernel was checked
 
 
 # ---- rows and the results file ---------------------------------------------------------------------------
@@ -107,6 +115,8 @@ class Row:
     tokens: int | None = None             # prompt + completion + reasoning
     run_s: float | None = None            # wall time of `mkevolve run`, seconds (over all its parts)
     run_parts: int | None = None          # parts the run spanned: more than 1 when a part's limit stopped it
+    time_budget_s: float | None = None    # the --time-budget the run's last part gave it (--run-reserve)
+    time_budget_spent: bool | None = None  # its searches stopped asking for kernels at that budget
     measure_s: float | None = None        # wall time of pack + timing, seconds
     wall_s: float | None = None           # run_s + measure_s
     anchor_eager_ms: float | None = None  # anchors_h200.tsv, for a sanity check of our eager/compile times
@@ -183,7 +193,22 @@ class RunInfo:
     run_speedup: float | None = None
     llm_calls: int | None = None
     tokens: int | None = None
+    time_budget_spent: bool | None = None
     note: str = ""
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """The run's events; a line cut short by a kill is left out."""
+    events_file = run_dir / "events.jsonl"
+    if not events_file.is_file():
+        return []
+    events = []
+    for line in events_file.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
 
 
 def read_run(run_dir: Path) -> RunInfo:
@@ -214,26 +239,21 @@ def read_run(run_dir: Path) -> RunInfo:
     elif state is not None:
         last = state.history[-1] if state.history else None
         info.note = f"no correct end-to-end solution: {last.e2e_reason if last else 'no iteration finished'}"
-    info.llm_calls, info.tokens = read_llm_use(run_dir)
+    events = read_events(run_dir)
+    info.llm_calls, info.tokens = read_llm_use(run_dir, events)
+    info.time_budget_spent = any(e.get("kind") == "time_budget_spent" for e in events)
     return info
 
 
-def read_llm_use(run_dir: Path) -> tuple[int | None, int | None]:
+def read_llm_use(run_dir: Path, events: list[dict]) -> tuple[int | None, int | None]:
     """(LLM calls, tokens): tokens.json where a command wrote one, else the events' token totals (one
     `llm_tokens` event per client: a resumed run has several), else the `llm_call` events counted."""
     tokens_file = run_dir / "tokens.json"
     if tokens_file.is_file():
         data = json.loads(tokens_file.read_text())
         return data.get("calls"), sum((data.get("total") or {}).values())
-    events_file = run_dir / "events.jsonl"
-    if not events_file.is_file():
+    if not events:
         return None, None
-    events = []
-    for line in events_file.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue    # a line cut short by a kill
     totals = [e for e in events if e.get("kind") == "llm_tokens"]
     if totals:
         return (sum(e.get("calls", 0) for e in totals),
@@ -342,6 +362,7 @@ class Settings:
     budget: int
     run_args: list[str]
     rounds: int
+    run_reserve_s: float = 0.0    # 0: runs get no --time-budget (a scheduling choice, not in record())
 
     @property
     def eval_mode(self) -> bool:
@@ -468,6 +489,9 @@ def run_problem(key: str, stopped: Row | None, deadline: float, settings: Settin
         command = [sys.executable, "-m", "mkevolve", "run", str(settings.kernelbench / key), "--model", settings.model,
                    "--iterations", str(settings.iterations), "--budget", str(settings.budget),
                    "--out", str(runs_parent), *settings.run_args]
+    row.time_budget_s = run_time_budget(deadline - time.monotonic(), settings.run_reserve_s)
+    if row.time_budget_s is not None:
+        command += ["--time-budget", f"{row.time_budget_s:g}"]
     step = run_step(command, settings.work / "logs" / f"{level}_{stem}.run.log", deadline - time.monotonic(),
                     child_env(gpu))
     row.exit_code, row.run_parts = step.exit_code, (row.run_parts or 0) + 1
@@ -479,6 +503,8 @@ def run_problem(key: str, stopped: Row | None, deadline: float, settings: Settin
         return row
     for name, value in asdict(read_run(run_dir)).items():
         setattr(row, name, value)
+    if row.time_budget_spent:
+        row.note = f"{row.note} searches cut at the run's time budget of {row.time_budget_s:g} s".strip()
     if step.exit_code is None:
         if row.run_parts < MAX_RUN_PARTS:
             row.note = (f"mkevolve run stopped at the part's time limit after {row.run_s:.0f} s in "
@@ -488,6 +514,14 @@ def run_problem(key: str, stopped: Row | None, deadline: float, settings: Settin
                     f"{row.run_s:.0f} s in all. {row.note}").strip()
         row.finished = True     # over the limit: not resumed again
     return row
+
+
+def run_time_budget(time_left_s: float, reserve_s: float) -> float | None:
+    """The --time-budget of a run with `time_left_s` of its part left: what the reserve leaves, at least
+    MIN_RUN_BUDGET_S, in whole seconds; None with no reserve (the run goes on until the part's limit)."""
+    if reserve_s <= 0:
+        return None
+    return float(max(MIN_RUN_BUDGET_S, math.floor(time_left_s - reserve_s)))
 
 
 def pack_and_measure(row: Row, problem_path: Path, settings: Settings, deadline: float, gpu: int | None) -> bool:
@@ -703,6 +737,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=8, help="mkevolve run --budget (LLM calls per iteration)")
     parser.add_argument("--run-args", default="", metavar="ARGS",
                         help="more flags for mkevolve run, one string after '=': --run-args='--eval --workers 4'")
+    parser.add_argument("--run-reserve", type=float, default=DEFAULT_RUN_RESERVE_S, metavar="SECONDS",
+                        help="give each run --time-budget: the part's time left less this much, kept for ending "
+                             "the run with a verified best/ and timing it; 0: no time budget, a run the part's "
+                             "limit stops is resumed by the next part")
     parser.add_argument("--lanes", type=int, default=1,
                         help="problems run at once, spread over the visible GPUs; on one GPU their timed sections "
                              "take turns (the GPU lock)")
@@ -735,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings(kernelbench=args.kernelbench.resolve(), work=args.work.resolve(), model=args.model,
                         iterations=args.iterations, budget=args.budget, run_args=shlex.split(args.run_args),
-                        rounds=args.rounds)
+                        rounds=args.rounds, run_reserve_s=args.run_reserve)
     results_path = args.results or settings.work / "results.json"
     here = environment()
     results = Results.load(results_path)
@@ -768,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.monotonic() - part_started
     verdicts = part_verdicts([results.rows[k] for k in started if k in results.rows], wall_started, time.time())
     part = {"date": here["date"], "gpu": here["gpu"], "problems": started, "lanes": args.lanes, "gpus": len(gpus),
-            "wall_s": round(wall_s, 1), "verdicts": verdicts,
+            "run_reserve_s": args.run_reserve, "wall_s": round(wall_s, 1), "verdicts": verdicts,
             "verdicts_per_gpu_minute": round(verdicts / (wall_s / 60 * max(1, len(gpus))), 2) if wall_s else None,
             **sampled}
     results.meta.setdefault("parts", []).append(part)

@@ -3,6 +3,7 @@ time-limit rule, run-directory reader, timing function (CPU: errors yes, speedup
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -308,15 +309,20 @@ def stopped_run(folder: Path) -> Path:
     return folder
 
 
-def scripted_steps(monkeypatch, run_dir: Path, outcomes: list[int | None]) -> list[list[str]]:
+def scripted_steps(monkeypatch, run_dir: Path, outcomes: list[int | None],
+                   budget_spent: frozenset[int] = frozenset()) -> list[list[str]]:
     """Replace run_step: the n-th `mkevolve run` ends with outcomes[n] (None: stopped at the deadline) after
-    100 s, leaving `run_dir` stopped, or finished with best/ when it exits 0; returns the commands seen."""
+    100 s, leaving `run_dir` stopped, or finished with best/ when it exits 0, its searches cut by the time
+    budget when n is in `budget_spent`; returns the commands seen."""
     commands = []
 
     def step(command, log, timeout_s, env=None):
         code = outcomes[len(commands)]
         commands.append(command)
         stopped_run(run_dir) if code is None else fake_run(run_dir, pytorch=[])
+        if len(commands) - 1 in budget_spent:
+            with (run_dir / "events.jsonl").open("a") as events:
+                events.write(json.dumps({"kind": "time_budget_spent", "iteration": 1}) + "\n")
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"run directory: {run_dir}\n")
         return kb.Step(code, 100.0, log)
@@ -353,6 +359,22 @@ def test_a_run_stopped_in_every_part_is_recorded_over_the_limit(tmp_path, monkey
         row = kb.solve_problem("level2/p.py", row, time.monotonic() + 600, True, kb_settings(tmp_path), None)
     assert len(commands) == kb.MAX_RUN_PARTS and row.finished and not row.correct and not kb.resumable(row)
     assert f"in each of {kb.MAX_RUN_PARTS} parts, {100 * kb.MAX_RUN_PARTS} s in all" in row.note
+
+
+def test_each_run_gets_the_part_s_time_left_less_the_reserve_and_a_cut_search_is_noted(tmp_path, monkeypatch):
+    run_dir = tmp_path / "work" / "runs" / "level2" / "p" / "r1"
+    commands = scripted_steps(monkeypatch, run_dir, [None, 0], budget_spent=frozenset({1}))
+    settings = dataclasses.replace(kb_settings(tmp_path), run_reserve_s=200.0)
+    row = kb.solve_problem("level2/p.py", None, time.monotonic() + 530.5, True, settings, None)
+    assert commands[0][-2:] == ["--time-budget", "330"] and row.time_budget_s == 330.0
+    assert not row.time_budget_spent and "searches cut" not in row.note
+    row = kb.solve_problem("level2/p.py", row, time.monotonic() + 100, True, settings, None)
+    assert commands[1][-4:] == ["--resume", str(run_dir), "--time-budget", str(int(kb.MIN_RUN_BUDGET_S))]
+    assert row.finished and row.time_budget_spent and "searches cut at the run's time budget of 60 s" in row.note
+
+
+def test_no_reserve_means_no_time_budget():
+    assert kb.run_time_budget(500.0, 0.0) is None and kb.run_time_budget(500.7, 200.0) == 300.0
 
 
 def test_a_stopped_run_whose_directory_is_gone_starts_afresh(tmp_path, monkeypatch):
@@ -405,6 +427,7 @@ def test_kernelbench_end_to_end_on_a_shrunk_problem(tmp_path):
     [row] = data["rows"]
     assert row["problem"] == GEMM and row["finished"] and row["correct"] and row["all_triton"]
     assert row["exit_code"] == 0 and row["llm_calls"] >= 1 and row["run_s"] > 0
+    assert row["time_budget_s"] > 0 and row["time_budget_spent"] is False   # the default reserve; not needed
     assert row["err_solution"] is not None and row["err_eager"] is not None
     if not torch.cuda.is_available():
         assert row["speedup_vs_compile"] is None and row["speedup_vs_eager"] is None

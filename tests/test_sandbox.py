@@ -77,3 +77,12 @@ def test_a_worker_whose_preload_fails_costs_one_job_with_the_reason(monkeypatch)
     assert outcome.failure is JobFailure.CRASHED
     assert outcome.reason == ("worker did not start: its preload failed: "
                               "ImportError: this preload is broken on purpose")
+
+
+def test_a_job_whose_start_by_time_has_passed_never_starts_a_worker():
+    import time
+
+    with WorkerPool(size=1) as fresh:
+        outcome = fresh.run(Job("tests.fault_jobs:pid", start_by=time.time() - 1))
+        assert outcome.failure is JobFailure.NOT_STARTED and "start-by" in outcome.reason
+        assert fresh._workers[0] is None   # no worker process was started for it

@@ -106,3 +106,44 @@ def test_check_command_human_output(capsys):
     assert main(["check", str(FAULTS / "problem.py"), str(FAULTS / "honest.py"), "--trials", "1"]) == 0
     out = capsys.readouterr().out
     assert "ok" in out and ("torch.compile" in out if ON_GPU else "unknown (no GPU" in out)
+
+
+class _RecordingExecutor:
+    """Answers every job as the pool does once its start-by time has passed, and keeps the jobs."""
+
+    size = 1
+
+    def __init__(self):
+        self.jobs = []
+
+    def run_many(self, jobs):
+        from mkevolve.workers.pool import JobFailure, JobOutcome
+
+        self.jobs += jobs
+        return [JobOutcome(failure=JobFailure.NOT_STARTED, reason="start-by passed") for _ in jobs]
+
+    def close(self):
+        pass
+
+
+def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_checks_are(tmp_path):
+    import time
+
+    from mkevolve.codebase import KERNELS_DIR, SOLUTION_FILE
+    from mkevolve.verify.result import CANDIDATE_NOT_STARTED
+
+    honest = sorted((CORPUS / "honest").glob("*.py"))[0]
+    with Verifier(RunConfig(workers=1)) as verifier:
+        verifier.executor.close()
+        verifier.executor = recorder = _RecordingExecutor()
+        verifier.candidates_start_by = time.time() + 60
+        (result,) = verifier.check_kernels([(problem_of(honest), honest)])
+        folder = tmp_path / "best"
+        (folder / KERNELS_DIR).mkdir(parents=True)
+        (folder / SOLUTION_FILE).write_text("class ModelNew:\n    pass\n")
+        verifier.check_composite(problem_of(honest), folder)
+    candidate_job, composite_job = recorder.jobs
+    assert candidate_job.start_by == verifier.candidates_start_by and composite_job.start_by is None
+    # no verdict on the candidate: CRASHED, which a resumed run checks again
+    assert result.status is Status.CRASHED and result.reason.startswith(CANDIDATE_NOT_STARTED)
+    assert "time budget" in result.reason

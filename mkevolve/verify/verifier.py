@@ -20,8 +20,8 @@ from mkevolve.verify.cheating import Rule, headline, static_violations
 from mkevolve.verify.decomposition.static import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest, tolerance_text
 from mkevolve.workers.executor import make_executor
-from mkevolve.verify.result import EvalResult, Status
-from mkevolve.workers.pool import Job, JobOutcome
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
+from mkevolve.workers.pool import Job, JobFailure, JobOutcome
 
 
 class Verifier:
@@ -35,6 +35,9 @@ class Verifier:
         self.executor = make_executor(config.executor, config.workers)
         self._device_name: str | None = None
         self.clock = BusyClock()  # shared with the LLM client by a run, to measure its own overhead
+        # time.time() after which a candidate check still waiting for a worker is not started (a run's
+        # --time-budget); end-to-end checks of composed solutions always run
+        self.candidates_start_by: float | None = None
 
     @property
     def device_name(self) -> str:
@@ -76,7 +79,8 @@ class Verifier:
             results.append(early)
             if early is None:
                 slots.append(len(results) - 1)
-                jobs.append(self._kernel_job(problem_path, solution_path, timed))
+                jobs.append(self._kernel_job(problem_path, solution_path, timed,
+                                             start_by=self.candidates_start_by))
         for slot, outcome in zip(slots, self.run_jobs(jobs)):
             results[slot] = _to_result(outcome)
         for (problem_path, solution_path), result in zip(pairs, results):
@@ -128,7 +132,8 @@ class Verifier:
             return self.executor.run_many(jobs)
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
-                    trusted_files: list[str] | None = None, code_files: list[str] | None = None) -> Job:
+                    trusted_files: list[str] | None = None, code_files: list[str] | None = None,
+                    start_by: float | None = None) -> Job:
         request = KernelEvalRequest(
             problem_path=str(Path(problem_path).resolve()),
             solution_path=str(Path(solution_path).resolve()),
@@ -141,7 +146,7 @@ class Verifier:
         # The candidate process gets the configured limit; the trusted worker around it, room for the
         # references and the baseline on top.
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=2 * self.config.timeout + 60)
+                   timeout=2 * self.config.timeout + 60, start_by=start_by)
 
     def close(self) -> None:
         self.executor.close()
@@ -201,6 +206,9 @@ def declared_pytorch_fallback(source: str) -> EvalResult | None:
 
 
 def _to_result(outcome: JobOutcome) -> EvalResult:
+    if outcome.failure is JobFailure.NOT_STARTED:  # no verdict on the candidate: a resumed run checks it again
+        return EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
+                                                        f"spent before a worker was free")
     if not outcome.ok:
         return EvalResult(status=Status(outcome.failure.value), reason=outcome.reason, wall_s=outcome.wall_s,
                           phases={"worker_start": outcome.worker_start_s})

@@ -30,10 +30,12 @@ STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is 
 
 
 class JobFailure(str, Enum):
-    """Why a worker gave no value; the values are the verifier's status names for the same events."""
+    """Why a worker gave no value; the values are the verifier's status names for the same events, but for
+    NOT_STARTED: the job waited for a worker past its `start_by` and never ran."""
 
     TIMEOUT = "timeout"
     CRASHED = "crashed"
+    NOT_STARTED = "not_started"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Job:
     fn: str
     kwargs: dict = field(default_factory=dict)
     timeout: float = 300.0
+    start_by: float | None = None   # time.time() after which a job still waiting for a worker is not run
 
 
 @dataclass
@@ -231,6 +234,9 @@ class WorkerPool:
     def run(self, job: Job) -> JobOutcome:
         slot = self._slots.get()
         try:
+            if job.start_by is not None and time.time() >= job.start_by:
+                return JobOutcome(failure=JobFailure.NOT_STARTED,
+                                  reason="its start-by time passed while it waited for a worker")
             try:
                 worker, start_s = self._healthy_worker(slot)
             except WorkerStartError as err:
