@@ -10,6 +10,7 @@ from mkevolve.config import RunConfig
 from mkevolve.run_layout import BEST
 from mkevolve.solution import Manifest
 from mkevolve.verify.profile import SubkernelProfile
+from mkevolve.verify.timing import MIN_TIMED_RUNS, TIMED_RUNS
 from mkevolve.workers.pool import Job
 from mkevolve.verify.verifier import Verifier
 
@@ -29,8 +30,21 @@ def test_timed_result_has_speedup_and_spread(verifier):
     result = verifier.check_kernel(KERNELS / "silu_large.py", KERNELS / "silu_large_honest.py")
     assert result.passed, result.reason
     t = result.runtime
-    assert t.runs == 100 and 0 < t.p10_ms <= t.median_ms <= t.p90_ms
+    assert MIN_TIMED_RUNS <= t.runs <= TIMED_RUNS and 0 < t.p10_ms <= t.median_ms <= t.p90_ms
     assert result.speedup == pytest.approx(result.baseline.median_ms / t.median_ms)
+
+
+def test_the_baseline_backend_compiles_as_torch_compile_does():
+    import torch
+
+    from mkevolve.verify.correctness import inductor_with_the_gpu_lent
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.GELU(), torch.nn.LayerNorm(32)).cuda()
+    x = torch.randn(16, 64, device="cuda")
+    ours = torch.compile(model, backend=inductor_with_the_gpu_lent)(x)
+    torch._dynamo.reset()
+    theirs = torch.compile(model)(x)
+    assert torch.equal(ours, theirs)
 
 
 def test_side_stream_work_is_inside_the_timed_interval(verifier):

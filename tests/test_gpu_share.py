@@ -170,3 +170,38 @@ def test_a_worker_hands_its_cached_gpu_memory_back_between_jobs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)    # no CUDA context: nothing to release
     worker._release_cached_gpu_memory()
     assert released == [True]
+
+
+
+def test_the_baseline_s_inductor_compile_lets_a_timer_have_the_gpu(tmp_path, monkeypatch):
+    """A worker holding its GPU shared (as around every job) lends it while Inductor compiles the baseline, so
+    another process's timer runs meanwhile; the worker holds the GPU again once the compile returns."""
+    import torch
+    import torch._inductor.compile_fx
+
+    from mkevolve.verify.correctness import inductor_with_the_gpu_lent
+    from mkevolve.workers import gpu_share
+
+    path = str(tmp_path / "gpu0")
+    monkeypatch.setenv(LOCK_ENV, path)
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    timer = GpuShare(path)
+    timed_during_compile = []
+
+    def timed():
+        with timer.alone():
+            pass
+
+    def compile_fx(graph, example_inputs):   # stands in for Inductor's compile: CPU work only
+        _, done = _in_thread(timed)
+        timed_during_compile.append(done.wait(5))
+        return graph.forward
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", compile_fx)
+    graph = torch.fx.symbolic_trace(torch.nn.ReLU())
+    with gpu_share.job_on_gpu():
+        compiled = inductor_with_the_gpu_lent(graph, [torch.ones(2)])
+        _, after = _in_thread(timed)
+        assert not after.wait(0.3), "the worker did not take its hold back after the compile"
+    assert after.wait(5)
+    assert timed_during_compile == [True] and compiled == graph.forward
