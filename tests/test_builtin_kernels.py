@@ -81,6 +81,15 @@ def test_every_variant_is_correct(stem, tmp_path):
         _assert_matches(path, generated, tmp_path)
 
 
+def test_short_rows_go_several_to_a_program(tmp_path):
+    """Rows of 4 values (a GroupNorm of 4-channel groups): one [BLOCK_O, BLOCK_R] tile holds many of them,
+    rather than a program per row that leaves nearly all of its threads idle."""
+    path = SUBPROBLEMS / "groupnorm_small_groups.py"
+    generated = generate_kernel(path, 0, TARGET)
+    assert "_packed[(_cdiv(O, block_o),)]" in generated.source and "axis=1" in generated.source
+    _assert_matches(path, generated, tmp_path)
+
+
 def test_gemm_variants_state_their_precision():
     path = SUBPROBLEMS / "linear_gelu.py"
     precisions = [generate_kernel(path, v, TARGET).precision for v in range(variant_count(path, TARGET))]

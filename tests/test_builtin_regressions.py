@@ -182,6 +182,15 @@ def _launch_specs(path: Path, source: str, tmp_path: Path, monkeypatch, tag: str
     return [_launch_spec(file, *launch) for launch in _recorded_launches(path, module, monkeypatch)]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
+def test_short_rows_packed_several_to_a_program_compile_for_sm_90(tmp_path, monkeypatch):
+    path = Path(__file__).resolve().parent / "subproblems" / "groupnorm_small_groups.py"
+    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "packed")
+    assert any(name.endswith("_packed") for _, name, *_ in specs)
+    _assert_compiles(specs)
+
+
 # --- 1. ConvTranspose3d + mean over channels ------------------------------------------------------------
 
 CONV_TRANSPOSE_MEAN = """

@@ -27,6 +27,9 @@ class RowTiles:
     inner_block: int         # reductions over a middle dim: kept (inner) positions per program
     split_target: int        # fewer programs than this: split each row over several programs
     per_thread: int = 16     # fp32 values each thread holds: sets the warps of a row kernel
+    packed_block: int = 0    # rows of at most half this many elements go several to a program, this many
+                             # elements in all (0: one row per program): a program per 16-element row
+                             # leaves nearly all of its threads idle
 
 
 @dataclass(frozen=True)
@@ -49,27 +52,27 @@ CUDA_VARIANTS = (
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4), MatmulTile(64, 128, 32, 4, 4),
              MatmulTile(64, 64, 32, 4, 4)),
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(64, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3)),
-            RowTiles(16384, 4096, 64, 1024), _CUDA_POOL),
+            RowTiles(16384, 4096, 64, 1024, packed_block=4096), _CUDA_POOL),
     Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE,
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
              MatmulTile(64, 128, 32, 4, 4)),
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3)),
-            RowTiles(16384, 4096, 64, 1024), _CUDA_POOL),
+            RowTiles(16384, 4096, 64, 1024, packed_block=4096), _CUDA_POOL),
     Variant("wide", "ieee", True, ((2048, 4), (4096, 8), (8192, 16)),
             (MatmulTile(128, 256, 32, 8, 3), MatmulTile(256, 128, 32, 8, 3), MatmulTile(128, 128, 32, 8, 4)),
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
-            RowTiles(32768, 8192, 128, 2048, per_thread=8), ((1024, 8), (2048, 8))),
+            RowTiles(32768, 8192, 128, 2048, per_thread=8, packed_block=8192), ((1024, 8), (2048, 8))),
     Variant("narrow", "ieee", True, ((256, 2), (512, 4), (1024, 4)),
             (MatmulTile(64, 64, 32, 4, 3), MatmulTile(32, 64, 32, 4, 4), MatmulTile(64, 32, 32, 4, 4),
              MatmulTile(32, 32, 32, 4, 4)),
             (MatmulTile(64, 32, 32, 4, 3), MatmulTile(32, 32, 32, 4, 3)),
-            RowTiles(4096, 1024, 64, 512, per_thread=32), ((128, 4), (256, 4))),
+            RowTiles(4096, 1024, 64, 512, per_thread=32, packed_block=2048), ((128, 4), (256, 4))),
 )
 
 # The interpreter runs every program instance in Python: small grids, and blocks just big enough for tl.dot.
 CPU_VARIANTS = (
     Variant("cpu-single-block-rows", "ieee", False, ((256, 4),), (MatmulTile(16, 16, 16),),
-            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),)),
+            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1, packed_block=256), ((128, 4),)),
     Variant("cpu-looped-rows", "ieee", False, ((64, 4),), (MatmulTile(32, 16, 32),),
             (MatmulTile(32, 16, 16),), RowTiles(8, 8, 4, 1), ((32, 4),)),
     Variant("cpu-split-rows", "ieee", False, ((128, 4),), (MatmulTile(16, 32, 16),),

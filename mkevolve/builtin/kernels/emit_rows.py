@@ -2,8 +2,10 @@
 
 The reduced tensor is seen as (O, R, I): O outer positions, R reduced, I inner positions. A program owns
 one outer position and BLOCK_I inner ones, and runs the reductions in dependency order. Rows that fit in
-one block are loaded once ("single" kernel); longer rows are walked in BLOCK_R chunks, once per
-reduction and once more for a full-size output ("looped" kernel). When there are too few rows to fill
+one block are loaded once ("single" kernel); short rows with nothing after the reduced dims go BLOCK_O
+to a program, as the rows of a [BLOCK_O, BLOCK_R] tile ("packed" kernel: a GroupNorm of 16-element
+groups would otherwise start a program per 16 elements); longer rows are walked in BLOCK_R chunks, once
+per reduction and once more for a full-size output ("looped" kernel). When there are too few rows to fill
 the GPU, each row is split over several programs: one launch per reduction writes partial results, the
 next launch combines them ("split" kernels). Values that do not vary along the row (the reductions,
 per-row parameters) are computed once per program, outside the loops.
@@ -44,21 +46,41 @@ def _combine(kind: str, acc: str, value: str) -> str:
 
 @dataclass
 class _Layout:
-    """Where the tile's axes are: 1-d tiles when nothing follows the reduced dims, else [BLOCK_R, BLOCK_I]."""
+    """Where the tile's axes are: 1-d tiles when nothing follows the reduced dims, else [BLOCK_R, BLOCK_I];
+    packed, [BLOCK_O, BLOCK_R]: several rows per program (never with inner positions)."""
 
     inner: bool
+    packed: bool = False
+
+    def o(self) -> str:
+        return "o[:, None]" if self.packed else "o"
 
     def r(self) -> str:
+        if self.packed:
+            return "r[None, :]"
         return "r[:, None]" if self.inner else "r"
 
     def i(self) -> str:
         return "i[None, :]"
 
     def row_mask(self) -> str:
+        if self.packed:
+            return "omask[:, None] & (r[None, :] < R)"
         return "(r[:, None] < R) & imask[None, :]" if self.inner else "r < R"
 
+    def per_row_mask(self) -> str | None:
+        if self.packed:
+            return "omask"
+        return "imask" if self.inner else None
+
+    def axis(self) -> int:
+        """The tile axis a reduction runs along."""
+        return 1 if self.packed else 0
+
     def spread(self, name: str) -> str:
-        """A per-row value (scalar, or [BLOCK_I]) used in a full tile."""
+        """A per-row value (scalar, [BLOCK_I], or [BLOCK_O] when packed) used in a full tile."""
+        if self.packed:
+            return f"{name}[:, None]"
         return f"{name}[None, :]" if self.inner else name
 
     def tile(self) -> str:
@@ -104,6 +126,10 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     stages = len(kernel.reductions)
     bodies = {"": _BodyWriter(kernel, indexer, operands, layout, scalars).single(),
               "_looped": _BodyWriter(kernel, indexer, operands, layout, scalars).looped()}
+    packs = not layout.inner and variant.rows.packed_block > 0
+    if packs:
+        packed = _Layout(inner=False, packed=True)
+        bodies["_packed"] = _BodyWriter(kernel, indexer, operands, packed, scalars).single()
     for stage in range(stages + 1):
         bodies[f"_split{stage}"] = _BodyWriter(kernel, indexer, operands, layout, scalars).split(stage)
     common = ([o.pointer() for o in operands.values()]
@@ -114,15 +140,18 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     out = output_param(kernel, f"output {'[O, R, I]' if kernel.full_space else '[O, I]'}, contiguous")
     sources = []
     for suffix, (lines, _) in bodies.items():
-        split = suffix.startswith("_split")
-        params = [out] + (_split_params(stages) if split else []) + common + blocks + (
-            [constexpr("SPLIT_BLOCK", "SPLIT rounded up to a power of 2")] if split else [])
-        sources.append(_kernel_source(name + suffix, params, layout, lines, _how(suffix, stages)))
+        split, packing = suffix.startswith("_split"), suffix == "_packed"
+        params = [out] + (_split_params(stages) if split else []) + (_packed_params() if packing else []) + (
+            common + blocks)
+        params += [constexpr("SPLIT_BLOCK", "SPLIT rounded up to a power of 2")] if split else []
+        params += [constexpr("BLOCK_O", "rows per program")] if packing else []
+        sources.append(_kernel_source(name + suffix, params, packed if packing else layout, lines,
+                                      _how(suffix, stages)))
     helpers = helper_sources(set().union(*(h for _, h in bodies.values())))
     helpers["_row_warps"] = ROW_WARPS_HELPER
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
-    launcher = _launcher(name, kernel, indexer, tensor_args, scalar_args, layout, variant)
+    launcher = _launcher(name, kernel, indexer, tensor_args, scalar_args, layout, variant, packs)
     ops = describe_body(kernel, program.values)
     kinds = "+".join(dict.fromkeys(r.kind for r in kernel.reductions))
     output = "full rows" if kernel.full_space else "reduced"
@@ -138,9 +167,15 @@ def _split_params(stages: int) -> list[KernelParam]:
             KernelParam("CHUNK", "row elements per program, a multiple of BLOCK_R")]
 
 
+def _packed_params() -> list[KernelParam]:
+    return [KernelParam("O", "outer positions (rows)")]
+
+
 def _how(suffix: str, stages: int) -> str:
     if suffix == "":
         return "the row is held in registers and read once"
+    if suffix == "_packed":
+        return "its BLOCK_O rows are held in registers, one per tile row, and read once"
     if suffix == "_looped":
         return "the row is walked in BLOCK_R chunks, once per reduction"
     stage = int(suffix.removeprefix("_split"))
@@ -150,13 +185,18 @@ def _how(suffix: str, stages: int) -> str:
 
 
 def _kernel_source(name: str, params: list[KernelParam], layout: _Layout, body: list[str], how: str) -> str:
-    start = ["o = tl.program_id(0).to(tl.int64)"]
+    if layout.packed:
+        start = ["o = tl.program_id(0).to(tl.int64) * BLOCK_O + tl.arange(0, BLOCK_O)", "omask = o < O"]
+        who = "BLOCK_O outer positions"
+    else:
+        start = ["o = tl.program_id(0).to(tl.int64)"]
+        who = "outer position"
     if layout.inner:
         start += ["i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = i < I"]
     where = " and BLOCK_I inner positions" if layout.inner else ""
     return f"""@triton.jit
 {signature(name, params)}
-    # One program per outer position{where}; {how}.
+    # One program per {who}{where}; {how}.
 {indent(start + body, 4)}
 """
 
@@ -170,13 +210,13 @@ class _BodyWriter:
         self.emitter = _RowEmitter(indexer, operands, scalars, dims=row.dims, rank=len(row.shapes[0]))
         self.emitter.layout = layout
         self.per_row_lines: list[str] = []
-        self.per_row = Region(self.per_row_lines, mask="imask" if layout.inner else None,
+        self.per_row = Region(self.per_row_lines, mask=layout.per_row_mask(),
                               indices=GroupIndices(indexer, {0: "o", 2: "i"}, self.per_row_lines, "p"))
         self.emitter.per_row = self.per_row
         self.taken = 0
 
     def _full(self, lines: list[str], tag: str) -> Region:
-        flat = {0: "o", 1: self.layout.r(), 2: self.layout.i()}
+        flat = {0: self.layout.o(), 1: self.layout.r(), 2: self.layout.i()}
         return Region(lines, mask="mask", indices=GroupIndices(self.indexer, flat, lines, tag))
 
     def _new_per_row_lines(self) -> list[str]:
@@ -213,8 +253,8 @@ class _BodyWriter:
         for k, reduction in enumerate(self.kernel.reductions):
             value = self.emitter.value(reduction.base, full)
             neutral = _INIT[reduction.kind]
-            lines.append(f"red{k} = {_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), axis=0)"
-                         + _mean_scale(reduction))
+            lines.append(f"red{k} = {_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), "
+                         f"axis={self.layout.axis()}){_mean_scale(reduction)}")
             self.per_row.bound[reduction.id] = f"red{k}"
         if self.kernel.full_space:
             result = self.emitter.value(self.kernel.root, full)
@@ -263,17 +303,21 @@ def _mean_scale(reduction: Reduce) -> str:
 
 
 def _full_offset(layout: _Layout) -> str:
+    if layout.packed:
+        return "o[:, None] * R + r[None, :]"
     return "o * R * I + r[:, None] * I + i[None, :]" if layout.inner else "o * R + r"
 
 
 def _reduced_store(layout: _Layout, result: str) -> str:
     if layout.inner:
         return f"tl.store(out_ptr + o * I + i, {result}, mask=imask)"
+    if layout.packed:
+        return f"tl.store(out_ptr + o, {result}, mask=omask)"
     return f"tl.store(out_ptr + o, {result})"
 
 
 def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list[LauncherArg],
-              scalar_args: list[LauncherArg], layout: _Layout, variant: Variant) -> str:
+              scalar_args: list[LauncherArg], layout: _Layout, variant: Variant, packs: bool) -> str:
     dims = kernel.row.dims
     rank = len(kernel.row.shapes[0])
     tiles = variant.rows
@@ -297,9 +341,18 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
               "grid = (O, _cdiv(I, block_i))",
               f"if _next_power_of_2(R) * block_i <= {tiles.max_single}:",
               "    # the whole row fits in registers: one read",
-              "    block_r = _next_power_of_2(R)",
-              f"    {name}[grid](out, {args}, {blocks})",
-              f"elif programs >= {tiles.split_target}:",
+              "    block_r = _next_power_of_2(R)"]
+    if packs:
+        lines += [f"    if 2 * block_r <= {tiles.packed_block}:",
+                  "        # short rows: several to a program",
+                  f"        block_o = {tiles.packed_block} // block_r",
+                  f"        {name}_packed[(_cdiv(O, block_o),)](out, O, {args}, BLOCK_R=block_r, BLOCK_I=1, "
+                  f"BLOCK_O=block_o, num_warps=_row_warps(block_r * block_o, {tiles.per_thread}))",
+                  "    else:",
+                  f"        {name}[grid](out, {args}, {blocks})"]
+    else:
+        lines += [f"    {name}[grid](out, {args}, {blocks})"]
+    lines += [f"elif programs >= {tiles.split_target}:",
               f"    block_r = max(1, {tiles.loop_block} // block_i)",
               f"    {name}_looped[grid](out, {args}, {blocks})",
               "else:",
