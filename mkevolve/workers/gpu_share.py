@@ -6,6 +6,14 @@ wrong. Every job therefore holds its GPU's lock shared, and a timed section trad
 held alone. The locks are flock(2) files named after the physical GPU, so workers of different runs on
 one machine take turns too. A gate file gives timing priority: once a timer waits at the gate, no job
 starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it.
+
+The lock keeps honest jobs apart; it cannot hold a hostile one. A candidate process holds its share
+itself, and its code can let go of it (closing the lock's descriptor is not an audited operation) or keep
+launching kernels from a thread of its own while its harness waits for the GPU alone. Either way it can
+slow another job's timed runs, never its own. With several workers on one GPU that other job can be a
+torch.compile baseline of its own subproblem, timed at that moment, which would raise the speedups of
+every candidate of that subproblem; with one worker per GPU (the default) the other jobs belong to other
+runs. The figures of record are timed again in a fresh process (`mkevolve eval`, scripts/kernelbench.py).
 """
 
 from __future__ import annotations
