@@ -63,8 +63,9 @@ class RunConfig:
     llm_timeout: float = _opt(600.0, "seconds one LLM call may take")
     # The run.
     time_budget: float = _opt(0.0, "seconds after which this command asks for no further kernel and starts no "
-                                   "further iteration (0: no limit); a decomposition under way, checks in flight "
-                                   "and the iteration's end-to-end check finish", metavar="SECONDS")
+                                   "further iteration (0: no limit); a decomposition under way, checks running "
+                                   "and the iteration's end-to-end check finish, checks still waiting for a "
+                                   "worker are not started", metavar="SECONDS")
     out: str = _opt("outputs", "parent folder: the output goes to OUT/<problem>/<folder>")
     seed: int = _opt(0, "seed for inputs, weights and the search")
 
