@@ -343,9 +343,11 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
               "    # the whole row fits in registers: one read",
               "    block_r = _next_power_of_2(R)"]
     if packs:
-        lines += [f"    if 2 * block_r <= {tiles.packed_block}:",
-                  "        # short rows: several to a program",
-                  f"        block_o = {tiles.packed_block} // block_r",
+        lines += ["    # short rows go several to a program, while that still leaves enough programs",
+                  f"    block_o = max(1, {tiles.packed_block} // block_r)",
+                  f"    while block_o > 1 and _cdiv(O, block_o) < {tiles.split_target}:",
+                  "        block_o //= 2",
+                  "    if block_o > 1:",
                   f"        {name}_packed[(_cdiv(O, block_o),)](out, O, {args}, BLOCK_R=block_r, BLOCK_I=1, "
                   f"BLOCK_O=block_o, num_warps=_row_warps(block_r * block_o, {tiles.per_thread}))",
                   "    else:",
