@@ -117,6 +117,8 @@ class Orchestrator:
         if self.state.step is Step.FINISHED and self.state.iteration < self.config.iterations:
             self.state.step = Step.EVALUATED  # resumed with more --iterations: carry on from the last one
             self.state.stop = ""              # another model or budget may change what stopped it early
+        if not self._loop_done():
+            self.verifier.start_candidate_processes()  # while it decomposes
         if self.state.step is Step.STARTED:
             self._initial_decomposition()
         while not self._loop_done():

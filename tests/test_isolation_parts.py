@@ -220,6 +220,33 @@ def test_the_next_child_prepares_before_its_request_and_leaves_with_the_zygote(t
     assert _processes_with(token) == []
 
 
+@pytest.mark.slow
+def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch):
+    """start_zygote_early returns before the zygote is up; whoever asks next waits for that same zygote
+    rather than starting a second one."""
+    from mkevolve.verify import candidate_run
+
+    monkeypatch.setattr(candidate_run, "_zygote", None)
+    started = []
+    real = candidate_run.Zygote
+
+    def counting(*args, **kwargs):
+        started.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(candidate_run, "Zygote", counting)
+    before = time.monotonic()
+    candidate_run.start_zygote_early()
+    returned = time.monotonic()
+    try:
+        zygote = candidate_run._running_zygote()
+        assert zygote.alive and candidate_run._running_zygote() is zygote
+        assert len(started) == 1 and returned - before < 0.5 and started[0] < returned + 0.5
+    finally:
+        candidate_run._zygote.close()
+        candidate_run._zygote = None
+
+
 # ---- the call plan ---------------------------------------------------------------------------------------------
 
 def test_untimed_plan_checks_every_call_and_puts_trial_zero_first():

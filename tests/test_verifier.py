@@ -147,3 +147,16 @@ def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_ch
     # no verdict on the candidate: CRASHED, which a resumed run checks again
     assert result.status is Status.CRASHED and result.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "time budget" in result.reason
+
+
+def test_on_a_gpu_every_worker_is_asked_to_start_its_zygote_early():
+    with Verifier(RunConfig(workers=3)) as verifier:
+        verifier.executor.close()
+        verifier.executor = recorder = _RecordingExecutor()
+        recorder.size = 3
+        verifier._device_name = "cpu"
+        verifier.start_candidate_processes()
+        assert recorder.jobs == []       # no zygote is started ahead on a CPU
+        verifier._device_name = "NVIDIA H200"
+        verifier.start_candidate_processes()
+    assert [job.fn for job in recorder.jobs] == ["mkevolve.verify.candidate_run:start_zygote_early"] * 3

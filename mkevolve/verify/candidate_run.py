@@ -14,6 +14,7 @@ import os
 import random
 import secrets
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +265,32 @@ def read_signed_report(scratch: Path, key: bytes) -> dict:
 
 
 _zygote: Zygote | None = None
+_zygote_lock = threading.Lock()  # one zygote per worker, started by whichever thread asks first
+
+
+def _running_zygote() -> Zygote:
+    """This worker's zygote: started on first use, replaced when it died."""
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive:
+            _zygote = Zygote(("mkevolve.verify.harness", "mkevolve.verify.triton_warm"), _zygote_env(),
+                             Path(tempfile.gettempdir()) / f"mkevolve-zygote-{os.getpid()}.log",
+                             standby="mkevolve.verify.harness:standby")
+        return _zygote
+
+
+def start_zygote_early() -> None:
+    """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
+    decomposing, so the first candidate does not wait for the zygote's imports and its standby child's
+    CUDA context (10 s on the H200). A zygote that fails to start here is started again, and the failure
+    reported, by the first candidate that needs it."""
+    def start() -> None:
+        try:
+            _running_zygote()
+        except ZygoteError:
+            pass  # reported by start_candidate, which tries again
+
+    threading.Thread(target=start, name="zygote-start", daemon=True).start()
 
 
 def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, timeout_s: float,
@@ -271,13 +298,9 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
     """Fork the candidate from this worker's zygote (started on first use, replaced when it dies)."""
     global _zygote
     try:
-        if _zygote is None or not _zygote.alive:
-            _zygote = Zygote(("mkevolve.verify.harness", "mkevolve.verify.triton_warm"), _zygote_env(),
-                             Path(tempfile.gettempdir()) / f"mkevolve-zygote-{os.getpid()}.log",
-                             standby="mkevolve.verify.harness:standby")
+        zygote = _running_zygote()
         with gpu_share.gpu_lent():
-            return _zygote.run(entry, candidate.to_json(), scratch / _LOG_FILE, timeout_s,
-                               memory_limit_mb)
+            return zygote.run(entry, candidate.to_json(), scratch / _LOG_FILE, timeout_s, memory_limit_mb)
     except ZygoteError as err:
         if _zygote is not None:
             _zygote.close()
