@@ -28,10 +28,11 @@ searches stop asking for kernels while there is still time to finish the check i
 searches were cut says so (time_budget_spent). A step that runs into the limit anyway is stopped. A
 stopped `mkevolve run` is resumed by the next part (`mkevolve run --resume`: subproblems already evolved
 and candidates already checked are kept), up to MAX_RUN_PARTS parts in all, after which the problem is
-recorded as over the limit; its run_s adds up the parts. A stopped timing is retried at the start of the next part, unless it already had a whole
-part to itself. A run directory gone with its machine starts the problem afresh. Each part's record keeps
-its wall time, the verdicts its runs reached in it (and per GPU-minute) and, with CUDA, the GPUs'
-utilisation sampled every 0.5 s by nvidia-smi: the share of samples in which a kernel ran, and the mean.
+recorded as over the limit; its run_s adds up the parts. A stopped timing is retried at the start of the
+next part, unless it already had a whole part to itself. A run directory gone with its machine starts the
+problem afresh. Each part's record keeps its wall time, the verdicts its runs reached in it (and per
+GPU-minute) and, with CUDA, the GPUs' utilisation sampled every 0.5 s by nvidia-smi: the share of samples
+in which a kernel ran, and the mean.
 
 Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
 its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
@@ -46,9 +47,9 @@ but 4 such models on one GPU also ran one of them out of GPU memory, and none fi
 Timing (CUDA only): eager, torch.compile and the packed solution in one process, on the same inputs and
 weights, in --rounds alternating rounds (the order rotates each round) of the verifier's `time_forward`
 (10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed, CUDA events); each side's time
-is the median of its round medians, so drift over the minutes a problem takes falls on all three alike. Without CUDA nothing is
-timed and the speedups are null, never a made-up number; the errors against an fp64 reference (the same
-Model and weights in float64) are measured on any device.
+is the median of its round medians, so drift over the minutes a problem takes falls on all three alike.
+Without CUDA nothing is timed and the speedups are null, never a made-up number; the errors against an
+fp64 reference (the same Model and weights in float64) are measured on any device.
 """
 
 from __future__ import annotations
@@ -197,22 +198,9 @@ class RunInfo:
     note: str = ""
 
 
-def read_events(run_dir: Path) -> list[dict]:
-    """The run's events; a line cut short by a kill is left out."""
-    events_file = run_dir / "events.jsonl"
-    if not events_file.is_file():
-        return []
-    events = []
-    for line in events_file.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
 def read_run(run_dir: Path) -> RunInfo:
     """What a finished (or stopped) run left: best/manifest.yaml first, state.json where it has none."""
+    from mkevolve.events import read_event_lines
     from mkevolve.run_state import RunState, StateError
     from mkevolve.solution import Manifest, SolutionError
 
@@ -239,7 +227,7 @@ def read_run(run_dir: Path) -> RunInfo:
     elif state is not None:
         last = state.history[-1] if state.history else None
         info.note = f"no correct end-to-end solution: {last.e2e_reason if last else 'no iteration finished'}"
-    events = read_events(run_dir)
+    events = read_event_lines(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
     info.llm_calls, info.tokens = read_llm_use(run_dir, events)
     info.time_budget_spent = any(e.get("kind") == "time_budget_spent" for e in events)
     return info
