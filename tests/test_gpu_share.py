@@ -172,7 +172,6 @@ def test_a_worker_hands_its_cached_gpu_memory_back_between_jobs(monkeypatch):
     assert released == [True]
 
 
-
 def test_the_baseline_s_inductor_compile_lets_a_timer_have_the_gpu(tmp_path, monkeypatch):
     """A worker holding its GPU shared (as around every job) lends it while Inductor compiles the baseline, so
     another process's timer runs meanwhile; the worker holds the GPU again once the compile returns."""
