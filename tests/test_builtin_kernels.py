@@ -277,6 +277,23 @@ def test_host_helpers_agree_with_triton():
     assert all(helpers["_cdiv"](a, b) == triton.cdiv(a, b) for a in range(300) for b in range(1, 40))
 
 
+def test_remembered_strides_follow_each_tensor_s_own_layout():
+    """The launchers' stride helper remembers answers per (shape, strides): two tensors of one shape and
+    different layouts still get their own strides, and a broadcast dim gets 0."""
+    from mkevolve.builtin.kernels.module_source import HOST_HELPERS
+    helpers: dict = {}
+    exec(HOST_HELPERS, helpers)
+    frame, groups = (4, 6, 5), ((0,), (1,), (2,))
+    dense, transposed = torch.empty(4, 6, 5), torch.empty(5, 6, 4).permute(2, 1, 0)
+    broadcast = torch.empty(6, 1)
+    for _ in range(2):  # the second round is answered from what the first remembered
+        assert helpers["_group_strides"](dense, frame, groups) == (30, 5, 1)
+        assert helpers["_group_strides"](transposed, frame, groups) == (1, 4, 24)
+        assert helpers["_group_strides"](broadcast, list(frame), groups) == (0, 1, 0)
+    assert helpers["_group_sizes"](frame, ((0, 1), (2,))) == (24, 5)
+    assert helpers["_broadcast_shape"](torch.Size([6, 1]), torch.Size([4, 1, 5])) == (4, 6, 5)
+
+
 def test_sizes_used_in_div_and_mod_are_constexpr():
     """A broadcast parameter is indexed by `offs % n1`: with n1 constexpr that compiles to a multiply and shift."""
     source = generate_kernel(SUBPROBLEMS / "pointwise_chain.py", 0, "cuda").source
