@@ -198,9 +198,16 @@ class RunInfo:
     note: str = ""
 
 
+def run_events(run_dir: Path) -> list[dict]:
+    """A run's events; none where it wrote no events.jsonl."""
+    from mkevolve.events import read_event_lines
+
+    path = run_dir / "events.jsonl"
+    return read_event_lines(path) if path.is_file() else []
+
+
 def read_run(run_dir: Path) -> RunInfo:
     """What a finished (or stopped) run left: best/manifest.yaml first, state.json where it has none."""
-    from mkevolve.events import read_event_lines
     from mkevolve.run_state import RunState, StateError
     from mkevolve.solution import Manifest, SolutionError
 
@@ -227,7 +234,7 @@ def read_run(run_dir: Path) -> RunInfo:
     elif state is not None:
         last = state.history[-1] if state.history else None
         info.note = f"no correct end-to-end solution: {last.e2e_reason if last else 'no iteration finished'}"
-    events = read_event_lines(run_dir / "events.jsonl") if (run_dir / "events.jsonl").is_file() else []
+    events = run_events(run_dir)
     info.llm_calls, info.tokens = read_llm_use(run_dir, events)
     info.time_budget_spent = any(e.get("kind") == "time_budget_spent" for e in events)
     return info
@@ -692,15 +699,8 @@ class UtilisationSampler:
 def part_verdicts(rows: list[Row], since: float, until: float) -> int:
     """Verdicts (every evaluation, end-to-end checks included) the runs of `rows` reached between the two
     wall-clock times: a resumed run's earlier parts are not this part's work."""
-    from mkevolve.events import read_event_lines
-
-    count = 0
-    for row in rows:
-        events = Path(row.run_dir) / "events.jsonl" if row.run_dir else None
-        if events is not None and events.is_file():
-            count += sum(1 for e in read_event_lines(events)
-                         if e.get("kind") == "verdict" and since <= e.get("t", -1) <= until)
-    return count
+    return sum(1 for row in rows if row.run_dir for e in run_events(Path(row.run_dir))
+               if e.get("kind") == "verdict" and since <= e.get("t", -1) <= until)
 
 
 # ---- command line ----------------------------------------------------------------------------------------
