@@ -155,9 +155,12 @@ def operand_name(value: Value, index: int) -> str:
 
 def is_dense(value: Value) -> bool:
     """Contiguous by construction: inputs (made contiguous in forward), parameters, kernel outputs,
-    and reshapes of those; transposes, slices and expands are read with their real strides per dim."""
+    reshapes of those, and `t[i]` of those (one whole slab along dim 0); transposes, slices and expands are
+    read with their real strides per dim."""
     if isinstance(value, View):
-        return value.method in ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze") and is_dense(value.base)
+        first_dim_item = value.method == "__getitem__" and type(value.args[0]) is int
+        reshapes = value.method in ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze")
+        return (reshapes or first_dim_item) and is_dense(value.base)
     return True
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import Assign, IntOp, Param, Scalar, Value
+from .ir import Assign, BatchStats, IntOp, Param, Scalar, Value
 
 # --- elementwise ------------------------------------------------------------------------------------
 
@@ -400,7 +400,10 @@ def batch_norm(b: Builder, x: Value, a: BatchNormArgs) -> Value:
     if x.rank < 2:
         raise UnsupportedSubproblem("batch_norm of a tensor with fewer than 2 dims")
     use_batch_stats = a.training or a.running_mean is None
-    if use_batch_stats:
+    if use_batch_stats and x.rank >= 3:
+        mean, var = _batch_stats(b, x, a)
+        y = b.pw("mul", b.pw("sub", x, mean), b.pw("rsqrt", b.pw("add", var, a.eps)))
+    elif use_batch_stats:
         dims = (0,) + tuple(range(2, x.rank))
         mean = b.reduce("mean", x, dims)
         centered = b.pw("sub", x, mean)
@@ -415,6 +418,22 @@ def batch_norm(b: Builder, x: Value, a: BatchNormArgs) -> Value:
     weight = b.channel_view(a.weight, x.rank) if a.weight is not None else None
     bias = b.channel_view(a.bias, x.rank) if a.bias is not None else None
     return _affine(b, y, weight, bias)
+
+
+def _batch_stats(b: Builder, x: Value, a: BatchNormArgs) -> tuple[Value, Value]:
+    """Mean and biased variance per channel, viewed to broadcast against x, from one BatchStats kernel that
+    also updates the running statistics. Only for x with dims after the channel: an (N, C) input keeps the
+    row reduction over N, whose tiles read C-contiguous rows where a program per channel would read with a
+    stride of C."""
+    updates = (a.training and a.momentum is not None and isinstance(a.running_mean, Param)
+               and isinstance(a.running_var, Param))
+    reduced = tuple(tuple(s if d == 1 else 1 for d, s in enumerate(shape)) for shape in x.shapes)
+    stats = b.program.add(BatchStats(tuple((2,) + r for r in reduced), x=x,
+                                     running=(a.running_mean, a.running_var) if updates else (),
+                                     momentum=b.scalar(a.momentum) if updates else None))
+    if updates:
+        b.program.effects.append(stats)
+    return b.view(stats, "__getitem__", (0,), reduced), b.view(stats, "__getitem__", (1,), reduced)
 
 
 def _update_running_stats(b: Builder, x: Value, a: BatchNormArgs, mean: Value, var: Value) -> None:

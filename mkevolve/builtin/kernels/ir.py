@@ -228,6 +228,24 @@ class Gather(Value):
         return [self.table, self.index]
 
 
+@dataclass(eq=False, repr=False)
+class BatchStats(Value):
+    """A training-mode batch norm's statistics: per channel (dim 1) of `x`, the mean and the biased variance
+    over every other dim, as one tensor of shape (2, *x's shape with every dim but 1 set to 1).
+
+    Where `running` holds the module's running mean and variance, the same kernel moves them toward the
+    batch's (`momentum`, unbiased variance) in place: one launch for what would otherwise be two
+    reductions and two buffer updates.
+    """
+
+    x: Value | None = None
+    running: tuple = ()                  # (running_mean, running_var) Params, or () when nothing is updated
+    momentum: "Scalar | None" = None
+
+    def operands(self) -> list[Value]:
+        return [self.x, *self.running]
+
+
 @dataclass(frozen=True)
 class Assign:
     """A side effect of the forward: write `value` into the buffer `target` (e.g. BatchNorm running stats)."""
@@ -247,6 +265,9 @@ class Program:
     # Assign targets that are plain tensor attributes (neither parameters nor buffers), by path: Module.to
     # leaves those behind, so ModelNew registers them as buffers to find them on its kernels' device.
     plain_attributes: list[str] = field(default_factory=list)
+    # Values computed for what they write in place (BatchStats' running statistics): live even when
+    # nothing reads them.
+    effects: list[Value] = field(default_factory=list)
 
     def add(self, value: Value) -> Value:
         value.id = len(self.values)

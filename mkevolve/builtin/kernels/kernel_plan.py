@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ir import Param, Reduce, Shape, Value
+from .ir import BatchStats, Param, Reduce, Shape, Value
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,11 @@ class KernelPlan:
     def full_space(self) -> bool:
         """Row kernels: the output has the reduced input's shape (softmax), not the reduced shape (sum)."""
         return self.row is not None and self.root.shapes == self.row.shapes
+
+    def written_in_place(self) -> list[Param]:
+        """Module tensors the kernel overwrites: its target, or the running statistics a BatchStats updates."""
+        if self.target is not None:
+            return [self.target]
+        if isinstance(self.anchor, BatchStats):
+            return list(self.anchor.running)
+        return []

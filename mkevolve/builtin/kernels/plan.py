@@ -50,15 +50,15 @@ def _check_special_reads(kernel: KernelPlan) -> None:
 def _check_no_read_after_write(writer: KernelPlan, kernels: list[KernelPlan]) -> None:
     """A kernel that writes into a module tensor overwrites the old values in place. Kernels launched after
     it must not read them (they would see the new ones), and it reads them only element for element."""
-    if writer.target is None:
-        return
+    written = writer.written_in_place()
     for kernel in kernels:
         if kernel.root.id < writer.root.id:
             continue
         for leaf in kernel.leaves:
-            if base_of(leaf) is writer.target and (kernel is not writer or leaf is not writer.target):
+            target = next((t for t in written if base_of(leaf) is t), None)
+            if target is not None and (kernel is not writer or leaf is not target):
                 raise UnsupportedSubproblem(
-                    f"self.{writer.target.path} is overwritten in place, and a kernel launched at or after that "
+                    f"self.{target.path} is overwritten in place, and a kernel launched at or after that "
                     "write reads its old values (or reads it other than element for element)")
 
 
@@ -87,6 +87,8 @@ def _required_tensors(program: Program) -> set[int]:
         need(value)
     for assign in program.assigns:
         required.add(assign.value.id)
+    for effect in program.effects:
+        required.add(effect.id)
     for value in _live(program):
         if isinstance(value, View):
             need(value.base)
@@ -108,7 +110,7 @@ def _live(program: Program) -> list[Value]:
     """Values the outputs depend on. Attention leaves the softmax it replaced behind, unused; an attention's
     logits are read inside its kernel, so their scalars (and the shapes they use) stay live."""
     live: set[int] = set()
-    stack = program.output_values() + [a.value for a in program.assigns]
+    stack = program.output_values() + [a.value for a in program.assigns] + list(program.effects)
     while stack:
         value = stack.pop()
         if value.id in live:

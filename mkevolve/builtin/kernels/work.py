@@ -1,7 +1,7 @@
 """The least work of one forward per input config: what the self-check places its time against.
 
 Bytes: every tensor the forward reads from outside its kernels (inputs, parameters, buffers) read once, and
-every tensor it hands back (outputs, updated buffers) written once. What kernels pass one another is not
+every tensor it hands back (outputs, buffers written in place) written once. What kernels pass one another is not
 counted: a perfect fusion would keep it on chip. FLOPs: those of the kernels' anchors (GEMMs, convolutions,
 attention; 2 per multiply-add, the registry's `flops`). Elementwise and reduction work, a few operations
 per element, is left out: it never sets the floor at 67 TFLOP/s against 4.3 TB/s.
@@ -32,7 +32,7 @@ def forward_work(plan: Plan) -> list[Work]:
     program = plan.program
     inputs = sorted(program.inputs, key=lambda i: i.index)
     reads = [leaf for kernel in plan.kernels for leaf in kernel.leaves if isinstance(base_of(leaf), (Input, Param))]
-    writes = program.output_values() + [a.target for a in program.assigns]
+    writes = program.output_values() + [t for kernel in plan.kernels for t in kernel.written_in_place()]
     configs = len(writes[0].shapes)
     return [Work(input_shapes=tuple(i.shapes[c] for i in inputs),
                  min_bytes=_bytes(reads, c) + _bytes(writes, c),
