@@ -7,7 +7,7 @@
 Every `verdict` event carries `wall_s` (seconds from the job's submission to its verdict, so queueing for
 a worker is included) and `phases` (seconds per phase, as the verifier measured them):
 
-    worker_start, load, reference, candidate, judge, baseline           top level: they add up to wall_s,
+    worker_start, load, reference, baseline, candidate, judge           top level: they add up to wall_s,
                                                                         less the time spent waiting
     candidate.setup, candidate.import, candidate.build,                 inside the candidate process, so
     candidate.first_call, candidate.gpu_wait,                           part of `candidate`; Triton's JIT
@@ -48,10 +48,10 @@ from mkevolve.event_records import EventFieldError, VerdictEvent, of_type, parse
 from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
-PHASE_ORDER = ("worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.import",
-               "candidate.build", "candidate.first_call", "candidate.gpu_wait", "candidate.other_calls",
-               "candidate.profiler_stop", "candidate.save", "candidate.unaccounted", "judge", "judge.accounting",
-               "judge.read", "judge.compare", "baseline", "waiting")
+PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "candidate.setup",
+               "candidate.import", "candidate.build", "candidate.first_call", "candidate.gpu_wait",
+               "candidate.other_calls", "candidate.profiler_stop", "candidate.save", "candidate.unaccounted",
+               "judge", "judge.accounting", "judge.read", "judge.compare", "waiting")
 WAITING = "waiting"
 CANDIDATE = "candidate"
 UNACCOUNTED = "candidate.unaccounted"

@@ -52,8 +52,8 @@ def test_profile_of_synthetic_events(tmp_path):
     assert data["wall_median_s"] == pytest.approx(7.0) and data["wall_p90_s"] == pytest.approx(9.4)
     rows = {r["phase"]: r for r in data["rows"]}
     assert [r["phase"] for r in data["rows"]] == [
-        "worker_start", "load", "reference", "candidate", "candidate.setup", "candidate.first_call",
-        "candidate.unaccounted", "judge", "baseline", "waiting"]
+        "worker_start", "load", "reference", "baseline", "candidate", "candidate.setup", "candidate.first_call",
+        "candidate.unaccounted", "judge", "waiting"]
     candidate = rows["candidate"]
     assert (candidate["count"], candidate["total_s"]) == (2, 8.0)
     assert candidate["median_s"] == pytest.approx(4.0)

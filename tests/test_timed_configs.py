@@ -1,8 +1,10 @@
 """A subproblem with many instance shapes is checked at every shape and timed at the largest few: the speedup
 compares the candidate and torch.compile over the same configs."""
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from mkevolve.problem import load_problem
@@ -73,17 +75,41 @@ def test_choosing_builds_each_reference_model_once_and_timing_adds_one_per_timed
     assert sorted(built) == sorted(list(range(6)) + timed)
 
 
-def test_the_speedup_covers_the_timed_configs_on_both_sides(tmp_path, monkeypatch):
+def test_the_speedup_covers_the_timed_configs_on_both_sides(tmp_path):
     references = _references(tmp_path)
-    baselines = {1: 10.0, 3: 30.0}
-
-    def baseline(problem, reference_set, request):
-        return Timing(*[baselines[reference_set.config_index]] * 5, runs=100)
-
-    monkeypatch.setattr(correctness, "_baseline", baseline)
+    baselines = [Timing(*[ms] * 5, runs=100) for ms in (10.0, 30.0)]       # configs 1 and 3
     report = SimpleNamespace(times_ms=[[], [5.0] * 3, [], [10.0] * 3, [], []])     # configs 1 and 3 timed
     result = EvalResult(status=Status.OK)
-    correctness._add_timing(None, None, references, report, result, [1, 3])
+    correctness._add_timing(references, report, result, [1, 3], baselines)
     assert result.speedup == (10.0 + 30.0) / (5.0 + 10.0)
     assert result.timed_configs == [1, 3]
     assert "over the 2 largest input configs" in result.summary()
+
+
+def test_the_baseline_is_timed_before_the_candidate_starts(tmp_path, monkeypatch):
+    """A candidate can let go of its GPU share, or launch from a thread while its harness times; a
+    baseline timed beside it would be slowed and its speedup raised. So a timed job gets its subproblem's
+    baseline before its candidate process starts, even when the candidate then fails."""
+    order = []
+
+    @contextmanager
+    def in_use():
+        yield
+
+    fake_reference = SimpleNamespace(in_use=in_use, ensure=lambda names: order.append("reference"))
+    monkeypatch.setattr(correctness, "device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(correctness, "reference_set", lambda *args: fake_reference)
+    monkeypatch.setattr(correctness, "_configs_to_time", lambda references, trials: [0])
+    monkeypatch.setattr(correctness, "_baseline", lambda *args: order.append("baseline") or Timing(*[1.0] * 5, runs=20))
+    monkeypatch.setattr(correctness, "run_candidate_process",
+                        lambda *args: order.append("candidate") or SimpleNamespace(phases={}))
+
+    def verdict(*args):
+        raise correctness.Rejected(Status.INCORRECT, "trial 0: output mismatch")
+
+    monkeypatch.setattr(correctness, "_verdict", verdict)
+    problem = SimpleNamespace(configs=[None])
+    request = correctness.KernelEvalRequest(problem_path="p.py", solution_path="s.py", cache_dir=str(tmp_path))
+    with pytest.raises(correctness.Rejected):
+        correctness._judge(problem, request, correctness._Errors())
+    assert order == ["reference", "baseline", "candidate"]

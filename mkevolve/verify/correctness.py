@@ -131,6 +131,12 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                      for index in range(len(problem.configs))]
             for reference, plan in zip(references, plans):
                 reference.ensure(plan.set_names())
+        with _phase(errors, "baseline"):
+            # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
+            # from a thread of its own while its harness times), and a baseline timed beside it would be
+            # slowed, its own speedup raised. Every job of a subproblem gets the baseline here first, the
+            # first measuring it under the key's lock, so none of its candidates runs while it is timed.
+            baselines = [_baseline(problem, references[index], request) for index in timed_configs]
         with scratch_folder("mkevolve-candidate-") as scratch:
             with _phase(errors, "candidate"):
                 report = run_candidate_process(request, references, plans, Path(scratch), device())
@@ -138,8 +144,7 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
             with _phase(errors, "judge"):
                 result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
         if result.passed and timed:
-            with _phase(errors, "baseline"):
-                _add_timing(problem, request, references, report, result, timed_configs)
+            _add_timing(references, report, result, timed_configs, baselines)
     return result
 
 
@@ -224,11 +229,10 @@ def _raise_violations(violations: list[Violation]) -> None:
                        violations=[v.to_dict() for v in violations])
 
 
-def _add_timing(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
-                report: CandidateReport, result: EvalResult, timed_configs: list[int]) -> None:
+def _add_timing(references: list[ReferenceSet], report: CandidateReport, result: EvalResult,
+                timed_configs: list[int], baselines: list[Timing]) -> None:
     """Candidate and torch.compile over the same timed configs; their times add up (timing.combine)."""
     timings = [summarize(report.times_ms[index]) for index in timed_configs]
-    baselines = [_baseline(problem, references[index], request) for index in timed_configs]
     result.runtime, result.baseline = combine(timings), combine(baselines)
     result.speedup = result.baseline.median_ms / result.runtime.median_ms
     if len(timed_configs) < len(references):

@@ -10,10 +10,11 @@ starts new GPU work until the timed runs are done, so a steady stream of jobs ca
 The lock keeps honest jobs apart; it cannot hold a hostile one. A candidate process holds its share
 itself, and its code can let go of it (closing the lock's descriptor is not an audited operation) or keep
 launching kernels from a thread of its own while its harness waits for the GPU alone. Either way it can
-slow another job's timed runs, never its own. With several workers on one GPU that other job can be a
-torch.compile baseline of its own subproblem, timed at that moment, which would raise the speedups of
-every candidate of that subproblem; with one worker per GPU (the default) the other jobs belong to other
-runs. The figures of record are timed again in a fresh process (`mkevolve eval`, scripts/kernelbench.py).
+slow another job's timed runs, never its own. It cannot slow its own subproblem's torch.compile baseline
+either, which would raise its speedup: every job gets that baseline before its candidate process starts,
+the first measuring it under the baseline's lock (verify/correctness.py), so no candidate of a subproblem
+runs while its baseline is timed. The figures of record are timed again in a fresh process
+(`mkevolve eval`, scripts/kernelbench.py).
 """
 
 from __future__ import annotations
