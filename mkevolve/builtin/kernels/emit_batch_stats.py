@@ -123,32 +123,35 @@ def _epilogue(running: list[str], momentum: str) -> list[str]:
 def _launcher(name: str, indexer: Indexer, x: str, running: list[str], args: list[LauncherArg],
               variant: Variant) -> str:
     tiles = variant.rows
-    scalars = [a.name for a in args if a.scalar is not None]
-    extra = ", ".join(running + ["C", "R", "chunk"])
-    tail = ", ".join(indexer.kernel_params() + scalars + (["unbias"] if running else []))
+    unbias = ["unbias"] if running else []
+    scalars = [a.name for a in args if a.scalar is not None] + unbias
+
+    def call(kernel: str, grid: str, outputs: str, split: str, blocks: str, reads_x: bool = True) -> str:
+        """The chunk kernel reads x through its sizes and strides; the combining one reads only the chunks."""
+        layout = [x] if reads_x else []
+        tail = indexer.kernel_params() if reads_x else []
+        args = [outputs, *layout, *running, "C", "R", "chunk", split, *tail, *scalars]
+        return f"{kernel}[{grid}]({', '.join(args)}, {blocks})"
+
     lines = [f"shape = tuple({x}.shape)",
              "C = shape[1]",
              f"R = {x}.numel() // C",
              *indexer.wrapper_lines("shape", {x: x}),
              f"stats = torch.empty((2, *(s if d == 1 else 1 for d, s in enumerate(shape))), device={x}.device, "
-             "dtype=torch.float32)"]
-    if running:
-        lines.append("unbias = R / max(R - 1, 1)")
-    lines += [f"block_r = min({tiles.loop_block}, _next_power_of_2(R))",
-              f"warps = _row_warps(block_r, {tiles.per_thread})",
-              "# too few channels to fill the GPU: each channel's elements go to several programs",
-              f"split = max(1, min(_cdiv(R, block_r), {tiles.split_target} // C))",
-              "chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
-              "split = _cdiv(R, chunk)",
-              "if split == 1:",
-              f"    {name}[(C, 1)](stats, stats, {x}, {extra}, 1, {tail}, BLOCK_R=block_r, FINAL=True, "
-              "num_warps=warps)",
-              "else:",
-              f"    part = torch.empty((2, C, split), device={x}.device, dtype=torch.float32)",
-              f"    {name}[(C, split)](stats, part, {x}, {extra}, split, {tail}, BLOCK_R=block_r, FINAL=False, "
-              "num_warps=warps)",
-              f"    {name}_combine[(C,)](stats, part, {extra}, split, "
-              f"{', '.join(scalars + (['unbias'] if running else []))}{', ' if running or scalars else ''}"
-              "SPLIT_BLOCK=_next_power_of_2(split))",
-              "return stats"]
+             "dtype=torch.float32)",
+             *(["unbias = R / max(R - 1, 1)"] if running else []),
+             f"block_r = min({tiles.loop_block}, _next_power_of_2(R))",
+             f"warps = _row_warps(block_r, {tiles.per_thread})",
+             "# too few channels to fill the GPU: each channel's elements go to several programs",
+             f"split = max(1, min(_cdiv(R, block_r), {tiles.split_target} // C))",
+             "chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
+             "split = _cdiv(R, chunk)",
+             "if split == 1:",
+             "    " + call(name, "(C, 1)", "stats, stats", "1", "BLOCK_R=block_r, FINAL=True, num_warps=warps"),
+             "else:",
+             f"    part = torch.empty((2, C, split), device={x}.device, dtype=torch.float32)",
+             "    " + call(name, "(C, split)", "stats, part", "split", "BLOCK_R=block_r, FINAL=False, num_warps=warps"),
+             "    " + call(f"{name}_combine", "(C,)", "stats, part", "split", "SPLIT_BLOCK=_next_power_of_2(split)",
+                          reads_x=False),
+             "return stats"]
     return f"def {name}_launch({', '.join(a.name for a in args)}):\n{indent(lines, 4)}\n"
