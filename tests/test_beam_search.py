@@ -414,3 +414,16 @@ def test_a_reply_is_checked_while_the_next_one_is_still_being_written(tmp_path):
     verifier = ClockedVerifier()
     evolve_kernel("relu_shift", PROBLEM, Beam(width=2), 2, verifier, client, config, tmp_path / "candidates")
     assert verifier.began["broken"] < 0.4 <= 0.6 <= verifier.began["refined"]
+
+
+def test_a_steps_checks_go_to_the_workers_ahead_of_steps_further_from_their_end(tmp_path):
+    """Each check carries how many of its step's candidates still lack a verdict (the worker pool serves the
+    smallest first): all 3 for the step's first check, fewer as its candidates get their verdicts."""
+    script = tmp_path / "three.yaml"
+    script.write_text("replies:\n" + "".join(f"  - {{agent: generate, sample: {i}, reply_file: {FIXTURES / name}}}\n"
+                                             for i, name in enumerate(["refined.md", "debugged.md", "broken.md"])))
+    verifier = FakeVerifier()
+    run_script(tmp_path, script, verifier, width=3, budget=3, search="parallel")
+    assert sorted(verifier.checked) == ["broken", "debugged", "refined"]
+    assert verifier.priorities[0] == 3
+    assert verifier.priorities == sorted(verifier.priorities, reverse=True) and min(verifier.priorities) >= 1

@@ -6,7 +6,7 @@ import time
 
 from mkevolve.workers.executor import LocalExecutor
 from mkevolve.workers.gpu_share import LOCK_ENV, GpuShare
-from mkevolve.workers.pool import Job, WorkerPool, worker_env
+from mkevolve.workers.pool import Job, JobOutcome, WorkerPool, worker_env
 
 
 def _in_thread(work) -> tuple[threading.Thread, threading.Event]:
@@ -95,6 +95,40 @@ def test_slots_are_dealt_over_the_gpus_in_turn():
     pool = WorkerPool(size=5, gpus=[0, 1])
     assert [pool.device_of(s) for s in range(5)] == [0, 1, 0, 1, 0]
     assert WorkerPool(size=2).device_of(1) is None
+
+
+def _until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_waiting_jobs_get_the_free_worker_by_priority_then_arrival(monkeypatch):
+    """One worker, busy: jobs of priority 3, 1, 2 and 1 queue up behind it (a check's priority is how many of
+    its beam step's candidates still lack a verdict); the worker then takes the two 1s in arrival order,
+    the 2, the 3."""
+    pool = WorkerPool(size=1)
+    started, release = [], threading.Event()
+
+    class Worker:
+        def run(self, job):
+            started.append(job.kwargs["name"])
+            if job.kwargs["name"] == "first":
+                release.wait(10)
+            return JobOutcome()
+
+    monkeypatch.setattr(pool, "_healthy_worker", lambda slot: (Worker(), 0.0))
+    threads = []
+    for count, (name, priority) in enumerate([("first", 0), ("c", 3), ("a1", 1), ("b", 2), ("a2", 1)]):
+        thread = threading.Thread(target=pool.run, args=(Job("jobs:any", {"name": name}, priority=priority),))
+        thread.start()
+        threads.append(thread)
+        _until(lambda: started == ["first"] if count == 0 else len(pool._slots._waiting) == count)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert started == ["first", "a1", "a2", "b", "c"]
 
 
 def test_a_closed_pool_leaves_no_log_folder_behind():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,7 +48,8 @@ class KernelVerifier(Protocol):
 
     device_name: str
 
-    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True) -> list[EvalResult]: ...
+    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True,
+                      priority: int = 0) -> list[EvalResult]: ...
 
     def static_check(self, source: str, filename: str) -> EvalResult | None: ...
 
@@ -76,6 +79,24 @@ class SearchProgress:
 
 
 ProgressHook = Callable[[SearchProgress], None]
+
+
+class StepProgress:
+    """How many children of one beam step are still without a verdict; the fewer, the sooner that step
+    ends, so its checks go first among those waiting for a worker."""
+
+    def __init__(self, children: int):
+        self.unfinished = children
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def one_child(self) -> Iterator[None]:
+        """Around one child's reply and check: it counts as unfinished until its verdict (or error)."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.unfinished -= 1
 
 
 @dataclass(frozen=True)
@@ -268,26 +289,28 @@ class KernelAgent:
             return []
         seqs = [self.beam.take_seq() for _ in parents]
         requests = [self.request(parent, seq) for parent, seq in zip(parents, seqs, strict=True)]
+        step = StepProgress(len(requests))
         with ThreadPoolExecutor(max_workers=min(self.client.parallel, len(requests))) as calls, \
                 ThreadPoolExecutor(max_workers=len(requests)) as early, \
                 ThreadPoolExecutor(max_workers=len(requests)) as checks:
             children = []
             for seq, parent, request in zip(seqs, parents, requests, strict=True):
                 cid = candidate_id(seq)
-                speculation = SpeculativeCheck(partial(self._verdict, cid), early)
+                speculation = SpeculativeCheck(partial(self._verdict, cid, step=step), early)
                 reply = calls.submit(self.client.complete, request, speculation.on_text)
-                children.append(checks.submit(self._child, cid, parent, request, reply, speculation))
+                children.append(checks.submit(self._child, cid, parent, request, reply, speculation, step))
             return [child.result() for child in children]
 
     def _child(self, cid: str, parent: Candidate | None, request: LLMRequest, reply: Future[LLMResponse],
-               speculation: SpeculativeCheck) -> Candidate:
+               speculation: SpeculativeCheck, step: StepProgress) -> Candidate:
         """The candidate of one reply, checked and saved: its code's verdict, or why the reply has no code."""
-        response = reply.result()
-        source, result = _code_or_failure(response)  # result: why the reply has no code, if it has none
-        if result is None:
-            result = speculation.verdict_for(source)
-        if result is None:
-            result = self._verdict(cid, source)
+        with step.one_child():
+            response = reply.result()
+            source, result = _code_or_failure(response)  # result: why the reply has no code, if it has none
+            if result is None:
+                result = speculation.verdict_for(source)
+            if result is None:
+                result = self._verdict(cid, source, step=step)
         child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
                           kind=PromptKind(request.agent), source=source, result=result,
                           tokens=response.usage, cached=response.cached)
@@ -295,8 +318,9 @@ class KernelAgent:
         self._emit(CandidateEvent, child)
         return child
 
-    def _verdict(self, cid: str, source: str) -> EvalResult:
-        """Write the kernel to its candidate file and check it.
+    def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
+        """Write the kernel to its candidate file and check it, ahead of checks from steps further from
+        their end (`step.unfinished`, the worker pool's priority).
 
         A candidate this folder already holds with the same source, for the same problem, keeps its saved
         verdict: a resumed run then builds the same prompts (timings included) and its replies come from
@@ -306,7 +330,7 @@ class KernelAgent:
         if saved is not None:
             return saved
         path = write_atomic(self.folder / f"{cid}.py", source)
-        return self.verifier.check_kernels([(self.problem_path, path)], timed=True)[0]
+        return self.verifier.check_kernels([(self.problem_path, path)], timed=True, priority=step.unfinished)[0]
 
     def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"

@@ -77,8 +77,10 @@ class Verifier:
     def check_kernel(self, problem_path: Path, solution_path: Path, *, timed: bool = True) -> EvalResult:
         return self.check_kernels([(problem_path, solution_path)], timed=timed)[0]
 
-    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True) -> list[EvalResult]:
-        """Static checks first (no execution), then the survivors in parallel across workers."""
+    def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True,
+                      priority: int = 0) -> list[EvalResult]:
+        """Static checks first (no execution), then the survivors in parallel across workers; `priority` orders
+        them among jobs waiting for a worker (smaller first, `Job.priority`)."""
         results: list[EvalResult | None] = []
         jobs, slots = [], []
         for problem_path, solution_path in pairs:
@@ -87,7 +89,7 @@ class Verifier:
             if early is None:
                 slots.append(len(results) - 1)
                 jobs.append(self._kernel_job(problem_path, solution_path, timed,
-                                             start_by=self.candidates_start_by))
+                                             start_by=self.candidates_start_by, priority=priority))
         for slot, outcome in zip(slots, self.run_jobs(jobs)):
             results[slot] = _to_result(outcome)
         for (problem_path, solution_path), result in zip(pairs, results):
@@ -140,7 +142,7 @@ class Verifier:
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
-                    start_by: float | None = None) -> Job:
+                    start_by: float | None = None, priority: int = 0) -> Job:
         request = KernelEvalRequest(
             problem_path=str(Path(problem_path).resolve()),
             solution_path=str(Path(solution_path).resolve()),
@@ -153,7 +155,7 @@ class Verifier:
         # The candidate process gets the configured limit; the trusted worker around it, room for the
         # references and the baseline on top.
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=2 * self.config.timeout + 60, start_by=start_by)
+                   timeout=2 * self.config.timeout + 60, start_by=start_by, priority=priority)
 
     def close(self) -> None:
         self.executor.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import pickle
 import select
@@ -17,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from queue import Queue
 
 from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
@@ -46,6 +47,10 @@ class Job:
     kwargs: dict = field(default_factory=dict)
     timeout: float = 300.0
     start_by: float | None = None   # time.time() after which a job still waiting for a worker is not run
+    # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries how
+    # many of its beam step's candidates still have no verdict, so the step nearest its end gets the next
+    # free worker, and its search goes on to its next step (and LLM calls) sooner.
+    priority: int = 0
 
 
 @dataclass
@@ -213,6 +218,32 @@ def worker_env(device_index: int | None, sharers: int = 1) -> dict[str, str]:
     return env
 
 
+class _Slots:
+    """Free worker slots, handed to waiting jobs by priority (smaller first), then in order of arrival."""
+
+    def __init__(self, slots: range):
+        self._free = list(slots)
+        self._waiting: list[tuple[int, int]] = []      # heap of (priority, arrival)
+        self._arrivals = itertools.count()
+        self._changed = threading.Condition()
+
+    def take(self, priority: int) -> int:
+        with self._changed:
+            ticket = (priority, next(self._arrivals))
+            heapq.heappush(self._waiting, ticket)
+            while not (self._free and self._waiting[0] == ticket):
+                self._changed.wait()
+            heapq.heappop(self._waiting)
+            slot = self._free.pop()
+            self._changed.notify_all()      # the next in line may find another slot free
+            return slot
+
+    def give_back(self, slot: int) -> None:
+        with self._changed:
+            self._free.append(slot)
+            self._changed.notify_all()
+
+
 class WorkerPool:
     """A fixed number of worker slots; a job takes a free slot, its worker starts on first use.
 
@@ -224,15 +255,12 @@ class WorkerPool:
         self.size = max(1, size)
         self.preload = preload
         self._log_dir: Path | None = None  # made when the first worker starts, removed by close()
-        self._slots: Queue[int] = Queue()
-        self._workers: dict[int, Worker | None] = {}
+        self._slots = _Slots(range(self.size))
+        self._workers: dict[int, Worker | None] = {slot: None for slot in range(self.size)}
         self._lock = threading.Lock()
-        for slot in range(self.size):
-            self._slots.put(slot)
-            self._workers[slot] = None
 
     def run(self, job: Job) -> JobOutcome:
-        slot = self._slots.get()
+        slot = self._slots.take(job.priority)
         try:
             if job.start_by is not None and time.time() >= job.start_by:
                 return JobOutcome(failure=JobFailure.NOT_STARTED,
@@ -245,7 +273,7 @@ class WorkerPool:
             outcome.worker_start_s = start_s
             return outcome
         finally:
-            self._slots.put(slot)
+            self._slots.give_back(slot)
 
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
         if len(jobs) <= 1:
