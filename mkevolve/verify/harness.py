@@ -196,7 +196,8 @@ def prepare_and_confine(request: CandidateRequest):
     os.environ["HOME"] = os.environ["TMPDIR"] = str(scratch)
     os.chdir(scratch)  # relative paths the candidate writes land in its scratch folder
     if request.device == "cuda":
-        gpu_share.job_on_gpu().__enter__()  # opens the lock files now; held for this process's life
+        gpu_share.hold_for_process_life()   # opens the lock files now, before the confinement
+        gpu_share.lend_while_triton_compiles()
     elif os.environ.get("TRITON_INTERPRET") == "1":
         from mkevolve.workers.interpreter import make_autotune_interpretable
 
@@ -262,7 +263,10 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     # The first call compiles and autotunes beside other workers' jobs; the rest have the GPU alone.
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
-        _run_calls(request, model, first, inputs, clock, report, saved, strict)
+        try:
+            _run_calls(request, model, first, inputs, clock, report, saved, strict)
+        finally:
+            gpu_share.resume_after_compiles()
     if clock is None:
         with _phase(report, "other_calls"):
             _run_calls(request, model, rest, inputs, clock, report, saved, strict)

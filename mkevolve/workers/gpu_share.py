@@ -5,7 +5,9 @@ per GPU finish a search sooner; but a kernel timed while another worker's kernel
 wrong. Every job therefore holds its GPU's lock shared, and a timed section trades that for the lock
 held alone. The locks are flock(2) files named after the physical GPU, so workers of different runs on
 one machine take turns too. A gate file gives timing priority: once a timer waits at the gate, no job
-starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it.
+starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it. A job
+lends its hold while it does long CPU work: a worker while its candidate process runs (that process holds
+its own) or Inductor compiles a baseline, a candidate process while Triton compiles a kernel.
 
 The lock keeps honest jobs apart; it cannot hold a hostile one. A candidate process holds its share
 itself, and its code can let go of it (closing the lock's descriptor is not an audited operation) or keep
@@ -42,6 +44,7 @@ class GpuShare:
         self._gate = os.open(f"{path}.gate", os.O_RDONLY | os.O_CREAT, 0o666)
         self._gpu = os.open(f"{path}.gpu", os.O_RDONLY | os.O_CREAT, 0o666)
         self._holding_shared = False
+        self._lent_to_cpu_work = False      # given up by lend(), taken back by resume()
 
     @contextmanager
     def shared(self) -> Iterator[None]:
@@ -77,6 +80,19 @@ class GpuShare:
             if resume_shared:
                 self._take_shared()
 
+    def lend(self) -> None:
+        """Give up the shared hold until `resume()`, around CPU work that uses no GPU (a Triton compile).
+        Two calls rather than a block: Triton calls one before its compile and the other after it."""
+        if self._holding_shared:
+            self._drop()
+            self._lent_to_cpu_work = True
+
+    def resume(self) -> None:
+        """Take back a hold `lend()` gave up, through the gate: after any timed section that waits there."""
+        if self._lent_to_cpu_work:
+            self._lent_to_cpu_work = False
+            self._take_shared()
+
     def _take_shared(self) -> None:
         fcntl.flock(self._gate, fcntl.LOCK_EX)
         try:
@@ -109,10 +125,54 @@ def job_on_gpu() -> ContextManager:
     return share.shared() if share else nullcontext()
 
 
+_process_hold: list[ContextManager] = []
+
+
+def hold_for_process_life() -> None:
+    """A candidate process's shared hold, from here until it exits. The hold's context is kept here: one
+    entered and dropped (`job_on_gpu().__enter__()` alone) is collected at once, and its generator's
+    `finally` gives the hold up again."""
+    hold = job_on_gpu()
+    hold.__enter__()
+    _process_hold.append(hold)
+
+
 def gpu_alone() -> ContextManager:
     """Held around timed runs."""
     share = _process_share()
     return share.alone() if share else nullcontext()
+
+
+def lend_while_triton_compiles() -> None:
+    """In a candidate process: its shared hold is given up while Triton compiles a kernel, CPU work of
+    seconds (tens for a file of many kernels) in which a job waiting to time alone would otherwise wait
+    for it. Inside a timed section there is no shared hold to give up, and nothing changes. A Triton
+    without these hooks compiles with the hold kept."""
+    share = _process_share()
+    if share is None:
+        return
+    from triton import knobs
+
+    runtime = knobs.runtime
+    if not (hasattr(runtime, "jit_cache_hook") and hasattr(runtime, "jit_post_compile_hook")):
+        return
+
+    def before_compile(**_) -> bool:
+        share.lend()
+        return False     # False: compile as usual
+
+    def after_compile(**_) -> None:
+        share.resume()
+
+    runtime.jit_cache_hook = before_compile
+    runtime.jit_post_compile_hook = after_compile
+
+
+def resume_after_compiles() -> None:
+    """Take back a hold given up for a compile that raised (its after-compile hook never ran)."""
+    share = _process_share()
+    if share is not None:
+        share.resume()
 
 
 def gpu_lent() -> ContextManager:
