@@ -4,6 +4,7 @@ ones stay, and a set that cannot fit stops the check with a clear reason instead
 
 import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -66,8 +67,10 @@ def test_make_room_keeps_a_folder_whose_sets_are_being_computed(tmp_path, disk):
     assert busy.exists() and not idle.exists()
 
 
-def test_a_folder_a_check_is_using_is_never_evicted_however_old(tmp_path, disk):
+def test_a_folder_a_check_is_using_is_never_evicted_however_old(tmp_path, disk, monkeypatch):
     from mkevolve.problem import load_problem
+
+    monkeypatch.setattr(reference, "SPACE_WAIT_S", 0.0)
 
     problem = load_problem(CORPUS / "problems" / "elementwise.py")
     used = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
@@ -82,6 +85,20 @@ def test_a_folder_a_check_is_using_is_never_evicted_however_old(tmp_path, disk):
         assert disk["evicted"] == ["idle"] and used.expected("trial0")   # its files are all still there
     reference.make_room(tmp_path / "references" / "new", 2 * GIB, "p.py set trial0")   # released: it may go
     assert disk["evicted"] == ["idle", used.folder.name]
+
+
+def test_a_set_that_does_not_fit_waits_for_another_check_to_let_go(tmp_path, disk, monkeypatch):
+    """Every other folder is held by a running check: the set waits, and goes in once that check ends and
+    its folder can go, instead of failing a run that a few minutes would have served."""
+    monkeypatch.setattr(reference, "_SPACE_POLL_S", 0.05)
+    held = make_folder(tmp_path, "held", 10)
+    readers = open(held / ".readers", "a")
+    fcntl.flock(readers, fcntl.LOCK_SH)                         # a check using it
+    threading.Timer(0.5, readers.close).start()                 # ... which ends half a second later
+    disk["base"] = reference.DISK_RESERVE_BYTES
+    started = time.monotonic()
+    reference.make_room(tmp_path / "new", GIB, "p.py set trial0")
+    assert disk["evicted"] == ["held"] and time.monotonic() - started >= 0.4
 
 
 def test_a_check_arriving_after_an_eviction_makes_the_folder_again(tmp_path):

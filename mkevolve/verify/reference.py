@@ -15,10 +15,10 @@ imported, and the reference outputs never leave the trusted side.
 
 Everything here can be computed again, so the cache is bounded by the disk it is on: before a set is
 written, folders that no check is using are evicted, least recently used first, until the set fits with
-DISK_RESERVE_BYTES to spare; when even that is not enough the check stops with a ReferenceSpaceError that says
-how much was needed and where. A check holds its folders (`in_use`) from computing the sets to timing the
-baseline, so an eviction never takes files from under it; a folder evicted between two checks is computed
-again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are not written at all: the trusted
+DISK_RESERVE_BYTES to spare; when even that is not enough it waits for other checks to let go of theirs,
+and after SPACE_WAIT_S stops with a ReferenceSpaceError that says how much was needed and where. A check
+holds its folders (`in_use`) from computing the sets to timing the baseline, so an eviction never takes
+files from under it; a folder evicted between two checks is computed again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are not written at all: the trusted
 process computes them again from the stored inputs when a check reads them.
 """
 
@@ -29,6 +29,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, f
                               make_inputs)
 from mkevolve.verify.timing import default_cache_dir
 from mkevolve.workers import wire
-from mkevolve.workers.gpu_share import lock_file
+from mkevolve.workers.gpu_share import gpu_lent, lock_file
 
 _SALT_FILE = "salt"
 # Reference outputs a trusted worker keeps between candidates (bytes, on the device they are compared
@@ -58,6 +59,11 @@ DISK_RESERVE_BYTES = 4 << 30
 # reading gigabytes back takes seconds, and the disk holds the inputs alone (a full-size SqueezeNet fire
 # module: 0.1 GB of input against 4.3 GB of output per set).
 RECOMPUTED_OUTPUT_BYTES = EXPECTED_CACHE_BYTES
+# How long a set that does not fit waits for other checks to let go of their folders (s). Four full-size runs
+# on one H200's 64 GB disk held 58 GB of references at once; a check that gave up at once left its run
+# (KernelBench level2/35) without a solution, where the other checks were done within minutes.
+SPACE_WAIT_S = 300.0
+_SPACE_POLL_S = 2.0
 _RECOMPUTE_MARK = ".ref.recompute"
 # The reference Model of the last folder whose outputs this process computed again, by (folder, device):
 # one at a time, since a full-size model can hold gigabytes of weights.
@@ -223,17 +229,26 @@ def _salt(references_dir: Path) -> bytes:
 
 def make_room(folder: Path, needed: int, what: str) -> None:
     """Evict reference folders beside `folder` that no check is using, least recently used first, until
-    `needed` bytes fit with the reserve to spare; a ReferenceSpaceError naming `what` when they do not."""
+    `needed` bytes fit with the reserve to spare. While they do not and other checks hold folders, wait for
+    those (up to SPACE_WAIT_S, the GPU lent meanwhile); then a ReferenceSpaceError naming `what`."""
+    deadline = time.monotonic() + SPACE_WAIT_S
+    while not _evict_until_it_fits(folder, needed):
+        held = _folders_by_last_use(folder.parent, keep=folder)
+        if not held or time.monotonic() >= deadline:
+            gib, free = 1 << 30, _free_bytes(folder)
+            raise ReferenceSpaceError(
+                f"reference cache {folder.parent}: {needed / gib:.1f} GiB needed for {what}, {free / gib:.1f} "
+                f"GiB free ({DISK_RESERVE_BYTES / gib:.0f} GiB kept free); point MKEVOLVE_CACHE at a larger disk")
+        with gpu_lent():
+            time.sleep(_SPACE_POLL_S)
+
+
+def _evict_until_it_fits(folder: Path, needed: int) -> bool:
     for other in _folders_by_last_use(folder.parent, keep=folder):
         if _free_bytes(folder) - needed >= DISK_RESERVE_BYTES:
-            return
+            return True
         _evict(other)
-    free = _free_bytes(folder)
-    if free - needed < DISK_RESERVE_BYTES:
-        gib = 1 << 30
-        raise ReferenceSpaceError(
-            f"reference cache {folder.parent}: {needed / gib:.1f} GiB needed for {what}, {free / gib:.1f} GiB "
-            f"free ({DISK_RESERVE_BYTES / gib:.0f} GiB kept free); point MKEVOLVE_CACHE at a larger disk")
+    return _free_bytes(folder) - needed >= DISK_RESERVE_BYTES
 
 
 def _folders_by_last_use(references_dir: Path, keep: Path) -> list[Path]:
