@@ -356,6 +356,17 @@ def test_harness_reports_a_tensor_subclass_output_without_calling_it():
     assert [v["rule"] for v in report["violations"]] == ["tensor-subclass"]
 
 
+def test_inputs_and_kept_outputs_pass_through_the_host_a_few_gigabytes_at_a_time(monkeypatch):
+    """Eight 2.2 GB input sets or outputs at once took a candidate past its host memory: groups hold at most
+    _HOST_BATCH_BYTES (one larger goes alone) and _SAVERS items; every item is in one group, in order."""
+    from mkevolve.verify import harness
+
+    monkeypatch.setattr(harness, "_HOST_BATCH_BYTES", 100)
+    monkeypatch.setattr(harness, "_SAVERS", 3)
+    sizes = {"a": 40, "b": 40, "c": 40, "d": 400, "e": 4, "f": 4, "g": 4, "h": 4}
+    assert harness._host_batches(sizes) == [["a", "b"], ["c"], ["d"], ["e", "f", "g"], ["h"]]
+
+
 def test_value_files_ignore_a_patched_tensor_property(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "dtype", property(lambda self: torch.float64), raising=False)
     wire.write_values(tmp_path / "v.mkv", [torch.ones(3, dtype=torch.float16)])

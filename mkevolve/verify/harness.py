@@ -47,6 +47,7 @@ _perf_counter = time.perf_counter
 _Tensor = torch.Tensor
 _TensorBase = torch._C.TensorBase          # an immutable type: its methods cannot be replaced
 _clone, _detach, _cpu, _zero_ = _TensorBase.clone, _TensorBase.detach, _TensorBase.cpu, _TensorBase.zero_
+_numel, _element_size = _TensorBase.numel, _TensorBase.element_size
 _no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
 _set_grad_enabled = torch._C._set_grad_enabled
 _EventBase = torch._C._CudaEventBase       # C methods: record(stream), synchronize(), elapsed_time(end)
@@ -61,6 +62,10 @@ _TRUSTED_PACKAGE = __name__.partition(".")[0]   # "mkevolve": dropped from sys.m
 _SUBCLASS_RULE = Rule.TENSOR_SUBCLASS.value
 _start_thread, _allocate_lock = _thread.start_new_thread, _thread.allocate_lock
 _SAVERS = 8  # threads that write kept outputs at once
+# Bytes of tensors passing through the host at once, input sets read or kept outputs saved (a larger one goes
+# alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
+# past its 16 GB of host memory.
+_HOST_BATCH_BYTES = 4 << 30
 
 
 @dataclass
@@ -248,8 +253,10 @@ def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
     (so a thread pool is safe here), several at once: reading and copying to the GPU let go of the GIL."""
     init = wire.read_values(Path(config.init))
     paths = list(dict.fromkeys(c.inputs for c in config.calls))
+    inputs = {}
     with ThreadPoolExecutor(max_workers=_SAVERS) as pool:
-        inputs = dict(zip(paths, pool.map(lambda path: wire.read_values(Path(path), device), paths)))
+        for batch in _host_batches({path: os.path.getsize(path) for path in paths}):
+            inputs.update(zip(batch, pool.map(lambda path: wire.read_values(Path(path), device), batch)))
     return init, inputs
 
 
@@ -425,22 +432,38 @@ class _GpuClock:
 
 
 def _save_all(scratch: str, saved: dict[str, list]) -> dict[str, dict]:
-    """Every kept output, written by up to _SAVERS threads at once: the copy to the host, the file write
-    and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after another on an H200 host).
+    """Every kept output, written by up to _SAVERS threads at once, _HOST_BATCH_BYTES at most: the copy to the
+    host, the file write and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after
+    another on an H200 host).
     Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
     patch, and it would hand the outputs to whatever it was patched with."""
     entries: dict[str, dict] = {}
-    names = list(saved)
-    for start in range(0, len(names), _SAVERS):
+    sizes = {name: sum(_numel(v) * _element_size(v) for v in values if type(v) is _Tensor)
+             for name, values in saved.items()}
+    for batch in _host_batches(sizes):
         waits = []
-        for name in names[start:start + _SAVERS]:
+        for name in batch:
             finished = _allocate_lock()
             finished.acquire()
             _start_thread(_save_into, (scratch, name, saved[name], entries, finished))
             waits.append(finished)
         for finished in waits:
             finished.acquire()
-    return {name: entries[name] for name in names}
+    return {name: entries[name] for name in saved}
+
+
+def _host_batches(sizes: dict[str, int]) -> list[list[str]]:
+    """The names in order, in groups of at most _SAVERS whose sizes (bytes) add up to at most
+    _HOST_BATCH_BYTES (a larger one is a group of its own)."""
+    batches: list[list[str]] = []
+    total = 0
+    for name, size in sizes.items():
+        if not batches or len(batches[-1]) == _SAVERS or total + size > _HOST_BATCH_BYTES:
+            batches.append([])
+            total = 0
+        batches[-1].append(name)
+        total += size
+    return batches
 
 
 def _save_into(scratch: str, name: str, values: list, entries: dict, finished) -> None:
