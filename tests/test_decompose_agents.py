@@ -83,6 +83,50 @@ def test_builtin_keeps_an_anchor_and_its_elementwise_epilogue_together(tmp_path,
     assert len(cut.subproblems) == 2
 
 
+DROPOUT_BETWEEN = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 4)
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x):
+        x = torch.min(self.norm(x), torch.tensor(0.5, device=x.device))
+        return self.dropout(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 3, 3)]
+
+
+def get_init_inputs():
+    return [P]
+'''
+
+
+@pytest.mark.parametrize("p, eval_mode, groups", [(0.25, False, 3), (0.0, False, 1), (0.25, True, 1)])
+def test_a_dropout_that_draws_is_a_subproblem_of_its_own(tmp_path, p, eval_mode, groups):
+    """A training-mode dropout draws its mask from torch's random stream, which no kernel can reproduce: it is
+    cut out, so the norm before it and the scaling after it still get kernels. A dropout that draws nothing
+    (p = 0, or eval mode) stays in its group. The norm's group gets a builtin kernel either way."""
+    from mkevolve.builtin.decomposer import decomposition_files
+    from mkevolve.builtin.kernels.generate import analyse
+
+    problem = tmp_path / "norm_dropout.py"
+    problem.write_text(DROPOUT_BETWEEN.replace("[P]", f"[{p}]"))
+    files = decomposition_files(problem, eval_mode)
+    subproblems = sorted(name for name in files if name.startswith("subkernel_problems/"))
+    assert len(subproblems) == groups
+    if groups == 3:
+        assert "subkernel_problems/dropout.py" in subproblems
+        norm = next(name for name in subproblems if "groupnorm" in name)
+        (tmp_path / "norm.py").write_text(files[norm])
+        assert "train" in analyse(tmp_path / "norm.py").plans     # a kernel in training mode too
+
+
 def test_builtin_traces_with_fx_and_falls_back_to_export_on_run_time_shapes():
     assert trace_problem(PROBLEMS / "gemm_chain.py").tracer == "fx"
     # int(c // head_dim) needs a concrete width: symbolic tracing fails, torch.export with real shapes works.

@@ -59,7 +59,8 @@ def fuse_files(problem_path: str | Path, top_level: str, eval_mode: bool = False
     segmentation = Segmentation(traced)
     cut = segmentation.cut_to_fuse(cuts)
     if cut is None:
-        raise UnsupportedModule("there is a single subproblem; nothing to fuse")
+        raise UnsupportedModule("nothing to fuse: there is a single subproblem, or every boundary is next to a "
+                                "random draw (dropout), which stays a subproblem of its own")
     return CodeWriter(traced, segmentation.normalize([c for c in cuts if c != cut])).files()
 
 

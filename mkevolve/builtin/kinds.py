@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from torch import fx
+from torch import fx, nn
 
 from mkevolve.builtin.values import ValueInfo, ValueKind
 
@@ -14,6 +14,7 @@ class Kind(Enum):
     REDUCTION = "reduction"    # closes the group it ends
     POINTWISE = "pointwise"    # joins the open group as an epilogue
     VIEW = "view"              # joins the open group; does no arithmetic
+    RANDOM = "random"          # draws from torch's random stream: a group of its own
 
 
 _ANCHORS = {
@@ -57,12 +58,22 @@ PURE_VIEWS = {
     "expand_as", "view_as", "reshape_as", "getitem", "chunk", "split", "unbind", "narrow", "select", "slice",
     "_unsafe_view", "movedim", "alias", "split_with_sizes", "getattr",
 }
+# Ops that draw from torch's random stream: no kernel can draw the numbers torch draws, so each is a group of
+# its own, kept as PyTorch code, and the work around it still gets kernels. Dropouts draw only while the
+# model trains, and only with p > 0.
+_DROPOUTS = {
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alphadropout", "featurealphadropout", "alpha_dropout",
+    "feature_alpha_dropout", "feature_dropout", "native_dropout",
+}
+_SAMPLING = {"bernoulli", "rand_like", "randn_like", "randint_like", "multinomial", "normal", "poisson"}
 # Reductions that take a second tensor are elementwise (torch.max(a, b)).
 _BINARY_WHEN_TWO_TENSORS = {"max", "min"}
 
 
-def kind_of(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo]) -> Kind:
+def kind_of(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo], model: nn.Module) -> Kind:
     base = label.rstrip("_")
+    if base in _SAMPLING or (base in _DROPOUTS and _dropout_draws(node, model)):
+        return Kind.RANDOM
     if base in _BINARY_WHEN_TWO_TENSORS:
         tensors = [a for a in node.args
                    if isinstance(a, fx.Node) and a in values and values[a].kind is ValueKind.TENSOR]
@@ -74,3 +85,14 @@ def kind_of(label: str, node: fx.Node, values: dict[fx.Node, ValueInfo]) -> Kind
     if base in _VIEWS:
         return Kind.VIEW
     return Kind.POINTWISE
+
+
+def _dropout_draws(node: fx.Node, model: nn.Module) -> bool:
+    """A dropout draws when it trains with p > 0: a layer's own `p` and `training`; a function's p and
+    training arguments (F.dropout's default is to train), where tracing left them as constants."""
+    if node.op == "call_module":
+        layer = model.get_submodule(node.target)
+        return layer.training and getattr(layer, "p", 0.5) != 0
+    p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+    training = node.kwargs.get("training", node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True))
+    return not (p == 0 or training is False)

@@ -33,7 +33,9 @@ class Segmentation:
         cuts, open_group, anchored, closed = [], False, False, False
         for unit in self.traced.units:
             start = False
-            if unit.kind is Kind.ANCHOR:
+            if unit.kind is Kind.RANDOM:
+                start, anchored, closed = open_group, False, True      # a group of its own
+            elif unit.kind is Kind.ANCHOR:
                 start = open_group and (anchored or closed)
                 anchored, closed = True, False
             elif closed:
@@ -215,11 +217,14 @@ class Segmentation:
         return best[1] if best else None
 
     def cut_to_fuse(self, cuts: list[int]) -> int | None:
-        """The cut whose removal saves most: next to a group without heavy work, else the largest tensor."""
+        """The cut whose removal saves most: next to a group without heavy work, else the largest tensor. None
+        when no cut may go: a single group, or every cut next to a random draw's group."""
         units = self.traced.units
         groups = self.groups(cuts)
         best = None
         for i, cut in enumerate(cuts):
+            if any(units[j].kind is Kind.RANDOM for g in (groups[i], groups[i + 1]) for j in g):
+                continue     # a random draw stays apart: no kernel can make torch's numbers
             light = any(not any(units[j].kind in (Kind.ANCHOR, Kind.REDUCTION) for j in g)
                         for g in (groups[i], groups[i + 1]))
             traffic = sum(self.traced.values[n].nbytes for n in self.crossing(cut))

@@ -355,7 +355,7 @@ def _units(gm: fx.GraphModule, values, shape_nodes, model: nn.Module, tracer: st
             continue
         last_layer = layer
         label = type(model.get_submodule(layer)).__name__.lower() if layer else node_label(node, model)
-        units.append(Unit(len(units), [node], label, kind_of(label, node, values), owners))
+        units.append(Unit(len(units), [node], label, kind_of(label, node, values, model), owners))
     if not units:
         raise UnsupportedModule("the forward does no computation")
     return units

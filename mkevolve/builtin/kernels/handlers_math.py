@@ -161,6 +161,15 @@ def _identity(b: Builder, call: Call):
     return call.arg(0, "input")
 
 
+def _tensor_of_a_number(b: Builder, call: Call):
+    """`torch.tensor(0.0, device=x.device)` in a forward: a 0-d tensor of one number, which takes part in
+    elementwise ops as the number itself (a 0-d operand does not change a float result's dtype)."""
+    data = call.arg(0, "data")
+    if isinstance(data, bool) or not isinstance(data, (int, float)):
+        raise UnsupportedSubproblem("torch.tensor of anything but one number, in forward")
+    return b.scalar(data)
+
+
 def _dropout(b: Builder, call: Call):
     """The identity where dropout is off (eval mode, or p = 0). Where it is on, the reference draws its mask
     from torch's random stream, which a generated kernel cannot reproduce, so that mode gets no kernel."""
@@ -571,7 +580,7 @@ FUNCTIONS.update({
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,
-    "contiguous": _identity, "clone": _identity, "alias": _identity, "detach": _identity, "positive": _identity,
+    "tensor": _tensor_of_a_number, "contiguous": _identity, "clone": _identity, "alias": _identity, "detach": _identity, "positive": _identity,
     "to": _identity, "float": _identity, "type": _identity, "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
