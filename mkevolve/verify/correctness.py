@@ -184,7 +184,7 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
         # any): no Triton launch is expected, and the run says the solution is 0 of n in Triton.
         violations = [v for v in violations if v.rule is not Rule.NO_LAUNCH]
     _raise_violations(violations)
-    with _phase(errors, "judge.read"):
+    with _phase(errors, "judge.read"), gpu_lent():    # disk and hashing: no GPU work to hold it for
         report.read_outputs(scratch)
     with _phase(errors, "judge.compare"):
         for index, (reference, plan) in enumerate(zip(references, plans)):

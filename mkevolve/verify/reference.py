@@ -154,12 +154,14 @@ class ReferenceSet:
                 outputs = flatten_outputs(model(*clone_values(inputs)))
             keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
             needed = _nbytes(inputs) + (_nbytes(outputs) if keep_outputs else 0)
-            make_room(self.folder, needed, f"{self.problem.path.name} set {name}")
-            _write_atomic_values(self.inputs_file(name), inputs)
-            if keep_outputs:
-                _write_atomic_values(self.outputs_file(name), outputs)
-            else:
-                self.recompute_mark(name).touch()   # last: the set is complete once it exists
+            inputs, outputs = _on_host(inputs), _on_host(outputs) if keep_outputs else []
+            with gpu_lent():     # seconds of disk and hashing for a full-size set, none of it on the GPU
+                make_room(self.folder, needed, f"{self.problem.path.name} set {name}")
+                _write_atomic_values(self.inputs_file(name), inputs)
+                if keep_outputs:
+                    _write_atomic_values(self.outputs_file(name), outputs)
+                else:
+                    self.recompute_mark(name).touch()   # last: the set is complete once it exists
 
     def expected(self, name: str) -> list:
         """The reference outputs of one input set, kept in this (trusted) process for later candidates."""
@@ -296,6 +298,10 @@ def _same_file(opened, path: Path) -> bool:
 def _free_bytes(folder: Path) -> int:
     stat = os.statvfs(folder)
     return stat.f_bavail * stat.f_frsize
+
+
+def _on_host(values: list) -> list:
+    return [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _nbytes(values) -> int:
