@@ -7,7 +7,8 @@ held alone. The locks are flock(2) files named after the physical GPU, so worker
 one machine take turns too. A gate file gives timing priority: once a timer waits at the gate, no job
 starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it. A job
 lends its hold while it does long CPU work: a worker while its candidate process runs (that process holds
-its own) or Inductor compiles a baseline, a candidate process while Triton compiles a kernel.
+its own), Inductor compiles a baseline, reference sets are written or a candidate's outputs read back; a
+candidate process while Triton compiles a kernel.
 
 The lock keeps honest jobs apart; it cannot hold a hostile one. A candidate process holds its share
 itself, and its code can let go of it (closing the lock's descriptor is not an audited operation) or keep
