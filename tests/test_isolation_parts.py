@@ -1,6 +1,7 @@
 """The parts of isolated evaluation that need no candidate: the raw-bytes wire, signed reports, the zygote,
 the call plan."""
 
+import hashlib
 import json
 import os
 import random
@@ -365,6 +366,24 @@ def test_inputs_and_kept_outputs_pass_through_the_host_a_few_gigabytes_at_a_time
     monkeypatch.setattr(harness, "_SAVERS", 3)
     sizes = {"a": 40, "b": 40, "c": 40, "d": 400, "e": 4, "f": 4, "g": 4, "h": 4}
     assert harness._host_batches(sizes) == [["a", "b"], ["c"], ["d"], ["e", "f", "g"], ["h"]]
+
+
+def test_kept_outputs_are_written_with_their_digests_and_errors_named(tmp_path, monkeypatch):
+    """Copied to the host, then written and hashed with the GPU lent: each file reads back as what was kept,
+    under the digest reported; a value the wire cannot carry is that output's error, not a crash."""
+    from mkevolve.verify import harness
+
+    monkeypatch.setattr(harness, "_SAVERS", 2)
+    saved = {"a": [torch.arange(6.0).reshape(2, 3), 3], "b": [torch.ones(4, dtype=torch.float64)],
+             "c": [torch.ones(2), object()]}
+    entries = harness._save_all(str(tmp_path), saved)
+    assert list(entries) == ["a", "b", "c"]
+    for name in ("a", "b"):
+        data = (tmp_path / entries[name]["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entries[name]["sha256"]
+        back = wire.read_values(tmp_path / entries[name]["file"])
+        assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(back, saved[name]))
+    assert set(entries["c"]) == {"error"} and "can be sent" in entries["c"]["error"]
 
 
 def test_value_files_ignore_a_patched_tensor_property(tmp_path, monkeypatch):

@@ -432,23 +432,22 @@ class _GpuClock:
 
 
 def _save_all(scratch: str, saved: dict[str, list]) -> dict[str, dict]:
-    """Every kept output, written by up to _SAVERS threads at once, _HOST_BATCH_BYTES at most: the copy to the
-    host, the file write and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after
-    another on an H200 host).
-    Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
-    patch, and it would hand the outputs to whatever it was patched with."""
+    """Every kept output, by up to _SAVERS threads at once, _HOST_BATCH_BYTES at most: the copy to the host,
+    the file write and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after another on
+    an H200 host). The copies read the GPU and keep this process's hold on it; the writes and hashes, seconds
+    for full-size outputs, lend it. Threads from `_thread` itself, bound at import: concurrent.futures is
+    Python code the candidate can patch, and it would hand the outputs to whatever it was patched with."""
     entries: dict[str, dict] = {}
     sizes = {name: sum(_numel(v) * _element_size(v) for v in values if type(v) is _Tensor)
              for name, values in saved.items()}
     for batch in _host_batches(sizes):
-        waits = []
-        for name in batch:
-            finished = _allocate_lock()
-            finished.acquire()
-            _start_thread(_save_into, (scratch, name, saved[name], entries, finished))
-            waits.append(finished)
-        for finished in waits:
-            finished.acquire()
+        host: dict[str, list] = {}
+        failed = _in_threads(batch, lambda name: host.__setitem__(name, _to_host(saved[name])))
+        with gpu_share.gpu_lent():
+            failed.update(_in_threads([n for n in batch if n not in failed],
+                                      lambda name: entries.__setitem__(name, _write(scratch, name, host[name]))))
+        for name, error in failed.items():  # reported as this output's error; the trusted side rejects it
+            entries[name] = {"error": f"{error} while saving"}
     return {name: entries[name] for name in saved}
 
 
@@ -466,19 +465,36 @@ def _host_batches(sizes: dict[str, int]) -> list[list[str]]:
     return batches
 
 
-def _save_into(scratch: str, name: str, values: list, entries: dict, finished) -> None:
+def _in_threads(names: list[str], work) -> dict[str, str]:
+    """work(name) for every name, each in a thread of its own; the exception type of each that raised."""
+    failed: dict[str, str] = {}
+    waits = []
+    for name in names:
+        finished = _allocate_lock()
+        finished.acquire()
+        _start_thread(_run_one, (work, name, failed, finished))
+        waits.append(finished)
+    for finished in waits:
+        finished.acquire()
+    return failed
+
+
+def _run_one(work, name: str, failed: dict[str, str], finished) -> None:
     try:
-        entries[name] = _save(scratch, name, values)
-    except Exception as err:  # reported as this output's error; the trusted side rejects the verdict
-        entries[name] = {"error": f"{type(err).__name__} while saving"}
+        work(name)
+    except Exception as err:
+        failed[name] = type(err).__name__
     finally:
         finished.release()
 
 
-def _save(scratch: str, name: str, values: list) -> dict:
-    file_name = f"{name}.out"
+def _to_host(values: list) -> list:
     with _no_torch_function(), _no_torch_dispatch():
-        host = [_cpu(_detach(v)) if type(v) is _Tensor else v for v in values]
+        return [_cpu(_detach(v)) if type(v) is _Tensor else v for v in values]
+
+
+def _write(scratch: str, name: str, host: list) -> dict:
+    file_name = f"{name}.out"
     try:
         digest = wire.write_values(scratch + "/" + file_name, host)
     except wire.WireError as err:
