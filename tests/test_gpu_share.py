@@ -4,6 +4,8 @@ and go first. flock locks belong to an open file, so two GpuShare objects confli
 import threading
 import time
 
+import pytest
+
 from mkevolve.workers.executor import LocalExecutor
 from mkevolve.workers.gpu_share import LOCK_ENV, GpuShare
 from mkevolve.workers.pool import Job, JobOutcome, WorkerPool, worker_env
@@ -86,15 +88,30 @@ def test_alone_inside_a_job_gives_up_the_shared_hold_and_takes_it_back(tmp_path)
         assert not timer_done.wait(0.3), "the shared hold was not taken back after alone()"
 
 
-def test_a_candidate_process_holds_its_share_for_its_life(tmp_path, monkeypatch):
-    """The hold is kept after the call that takes it returns: a timer elsewhere waits for it."""
+@pytest.fixture
+def candidate_process(tmp_path, monkeypatch):
+    """This process as a candidate process on GPU lock `path`: its share held for its life, Triton's compile
+    hooks set (and put back after the test)."""
+    from triton import knobs
+
     from mkevolve.workers import gpu_share
 
     path = str(tmp_path / "gpu0")
     monkeypatch.setenv(LOCK_ENV, path)
     monkeypatch.setattr(gpu_share, "_shares", {})
     monkeypatch.setattr(gpu_share, "_process_hold", [])
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
     gpu_share.hold_for_process_life()
+    gpu_share.lend_while_triton_compiles()
+    return path, knobs.runtime
+
+
+def test_a_candidate_process_holds_its_share_for_its_life(candidate_process):
+    """The hold is kept after the call that takes it returns: a timer elsewhere waits for it."""
+    from mkevolve.workers import gpu_share
+
+    path, _ = candidate_process
     timer = GpuShare(path).alone()
     _, timed = _in_thread(timer.__enter__)
     assert not timed.wait(0.3), "alone() entered while a candidate process held the GPU"
@@ -103,45 +120,25 @@ def test_a_candidate_process_holds_its_share_for_its_life(tmp_path, monkeypatch)
     timer.__exit__(None, None, None)
 
 
-def test_a_triton_compile_lends_the_shared_hold_and_takes_it_back(tmp_path, monkeypatch):
+def test_a_triton_compile_lends_the_shared_hold_and_takes_it_back(candidate_process):
     """In a candidate process Triton's compile hooks give up the job's shared hold: a timer elsewhere
     need not wait for the compile (CPU work); after it, the job waits for the timer before going on."""
-    from triton import knobs
-
-    from mkevolve.workers import gpu_share
-
-    path = str(tmp_path / "gpu0")
-    monkeypatch.setenv(LOCK_ENV, path)
-    monkeypatch.setattr(gpu_share, "_shares", {})
-    monkeypatch.setattr(gpu_share, "_process_hold", [])
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
-    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
-    gpu_share.hold_for_process_life()
-    gpu_share.lend_while_triton_compiles()
-    assert knobs.runtime.jit_cache_hook(key="k", repr="kernel") is False       # compile as usual
+    path, hooks = candidate_process
+    assert hooks.jit_cache_hook(key="k", repr="kernel") is False       # compile as usual
     timer = GpuShare(path).alone()
     _, timed = _in_thread(timer.__enter__)
     assert timed.wait(5), "a timer waited for a job that was compiling"
-    _, resumed = _in_thread(lambda: knobs.runtime.jit_post_compile_hook(key="k", repr="kernel"))
+    _, resumed = _in_thread(lambda: hooks.jit_post_compile_hook(key="k", repr="kernel"))
     assert not resumed.wait(0.3), "the job went back to the GPU while another job held it alone"
     timer.__exit__(None, None, None)
     assert resumed.wait(5)
 
 
-def test_a_compile_that_raised_leaves_no_hold_given_up(tmp_path, monkeypatch):
-    from triton import knobs
-
+def test_a_compile_that_raised_leaves_no_hold_given_up(candidate_process):
     from mkevolve.workers import gpu_share
 
-    path = str(tmp_path / "gpu0")
-    monkeypatch.setenv(LOCK_ENV, path)
-    monkeypatch.setattr(gpu_share, "_shares", {})
-    monkeypatch.setattr(gpu_share, "_process_hold", [])
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
-    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
-    gpu_share.hold_for_process_life()
-    gpu_share.lend_while_triton_compiles()
-    knobs.runtime.jit_cache_hook(key="k", repr="kernel")   # the compile then raises: no after-compile hook
+    path, hooks = candidate_process
+    hooks.jit_cache_hook(key="k", repr="kernel")   # the compile then raises: no after-compile hook
     gpu_share.resume_after_compiles()
     timer = GpuShare(path).alone()
     _, timed = _in_thread(timer.__enter__)

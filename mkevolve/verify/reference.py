@@ -18,8 +18,10 @@ written, folders that no check is using are evicted, least recently used first, 
 DISK_RESERVE_BYTES to spare; when even that is not enough it waits for other checks to let go of theirs,
 and after SPACE_WAIT_S stops with a ReferenceSpaceError that says how much was needed and where. A check
 holds its folders (`in_use`) from computing the sets to timing the baseline, so an eviction never takes
-files from under it; a folder evicted between two checks is computed again by the next one. Outputs larger than RECOMPUTED_OUTPUT_BYTES are not written at all: the trusted
-process computes them again from the stored inputs when a check reads them.
+files from under it; a folder evicted between two checks is computed again by the next one. Outputs
+larger than RECOMPUTED_OUTPUT_BYTES are not written at all: the trusted process computes them again from
+the stored inputs when a check reads them. Writing a set is disk work: the worker lends its GPU hold
+meanwhile.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ class _Slots:
             while not (self._free and self._waiting[0] == ticket):
                 self._changed.wait()
             heapq.heappop(self._waiting)
-            slot = self._free.pop()
+            slot = self._free.pop(0)         # the longest free first, as a queue would
             self._changed.notify_all()      # the next in line may find another slot free
             return slot
 
