@@ -191,6 +191,21 @@ def test_short_rows_packed_several_to_a_program_compile_for_sm_90(tmp_path, monk
     _assert_compiles(specs)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
+def test_batch_norm_statistics_compile_for_sm_90(tmp_path, monkeypatch):
+    """One program per channel (variant 0) and channels split over several programs with a combining
+    launch (the split variant): every launch compiles for an H200."""
+    path = Path(__file__).resolve().parent / "subproblems" / "batchnorm2d.py"
+    specs = []
+    for variant in (0, 2):
+        source = generate_kernel(path, variant, TARGET).source
+        specs += _launch_specs(path, source, tmp_path, monkeypatch, f"stats{variant}")
+    names = {name for _, name, *_ in specs}
+    assert {"_batch_stats_kernel_0", "_batch_stats_kernel_0_combine"} <= names
+    _assert_compiles(specs)
+
+
 # --- 1. ConvTranspose3d + mean over channels ------------------------------------------------------------
 
 CONV_TRANSPOSE_MEAN = """
