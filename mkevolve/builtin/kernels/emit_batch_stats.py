@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, ScalarArgs, indent, make_operands
-from .emit_rows import ROW_WARPS_HELPER
+from .emit_rows import ROW_WARPS_HELPER, split_lines
 from .indexing import GroupIndices, Indexer, Space
 from .ir import BatchStats, Program
 from .kernel_plan import KernelPlan
@@ -143,9 +143,7 @@ def _launcher(name: str, indexer: Indexer, x: str, running: list[str], args: lis
              f"block_r = min({tiles.loop_block}, _next_power_of_2(R))",
              f"warps = _row_warps(block_r, {tiles.per_thread})",
              "# too few channels to fill the GPU: each channel's elements go to several programs",
-             f"split = max(1, min(_cdiv(R, block_r), {tiles.split_target} // C))",
-             "chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
-             "split = _cdiv(R, chunk)",
+             *split_lines("C", tiles.split_target),
              "if split == 1:",
              "    " + call(name, "(C, 1)", "stats, stats", "1", "BLOCK_R=block_r, FINAL=True, num_warps=warps"),
              "else:",

@@ -360,9 +360,7 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
               "else:",
               "    # few long rows: split each over several programs, combine partial results per reduction",
               f"    block_r = max(1, {tiles.loop_block} // block_i)",
-              f"    split = max(1, min(_cdiv(R, block_r), {tiles.split_target} // programs))",
-              "    chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
-              "    split = _cdiv(R, chunk)",
+              *("    " + line for line in split_lines("programs", tiles.split_target)),
               f"    part = torch.empty(({stages}, O, split, I), device={device}, dtype=torch.float32)",
               "    split_grid = (O, _cdiv(I, block_i), split)"]
     split_blocks = blocks + ", SPLIT_BLOCK=_next_power_of_2(split)"
@@ -373,6 +371,15 @@ def _launcher(name: str, kernel: KernelPlan, indexer: Indexer, tensor_args: list
               "return out"]
     launcher_args = ", ".join(a.name for a in tensor_args + scalar_args)
     return f"def {name}_launch({launcher_args}):\n{indent(lines, 4)}\n"
+
+
+def split_lines(programs: str, split_target: int) -> list[str]:
+    """Launcher lines that split rows of R elements over `split` programs each, so that `programs` (a
+    launcher expression: the programs without a split) times split reaches about `split_target`; each
+    program takes `chunk` elements, a multiple of block_r."""
+    return [f"split = max(1, min(_cdiv(R, block_r), {split_target} // {programs}))",
+            "chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
+            "split = _cdiv(R, chunk)"]
 
 
 ROW_WARPS_HELPER = '''def _row_warps(block, per_thread):

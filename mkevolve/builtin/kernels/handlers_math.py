@@ -418,7 +418,7 @@ def batch_norm(b: Builder, x: Value, a: BatchNormArgs) -> Value:
         centered = b.pw("sub", x, mean)
         var = b.reduce("mean", b.pw("mul", centered, centered), dims)
         y = b.pw("mul", centered, b.pw("rsqrt", b.pw("add", var, a.eps)))
-        if a.training and a.running_mean is not None and a.momentum is not None:
+        if _updates_running_stats(a):
             _update_running_stats(b, x, a, mean, var)
     else:
         mean = b.channel_view(a.running_mean, x.rank)
@@ -434,8 +434,7 @@ def _batch_stats(b: Builder, x: Value, a: BatchNormArgs) -> tuple[Value, Value]:
     also updates the running statistics. Only for x with dims after the channel: an (N, C) input keeps the
     row reduction over N, whose tiles read C-contiguous rows where a program per channel would read with a
     stride of C."""
-    updates = (a.training and a.momentum is not None and isinstance(a.running_mean, Param)
-               and isinstance(a.running_var, Param))
+    updates = _updates_running_stats(a)
     reduced = tuple(tuple(s if d == 1 else 1 for d, s in enumerate(shape)) for shape in x.shapes)
     stats = b.program.add(BatchStats(tuple((2,) + r for r in reduced), x=x,
                                      running=(a.running_mean, a.running_var) if updates else (),
@@ -445,10 +444,14 @@ def _batch_stats(b: Builder, x: Value, a: BatchNormArgs) -> tuple[Value, Value]:
     return b.view(stats, "__getitem__", (0,), reduced), b.view(stats, "__getitem__", (1,), reduced)
 
 
+def _updates_running_stats(a: BatchNormArgs) -> bool:
+    """Training with a momentum, and running statistics that are the module's own buffers."""
+    return (a.training and a.momentum is not None and isinstance(a.running_mean, Param)
+            and isinstance(a.running_var, Param))
+
+
 def _update_running_stats(b: Builder, x: Value, a: BatchNormArgs, mean: Value, var: Value) -> None:
     """running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance."""
-    if not (isinstance(a.running_mean, Param) and isinstance(a.running_var, Param)):
-        return
     count = b.size(x, 0)
     for d in range(2, x.rank):
         count = IntOp("mul", count, b.size(x, d))
@@ -581,7 +584,8 @@ FUNCTIONS.update({
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,
     "tensor": _tensor_of_a_number, "contiguous": _identity, "clone": _identity, "alias": _identity,
-    "detach": _identity, "positive": _identity, "to": _identity, "float": _identity, "type": _identity, "type_as": _identity,
+    "detach": _identity, "positive": _identity, "to": _identity, "float": _identity, "type": _identity,
+    "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
