@@ -59,7 +59,7 @@ def ids(paths):
 
 def test_corpus_covers_every_rule_with_well_formed_files():
     problems = {p.stem for p in (CORPUS / "problems").glob("*.py")}
-    assert problems == {"elementwise", "gemm_epilogue", "row_reduction"}
+    assert problems == {"batch_norm", "elementwise", "gemm_epilogue", "row_reduction"}
     for path in HONEST:
         assert corpus_constants(path)["PROBLEM"] == path.stem
     covered = set()

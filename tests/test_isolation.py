@@ -213,6 +213,8 @@ def check_cheat(batch: Batch, path: Path) -> None:
     status = Status(expected.get("EXPECTED_STATUS", "cheating"))
     if status is not Status.CHEATING:
         assert result.status is status, describe(result)
+        if result.rule is not None:     # found, rather than neutralised: then for the rule it breaks
+            assert result.rule == expected["EXPECTED_RULE"], describe(result)
         return
     if expected["CAUGHT_BY"] == "judge":
         assert expected["EXPECTED_RULE"] in (Rule.TIMED_OUTPUT.value, Rule.FORGED_RESULT.value), path

@@ -23,7 +23,8 @@ from mkevolve.workers.zygote import Zygote
 def test_values_round_trip_with_dtypes_shapes_and_scalars(tmp_path):
     values = [torch.randn(3, 4), torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.zeros(0, 5),
               torch.tensor([True, False]), torch.randn(2, 2).to(torch.bfloat16), 7, 2.5, None, "mean",
-              (3, [1, 2]), torch.float16, torch.randn(4, 4).t()]
+              (3, [1, 2]), torch.float16, torch.randn(4, 4).t(),
+              torch.tensor(2.5), torch.tensor(3, dtype=torch.int64)]   # 0-d: a loss, a batch counter
     wire.write_values(tmp_path / "v.mkv", values)
     back = wire.read_values(tmp_path / "v.mkv")
     assert len(back) == len(values)
@@ -309,15 +310,21 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     inputs = {name: [torch.full((3,), float(i))] for i, name in enumerate(plan.set_names())}
     request = CandidateRequest(solution=__file__, candidate_dir="", scratch="", key="", device="cpu",
                                eval_mode=False, construct_seed=0, configs=[])
-    report = {"violations": [], "launches": 0, "times_ms": [[]]}
+    plan.keep_state()
+    report = {"violations": [], "launches": 0, "times_ms": [[]], "skipped": [[]]}
     saved = {}
     harness._run_calls(request, Echo(), plan.calls, inputs, _FixedClock(call_ms), report, saved,
                        harness._precision_state())
     times = report["times_ms"][0]
     # the two checked timed calls run even after the median is settled, and are timed as well
     assert timed <= len(times) <= timed + 2 and timing_done(times)
-    assert set(saved) == {c.save for c in plan.checks}   # trials and checked timed calls: none skipped
+    checked = {c.save for c in plan.checks}
+    assert set(saved) == checked | {plan.state_name("first"), plan.state_name("last")}   # none skipped
     assert len(seen) == plan.length - (TIMED_RUNS - len(times))
+    # the calls left out are reported by position, for the module state's replay: timed, nothing kept
+    skipped = report["skipped"][0]
+    assert len(skipped) == TIMED_RUNS - len(times)
+    assert all(plan.calls[i].timed and plan.calls[i].save is None for i in skipped)
 
 
 # ---- the harness after the candidate's import: only what it bound before -----------------------------------

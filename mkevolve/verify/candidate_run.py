@@ -27,7 +27,7 @@ from mkevolve.verify import triton_warm
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
-from mkevolve.verify.reference import ReferenceSet
+from mkevolve.verify.reference import FIRST_SET, ReferenceSet
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
 from mkevolve.workers import gpu_share, harden, wire
@@ -75,6 +75,17 @@ class CallPlan:
         if check:
             self.checks.append(OutputCheck(save, input_set, len(self.calls), trial))
 
+    @property
+    def keeps_state(self) -> bool:
+        return any(call.state for call in self.calls)
+
+    def keep_state(self) -> None:
+        """Have the module's buffers kept after the first call and after the last (verify/module_state.py)."""
+        self.calls[0].state, self.calls[-1].state = self.state_name("first"), self.state_name("last")
+
+    def state_name(self, when: str) -> str:
+        return f"{self.prefix}state_{when}"
+
 
 def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefix: str = "") -> CallPlan:
     """Trial 0 first (it compiles); then the other trials among timed or late calls at random places.
@@ -90,7 +101,7 @@ def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefi
         checked = set(range(len(others)))
     slots = sorted(rng.sample(range(len(others) + trials - 1), trials - 1))
     plan = CallPlan(prefix=prefix)
-    plan.add("trial0", guard=True, timed=False, check=True, trial=0)
+    plan.add(FIRST_SET, guard=True, timed=False, check=True, trial=0)
     trial, other = 1, 0
     for position in range(len(others) + trials - 1):
         if trial < trials and position == slots[trial - 1]:
@@ -115,6 +126,7 @@ class CandidateReport:
     activities: list[DeviceActivity]
     times_ms: list[list[float]]
     outputs: dict[str, dict]
+    skipped: list[list[int]] = field(default_factory=list)   # per config: positions of calls left out
     phases: dict[str, float] = field(default_factory=dict)   # seconds inside the candidate process
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
     launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
@@ -180,6 +192,7 @@ def parse_report(body: dict) -> CandidateReport:
             activities=[DeviceActivity.from_report(name) for name in body["activities"]],
             times_ms=[[float(t) for t in config] for config in body["times_ms"]],
             outputs=dict(body["outputs"]),
+            skipped=[[int(position) for position in config] for config in body["skipped"]],
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
             launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
         )
@@ -231,7 +244,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
         preload=preload_for(Path(request.problem_path), Path(request.solution_path).resolve().parent),
         triton_cache=str(candidate_triton_cache(scratch)),
         configs=[ConfigRun(init=str(ref.init_file),
-                           calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed)
+                           calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed, c.state)
                                   for c in plan.calls])
                  for ref, plan in zip(references, plans)],
     )

@@ -22,6 +22,7 @@ from mkevolve.config import TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, run_candidate_process, scratch_folder)
+from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import ReferenceSet, ReferenceSpaceError, cache_root, reference_set
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing
@@ -131,6 +132,8 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                      for index in range(len(problem.configs))]
             for reference, plan in zip(references, plans):
                 reference.ensure(plan.set_names())
+                if reference.mutated_buffers():
+                    plan.keep_state()
         with _phase(errors, "baseline"):
             # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
             # from a thread of its own while its harness times), and a baseline timed beside it would be
@@ -189,6 +192,10 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     with _phase(errors, "judge.compare"):
         for index, (reference, plan) in enumerate(zip(references, plans)):
             _check_outputs(problem, index, reference, plan, report, scratch, errors)
+    with _phase(errors, "judge.state"):
+        for index, (reference, plan) in enumerate(zip(references, plans)):
+            if plan.keeps_state:
+                _check_state(problem, index, reference, plan, report, scratch, errors)
     return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
                       precision=dot_precision(Path(request.solution_path).read_text()),
                       peak_rss_mb=round(report.peak_rss_mb, 1))
@@ -209,6 +216,25 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
         raise Rejected(Status.CHEATING, f"[{Rule.TIMED_OUTPUT.value}] call {check.call} of {plan.length}{where}, "
                        f"a timed or late call rather than a correctness trial, returned a wrong result "
                        f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
+
+
+def _check_state(problem: Problem, index: int, reference: ReferenceSet, plan: CallPlan, report: CandidateReport,
+                 scratch: Path, errors: _Errors) -> None:
+    """The buffers the reference's forward changes, after the first call and after the last, against the same
+    calls replayed on the reference (verify/module_state.py)."""
+    skipped = set(report.skipped[index]) if index < len(report.skipped) else set()
+    first, last = module_state.replay(reference, plan, skipped, reference.mutated_buffers())
+    for when, expected in (("first", first), ("last", last)):
+        actual = report.output(plan.state_name(when), scratch, reference.device)
+        missing = module_state.mismatches(expected, actual, errors.atol, errors.rtol)
+        if not missing:
+            continue
+        after = "the first call (trial 0)" if when == "first" else f"the last of {plan.length} calls"
+        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise Rejected(Status.INCORRECT, f"[{Rule.MODULE_STATE.value}] after {after}{_config_label(problem, index)}, "
+                       f"no buffer of ModelNew holds what the reference's forward left in "
+                       f"{missing[0].describe()}{more}; update the module's state as Model does "
+                       f"({tolerance_text(errors.atol, errors.rtol)})", rule=Rule.MODULE_STATE.value)
 
 
 def _all_declared_pytorch(request: KernelEvalRequest) -> bool:

@@ -61,6 +61,12 @@ _PRECISION_RULE = Rule.PRECISION.value
 _TRUSTED_PACKAGE = __name__.partition(".")[0]   # "mkevolve": dropped from sys.modules before the import
 _SUBCLASS_RULE = Rule.TENSOR_SUBCLASS.value
 _start_thread, _allocate_lock = _thread.start_new_thread, _thread.allocate_lock
+# nn.Module's instance-dict slot (a C descriptor: a subclass's own `__dict__` property is not consulted) and
+# dict's C methods: the buffers are found without running anything the candidate's classes could override
+# (named_buffers, __getattr__, a dict subclass's values).
+_Module = torch.nn.Module
+_module_dict = _Module.__dict__["__dict__"].__get__
+_dict_get, _dict_values = dict.get, dict.values
 _SAVERS = 8  # threads that write kept outputs at once
 # Bytes of tensors passing through the host at once, input sets read or kept outputs saved (a larger one goes
 # alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
@@ -76,6 +82,7 @@ class Call:
     save: str | None = None      # keep the output under this name
     guard: bool = False          # watch it with the dispatcher guard (early, line-level feedback)
     timed: bool = False          # its time counts in the timing statistics
+    state: str | None = None     # keep the model's buffers after the call under this name (verify/module_state.py)
 
 
 @dataclass
@@ -148,7 +155,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     key = bytes.fromhex(request.key)
     request.key = ""
     report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
-                    "activities": [], "denials": [], "phases": {}}
+                    "skipped": [], "activities": [], "denials": [], "phases": {}}
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
@@ -267,6 +274,7 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     with _phase(report, "build"):
         model = build(model_cls, init, request, device)
     report["times_ms"].append([])  # this config's timed calls, in order
+    report["skipped"].append([])   # the calls timing_done left out, by position: the state's replay skips them
     # The first call compiles and autotunes beside other workers' jobs; the rest have the GPU alone.
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
@@ -276,24 +284,26 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
             gpu_share.resume_after_compiles()
     if clock is None:
         with _phase(report, "other_calls"):
-            _run_calls(request, model, rest, inputs, clock, report, saved, strict)
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict, start=1)
         return
     alone = gpu_share.gpu_alone()
     with _phase(report, "gpu_wait"):  # until every other job on this GPU has let go of it
         alone.__enter__()
     try:
         with _phase(report, "other_calls"):
-            _run_calls(request, model, rest, inputs, clock, report, saved, strict)
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict, start=1)
     finally:
         alone.__exit__(None, None, None)
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
-               clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple) -> None:
+               clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple,
+               start: int = 0) -> None:
     """`strict`: the precision switches as set before the import; a call that runs with others (set at
-    import, in __init__ or in a forward) is reported."""
-    for call in calls:
-        if call.timed and call.save is None and timing_done(report["times_ms"][-1]):
+    import, in __init__ or in a forward) is reported. `start`: the first call's position in its config."""
+    for position, call in enumerate(calls, start):
+        if call.timed and call.save is None and call.state is None and timing_done(report["times_ms"][-1]):
+            report["skipped"][-1].append(position)
             continue  # the median is settled: the trials and the checked calls among the rest still run
         args = _copies(inputs[call.inputs])
         guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
@@ -310,6 +320,8 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
         if call.save:
             # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
             saved[call.save] = _snapshot(out, report, already_checked=call.guard)
+        if call.state:
+            saved[call.state] = _copies(_module_buffers(model))
 
 
 def _precision_state() -> tuple:
@@ -342,6 +354,28 @@ def _snapshot(out: list, report: dict, already_checked: bool) -> list:
                                          f"output {index} is a torch.Tensor subclass, not a plain tensor; "
                                          "return the tensor your kernel wrote"})
     return _copies([v for v in out if not isinstance(v, _Tensor) or type(v) is _Tensor])
+
+
+def _module_buffers(model) -> list:
+    """Every plain tensor registered as a buffer in the model or its submodules, each once, read from the
+    modules' own attribute dicts. A tensor kept anywhere else is not the module's state: state_dict() would
+    not save it either."""
+    found, seen, modules = [], set(), [model]
+    while modules:
+        module = modules.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        attributes = _module_dict(module)
+        buffers, children = _dict_get(attributes, "_buffers"), _dict_get(attributes, "_modules")
+        if isinstance(buffers, dict):
+            for value in _dict_values(buffers):
+                if type(value) is _Tensor and id(value) not in seen:
+                    seen.add(id(value))
+                    found.append(value)
+        if isinstance(children, dict):
+            modules.extend(child for child in _dict_values(children) if isinstance(child, _Module))
+    return found
 
 
 def build(model_cls: type, init: list, request: CandidateRequest, device: torch.device) -> torch.nn.Module:

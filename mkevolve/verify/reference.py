@@ -6,6 +6,7 @@ For each (problem, seed, mode, input config, device) there is one folder:
     <cache>/references/<key>/<set>.in.mkv        one input set ("trial0", "time1", ...)
     <cache>/references/<key>/<set>.ref.mkv       the reference Model's outputs on it, or
     <cache>/references/<key>/<set>.ref.recompute where they are too large to keep (RECOMPUTED_OUTPUT_BYTES)
+    <cache>/references/<key>/state.json          the floating-point buffers the first forward changes
 
 Input sets are drawn with seeds derived from a secret salt kept beside the cache, so a candidate
 cannot reproduce them in `__init__` and precompute its answers; the weights still come from the run's
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -74,6 +76,8 @@ _USED_FILE = ".used"          # its mtime: when a check last started on the fold
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
 _READERS_FILE = ".readers"    # held shared by every check using the folder, alone by an eviction
 _EVICTED_PREFIX = ".evicted-"  # a folder renamed out of the way, being deleted
+_STATE_FILE = "state.json"
+FIRST_SET = "trial0"          # the input set of every check's first call (candidate_run.plan_calls)
 
 
 class ReferenceSpaceError(OSError):
@@ -104,6 +108,16 @@ class ReferenceSet:
     def recompute_mark(self, name: str) -> Path:
         return self.folder / f"{name}{_RECOMPUTE_MARK}"
 
+    @property
+    def state_file(self) -> Path:
+        return self.folder / _STATE_FILE
+
+    def mutated_buffers(self) -> list[str]:
+        """The names of the reference Model's floating-point buffers that its first forward, on a fresh model,
+        changes (batch norm's running statistics in training): the state verify/module_state.py compares.
+        Recorded when FIRST_SET is computed; read after `ensure`."""
+        return json.loads(self.state_file.read_text())
+
     def _done(self, name: str) -> bool:
         return self.outputs_file(name).exists() or self.recompute_mark(name).exists()
 
@@ -131,7 +145,7 @@ class ReferenceSet:
         (self.folder / _USED_FILE).touch()
         if not self.init_file.exists():
             _write_atomic_values(self.init_file, init)
-        if all(self._done(name) for name in names):
+        if all(self._done(name) for name in names) and self.state_file.exists():
             return
         # Once even when several workers ask at the same moment (the first candidates of a beam step
         # all need the same sets): the first takes the folder's lock and computes, the others wait and
@@ -147,13 +161,20 @@ class ReferenceSet:
         return build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device, self.eval_mode)
 
     def _compute(self, missing: list[str], config) -> None:
+        if not self.state_file.exists() and FIRST_SET not in missing:
+            missing = [FIRST_SET, *missing]     # a folder from before the state was recorded: its files again
         if not missing:
             return
         model = self.build_model()
-        for name in missing:
+        for name in sorted(missing, key=lambda name: name != FIRST_SET):   # the first set on the fresh model
             inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
+            before = _floating_buffers(model) if name == FIRST_SET else None
             with torch.no_grad():
                 outputs = flatten_outputs(model(*clone_values(inputs)))
+            if before is not None:
+                changed = [key for key, value in _floating_buffers(model).items()
+                           if key in before and not torch.equal(value, before[key])]
+                _write_atomic_text(self.state_file, json.dumps(changed))
             keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
             needed = _nbytes(inputs) + (_nbytes(outputs) if keep_outputs else 0)
             inputs, outputs = _on_host(inputs), _on_host(outputs) if keep_outputs else []
@@ -302,6 +323,10 @@ def _free_bytes(folder: Path) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
+def _floating_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in model.named_buffers() if value.is_floating_point()}
+
+
 def _on_host(values: list) -> list:
     return [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
 
@@ -313,4 +338,10 @@ def _nbytes(values) -> int:
 def _write_atomic_values(path: Path, values) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     wire.write_values(tmp, values)
+    os.replace(tmp, path)
+
+
+def _write_atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
     os.replace(tmp, path)

@@ -95,7 +95,7 @@ def write_values(path: str | Path, values: Any) -> str:
         for tensor in tensors:
             with _no_torch_function(), _no_torch_dispatch():
                 host = _cpu(_contiguous(_detach(tensor)))
-                data = _numpy(_reshape(_view(host, _UINT8), (-1,))).data
+                data = _numpy(_view(_reshape(host, (-1,)), _UINT8)).data   # flat first: a 0-d tensor has no last dim
             padding = b"\0" * (-len(data) % _ALIGN)
             for chunk in (data, padding):
                 out.write(chunk)

@@ -49,6 +49,10 @@ class Rule(str, Enum):
     TIMED_OUTPUT = ("timed-output",
                     "Compute the full result on every call: calls outside the correctness trials are checked too.")
     FORGED_RESULT = ("forged-result", "Report nothing yourself: only the checker's harness writes results.")
+    MODULE_STATE = ("module-state",
+                    "Change the module's state as `Model` does, on every call: a buffer that `Model`'s forward "
+                    "updates (batch norm's running mean and variance in training) must hold the same values "
+                    "after each call, kept in a buffer of `ModelNew`.")
     # Found by neither: the optional LLM judge (--judge) read the kernel beside its reference and named a semantic
     # cheat (the test shapes special-cased, work the reference does skipped).
     LLM_JUDGE = ("llm-judge",
