@@ -735,8 +735,9 @@ def test_a_counter_buffer_bumped_and_never_read_does_not_stop_the_kernel(tmp_pat
     _assert_all_variants_match(path, tmp_path)
 
 
-# Whole runs of the builtin agent on shrunk level 3 problems whose subproblems once ended as PyTorch code:
-# VanillaRNN's hidden-state copy, and minGPT's ReLU attention with its causal mask read from a buffer.
+# Whole runs of the builtin agent on small problems whose subproblems once ended as PyTorch code: shrunk level 3
+# models (VanillaRNN's hidden-state copy, minGPT's ReLU attention with its causal mask read from a buffer,
+# MobileNetV2) and a loss.
 VANILLA_RNN = """import torch
 import torch.nn as nn
 
@@ -777,14 +778,37 @@ RELU_SELF_ATTENTION = (Path(__file__).parent / "fixtures" / "attention_small" / 
 MOBILENET_V2 = (Path(__file__).parent / "fixtures" / "level3_small" / "mobilenet_v2_tiny.py").read_text()
 
 
-LEVEL3_PROBLEMS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION,
-                   "mobilenet_v2": MOBILENET_V2}
+# A loss (KernelBench level 1's MSELoss): its output is a 0-d tensor, which the candidate process could not
+# save (a 0-d tensor has no last dimension to view as bytes), so every kernel of it was rejected.
+MSE_LOSS = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+
+
+def get_inputs():
+    return [torch.randn(16, 32), torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+WHOLE_RUNS = {"vanilla_rnn": VANILLA_RNN, "relu_self_attention": RELU_SELF_ATTENTION,
+                   "mobilenet_v2": MOBILENET_V2, "mse_loss": MSE_LOSS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(LEVEL3_PROBLEMS))
-def test_builtin_agent_writes_every_subkernel_of_a_level3_problem(name, tmp_path, capsys):
-    path = _write_problem(tmp_path, name, LEVEL3_PROBLEMS[name])
+@pytest.mark.parametrize("name", sorted(WHOLE_RUNS))
+def test_builtin_agent_writes_every_subkernel_of_a_whole_problem(name, tmp_path, capsys):
+    path = _write_problem(tmp_path, name, WHOLE_RUNS[name])
     out = tmp_path / "runs"
     assert main(["run", str(path), "--out", str(out), "--iterations", "1", "--budget", "6", "--beam-width", "1",
                  "--trials", "1", "--workers", "2"]) == 0
