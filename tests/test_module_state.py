@@ -65,6 +65,15 @@ def test_a_stale_buffer_is_reported_with_its_nearest_error():
     assert no_shape.closest_error is None and "no buffer of ModelNew has its shape" in no_shape.describe()
 
 
+def test_one_right_buffer_among_thousands_of_its_shape_is_found():
+    # Compared as one stack per shape: a ModelNew that registers thousands of buffers costs one comparison.
+    right = torch.tensor([0.1, 0.2])
+    candidates = [torch.zeros(2) for _ in range(5000)] + [right.clone()]
+    assert mismatches([("bn.running_mean", right)], candidates, TOLERANCE, TOLERANCE) == []
+    (missing,) = mismatches([("bn.running_mean", right)], candidates[:-1], TOLERANCE, TOLERANCE)
+    assert missing.closest_error == pytest.approx(0.2)
+
+
 def test_dtype_must_match():
     expected = [("bn.running_mean", torch.tensor([0.25]))]
     assert mismatches(expected, [torch.tensor([0.25], dtype=torch.float64)], TOLERANCE, TOLERANCE)

@@ -65,25 +65,35 @@ def _named(model: torch.nn.Module, names: list[str]) -> Buffers:
 
 
 def mismatches(expected: Buffers, actual: list, atol: float, rtol: float) -> list[StateMismatch]:
-    """The expected buffers that no distinct tensor of `actual` matches (same shape and dtype, allclose)."""
-    candidates = [value for value in actual if isinstance(value, torch.Tensor)]
+    """The expected buffers that no distinct tensor of `actual` matches (same shape and dtype, allclose).
+    Candidates of one kind are stacked and compared at once: one comparison per expected buffer, however many
+    buffers ModelNew registers."""
+    stacks = _stacks([value for value in actual if isinstance(value, torch.Tensor)])
     graph = nx.Graph()
     top = [("reference", i) for i in range(len(expected))]
     graph.add_nodes_from(top)
+    closest: dict[int, float | None] = {}
     for i, (_, ref) in enumerate(expected):
-        for j, value in enumerate(candidates):
-            if _same_kind(ref, value) and torch.allclose(value, ref, atol=atol, rtol=rtol, equal_nan=True):
-                graph.add_edge(("reference", i), ("candidate", j))
+        stack, indices = stacks.get(_kind(ref), (None, []))
+        if stack is None:
+            closest[i] = None
+            continue
+        close = torch.isclose(stack, ref, atol=atol, rtol=rtol, equal_nan=True).reshape(len(indices), -1).all(1)
+        graph.add_edges_from((("reference", i), ("candidate", indices[j])) for j in close.nonzero().flatten().tolist())
+        errors = (stack.double() - ref.double()).abs().reshape(len(indices), -1)
+        closest[i] = float(errors.amax(1).min()) if errors.shape[1] else 0.0
     matched = nx.bipartite.maximum_matching(graph, top_nodes=top)
-    return [StateMismatch(name, tuple(ref.shape), _closest_error(ref, candidates))
+    return [StateMismatch(name, tuple(ref.shape), closest[i])
             for i, (name, ref) in enumerate(expected) if ("reference", i) not in matched]
 
 
-def _same_kind(ref: torch.Tensor, value: torch.Tensor) -> bool:
-    return value.shape == ref.shape and value.dtype == ref.dtype and value.device == ref.device
+def _kind(value: torch.Tensor) -> tuple:
+    return tuple(value.shape), value.dtype, value.device
 
 
-def _closest_error(ref: torch.Tensor, candidates: list[torch.Tensor]) -> float | None:
-    errors = [float((value.double() - ref.double()).abs().max()) if ref.numel() else 0.0
-              for value in candidates if _same_kind(ref, value)]
-    return min(errors) if errors else None
+def _stacks(candidates: list[torch.Tensor]) -> dict[tuple, tuple[torch.Tensor, list[int]]]:
+    """The candidates grouped by shape, dtype and device: each group stacked, with the candidates' positions."""
+    groups: dict[tuple, list[int]] = {}
+    for index, value in enumerate(candidates):
+        groups.setdefault(_kind(value), []).append(index)
+    return {kind: (torch.stack([candidates[i] for i in indices]), indices) for kind, indices in groups.items()}
