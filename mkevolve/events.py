@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
 from mkevolve.event_records import EventRecord
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (interpreter start and imports included), from Linux's /proc; None
+    where that cannot be read."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return round(time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, IndexError, ValueError, AttributeError):     # no /proc, no CLOCK_BOOTTIME
+        return None
 
 
 class EventLog:

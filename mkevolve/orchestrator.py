@@ -23,7 +23,7 @@ from mkevolve.codebase import Decomposition, write_solution
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
 from mkevolve.display import RowStatus, RunDisplay, RunView, SubproblemRow, final_table
 from mkevolve.event_records import SwapEvent, SwapSkippedEvent
-from mkevolve.events import EventLog
+from mkevolve.events import EventLog, process_age_s
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.providers import ProviderError, make_provider
@@ -738,6 +738,8 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     from mkevolve.verify.verifier import Verifier
 
     events = EventLog(run_dir / "events.jsonl")
+    # Imports, the configuration and the run directory, before anything else this run does.
+    events.emit("run_started", startup_s=process_age_s())
     client = make_client(config, events, cache_dir=run_dir / "llm_cache")
     judge = make_judge(config, events, cache_dir=run_dir / "llm_cache")  # its cache keys name its model
     display = RunDisplay(RunView(problem=Path(problem_path).name, iterations=config.iterations))
@@ -745,6 +747,7 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     try:
         with Verifier(config, events) as verifier, display:
             outcome = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge).run()
+            ended = time.time()
     except KeyboardInterrupt:
         display.console.print(f"interrupted; best/ is consistent. Continue with: "
                               f"python -m mkevolve run --resume {run_dir}")
@@ -765,6 +768,8 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     if judge is not None:
         judge.emit_totals()
     _write_report(run_dir, display)
+    # The workers stopped and the report written: what a run costs after its last check.
+    events.emit("run_finished", closing_s=round(time.time() - ended, 3))
     _print_summary(outcome, display)
     return outcome, client.provider_calls
 

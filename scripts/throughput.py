@@ -9,7 +9,8 @@ utilisation samples, one integer percentage per line and GPU, as written by
 
 while the part ran. Reported, each beside its target:
 
-    median run wall      seconds from a run's first event to its last, median over the runs (the target
+    median run wall      seconds from a run's process start (its run_started event less its startup_s; else its
+                         first event) to its last event, median over the runs (the target
                          is for a level 2 problem alone on its GPU: compare only with --runs-per-gpu 1)
     candidates per GPU-minute
                          verdict events of all runs (composite checks included) over the span from the
@@ -89,6 +90,8 @@ def run_throughput(path: Path) -> tuple[RunThroughput, float, float] | None:
     times = [e["t"] for e in events if isinstance(e.get("t"), (int, float))]
     if not times:
         return None
+    times += [e["t"] - e["startup_s"] for e in events if e.get("kind") == "run_started"
+              and isinstance(e.get("t"), (int, float)) and isinstance(e.get("startup_s"), (int, float))]
     verdicts = [e for e in events if e.get("kind") == "verdict"]
     iterations = [e for e in events if e.get("kind") == "iteration"]
     run = RunThroughput(events=str(path), wall_s=round(max(times) - min(times), 3), verdicts=len(verdicts),

@@ -230,6 +230,15 @@ def test_throughput_of_two_runs_against_the_targets(tmp_path):
     assert "3.00 (target >= 20)" in lines and "50.0% of 4 samples" in lines
 
 
+def test_a_runs_wall_counts_from_its_process_start(tmp_path):
+    # The run_started event comes 12 s into the process (imports, configuration): the wall starts before it.
+    write_events(tmp_path / "events.jsonl", [{"t": 112.0, "kind": "run_started", "startup_s": 12.0},
+                                              {"t": 150.0, "kind": "verdict"},
+                                              {"t": 160.0, "kind": "run_finished", "closing_s": 4.0}])
+    (run,) = throughput.measure([tmp_path], None, gpus=1, runs_per_gpu=1).runs
+    assert run.wall_s == 60.0
+
+
 def test_throughput_without_samples_or_iterations_is_unknown(tmp_path):
     write_events(tmp_path / "events.jsonl", [{"t": 5.0, "kind": "verdict"}])
     measured = throughput.measure([tmp_path], None, gpus=2, runs_per_gpu=1)

@@ -57,8 +57,11 @@ def test_builtin_run_leaves_the_documented_layout(finished_run):
     assert state.step is Step.FINISHED and state.iteration == 2 and len(state.history) == 2
     candidates = list((finished_run / "iterations" / "iter_01" / "candidates").rglob("c*.json"))
     assert candidates and all("parent" in json.loads(c.read_text()) for c in candidates)
-    events = [json.loads(line)["kind"] for line in (finished_run / "events.jsonl").read_text().splitlines()]
-    assert {"decomposition", "budget", "iteration", "checkpoint", "verdict"} <= set(events)
+    events = [json.loads(line) for line in (finished_run / "events.jsonl").read_text().splitlines()]
+    assert {"decomposition", "budget", "iteration", "checkpoint", "verdict"} <= {e["kind"] for e in events}
+    # The run's own span: its process's startup first, its closing (workers stopped, report written) last.
+    assert events[0]["kind"] == "run_started" and events[0]["startup_s"] > 0
+    assert events[-1]["kind"] == "run_finished" and events[-1]["closing_s"] >= 0
 
 
 def test_manifest_describes_every_subkernel(finished_run):
