@@ -74,8 +74,8 @@ class Throughput:
             f"candidates per GPU-minute: {_value(self.candidates_per_gpu_minute, '.2f')} "
             f"(target >= {CANDIDATES_PER_GPU_MINUTE_TARGET:g})",
             (f"GPU busy: {_value(self.gpu_busy_share, '.1%')} of {self.gpu_samples} samples, mean utilisation "
-             f"{_value(self.gpu_mean_utilisation, '.1f', ' %')}" if self.gpu_samples else "GPU busy: unknown (no samples)")
-            + f" (target >= {GPU_BUSY_TARGET:.0%} busy)",
+             f"{_value(self.gpu_mean_utilisation, '.1f', ' %')}" if self.gpu_samples
+             else "GPU busy: unknown (no samples)") + f" (target >= {GPU_BUSY_TARGET:.0%} busy)",
             f"orchestrator overhead: {_value(self.overhead_share, '.1%')} (target < {OVERHEAD_TARGET:.0%})",
         ]
 

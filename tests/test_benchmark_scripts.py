@@ -25,6 +25,7 @@ GEMM = "level2/63_Gemm_ReLU_Divide.py"
 profile_script = load_script("eval_profile")
 kb = load_script("kernelbench")
 throughput = load_script("throughput")
+run_alone = load_script("run_alone")
 
 
 # ---- eval_profile ----------------------------------------------------------------------------------------
@@ -237,6 +238,21 @@ def test_a_runs_wall_counts_from_its_process_start(tmp_path):
                                               {"t": 160.0, "kind": "run_finished", "closing_s": 4.0}])
     (run,) = throughput.measure([tmp_path], None, gpus=1, runs_per_gpu=1).runs
     assert run.wall_s == 60.0
+
+
+def test_a_run_alone_reads_its_startup_closing_and_evaluations(tmp_path):
+    events = write_events(tmp_path / "events.jsonl", [{"t": 1.0, "kind": "run_started", "startup_s": 3.5}, FIRST,
+                                                       SECOND, {"t": 9.0, "kind": "run_finished", "closing_s": 0.8}])
+    run = run_alone.AloneRun(workers=2, caches="cold", exit_code=0, process_s=20.0)
+    run_alone.read_events(run, events)
+    assert (run.startup_s, run.closing_s, run.verdicts) == (3.5, 0.8, 2)
+    assert run.median_evaluation_s == 7.0 and run.phases["candidate.first_call"] == 2.5
+
+
+def test_a_run_alone_keeps_every_cache_under_its_own_folder(tmp_path):
+    env = run_alone.cache_env(tmp_path / "caches")
+    assert set(env) == {"MKEVOLVE_CACHE", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}
+    assert all(Path(folder).is_dir() and Path(folder).parent == tmp_path / "caches" for folder in env.values())
 
 
 def test_throughput_without_samples_or_iterations_is_unknown(tmp_path):
