@@ -9,15 +9,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
+from mkevolve.orchestrator import Orchestrator
 from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState, Step
 from mkevolve.solution import Manifest
+from mkevolve.verify.result import EvalResult, Status, Timing
 from mkevolve.verify.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +65,15 @@ def test_builtin_run_leaves_the_documented_layout(finished_run):
     # The run's own span: its process's startup first, its closing (workers stopped, report written) last.
     assert events[0]["kind"] == "run_started" and events[0]["startup_s"] > 0
     assert events[-1]["kind"] == "run_finished" and events[-1]["closing_s"] >= 0
+
+
+def test_a_single_subkernel_takes_its_time_from_the_end_to_end_check():
+    orchestrator = Orchestrator.__new__(Orchestrator)
+    orchestrator.verifier = SimpleNamespace(run_jobs=lambda jobs: pytest.fail("a profiling process was started"))
+    one = SimpleNamespace(names=["linear_relu"])
+    timed = EvalResult(status=Status.OK, runtime=Timing(2.5, 2.4, 2.4, 2.6, 2.7, 20))
+    assert orchestrator._profile(Path("."), one, timed) == {"linear_relu": 2.5}
+    assert orchestrator._profile(Path("."), one, EvalResult(status=Status.OK)) == {}     # not timed (no GPU)
 
 
 def test_manifest_describes_every_subkernel(finished_run):
