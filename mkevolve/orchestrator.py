@@ -518,6 +518,11 @@ class Orchestrator:
         compiling and timing the same kernels again (5 to 6 s of a full-size GEMM's run on an H200)."""
         if len(decomposition.names) == 1:
             return {decomposition.names[0]: passed.runtime.median_ms} if passed.runtime is not None else {}
+        if self._out_of_time():
+            # The shares steer the next iteration's budget and fill the report's share column; past the time
+            # budget no iteration follows, and a full-size model's profile is one more process to compile.
+            self.events.emit("profile_skipped", reason="the time budget is spent")
+            return {}
         job = Job("mkevolve.verify.profile:profile_subkernels",
                   {"problem_path": str(self.problem_path), "solution_path": str(folder / "decomposed_solution.py"),
                    "seed": self.config.seed, "eval_mode": self.config.eval_mode,

@@ -16,6 +16,7 @@ import torch
 
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
+from mkevolve.events import EventLog
 from mkevolve.orchestrator import Orchestrator
 from mkevolve.run_layout import BEST
 from mkevolve.run_state import RunState, Step
@@ -74,6 +75,15 @@ def test_a_single_subkernel_takes_its_time_from_the_end_to_end_check():
     timed = EvalResult(status=Status.OK, runtime=Timing(2.5, 2.4, 2.4, 2.6, 2.7, 20))
     assert orchestrator._profile(Path("."), one, timed) == {"linear_relu": 2.5}
     assert orchestrator._profile(Path("."), one, EvalResult(status=Status.OK)) == {}     # not timed (no GPU)
+
+
+def test_no_profile_is_started_once_the_time_budget_is_spent():
+    orchestrator = Orchestrator.__new__(Orchestrator)
+    orchestrator.verifier = SimpleNamespace(run_jobs=lambda jobs: pytest.fail("a profiling process was started"))
+    orchestrator.deadline, orchestrator.events = time.monotonic() - 1.0, EventLog()
+    timed = EvalResult(status=Status.OK, runtime=Timing(2.5, 2.4, 2.4, 2.6, 2.7, 20))
+    assert orchestrator._profile(Path("."), SimpleNamespace(names=["conv", "bn"]), timed) == {}
+    assert [e["kind"] for e in orchestrator.events.events] == ["profile_skipped"]
 
 
 def test_manifest_describes_every_subkernel(finished_run):
