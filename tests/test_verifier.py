@@ -4,6 +4,8 @@ test_isolation.py, in one batch."""
 
 import ast
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from mkevolve.cli import main
 from mkevolve.config import RunConfig
 from mkevolve.verify.result import Status
 from mkevolve.verify.verifier import Verifier
+from mkevolve.workers.pool import JobOutcome
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ON_GPU = torch.cuda.is_available()
@@ -160,3 +163,33 @@ def test_on_a_gpu_every_worker_is_asked_to_start_its_zygote_early():
         verifier._device_name = "NVIDIA H200"
         verifier.start_candidate_processes()
     assert [job.fn for job in recorder.jobs] == ["mkevolve.verify.candidate_run:start_zygote_early"] * 3
+
+
+class _SlowStartingPool:
+    """Workers that take until `ready` is set to start, on a GPU."""
+
+    size = 2
+
+    def __init__(self):
+        self.ready, self.asked, self.closed_after = threading.Event(), [], None
+
+    def run_many(self, jobs):
+        self.ready.wait(30)
+        self.asked += [job.fn.rpartition(":")[2] for job in jobs]
+        return [JobOutcome(value="NVIDIA H200") for _ in jobs]
+
+    def close(self):
+        self.closed_after = list(self.asked)
+
+
+def test_workers_and_zygotes_start_in_the_background_while_the_run_decomposes():
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = pool = _SlowStartingPool()
+    started = time.monotonic()
+    verifier.start_candidate_processes()
+    assert time.monotonic() - started < 5 and pool.asked == []    # returned before any worker was ready
+    pool.ready.set()
+    verifier.close()
+    # close waits for the starts, so no worker starts after the pool has stopped them
+    assert pool.closed_after == ["device_name", "start_zygote_early", "start_zygote_early"]
