@@ -55,10 +55,10 @@ class Verifier:
         return self.device_name not in ("cpu", "unknown")
 
     def start_candidate_processes(self) -> None:
-        """Start every worker now and, on a GPU, have each start its zygote, all in the background, rather than
-        when the first candidates come: the workers' imports and CUDA contexts, then the zygotes' standby
-        children (10 s on the H200), happen while the run decomposes. Waiting for them first held a full-size
-        GEMM's decomposition back by 10 s on an H200 with 4 workers."""
+        """In the background, start a worker to ask for the device and, on a GPU, every worker with its zygote,
+        rather than when the first candidates come: the workers' imports and CUDA contexts, then the zygotes'
+        standby children (10 s on the H200), happen while the run decomposes. Waiting for them first held a
+        full-size GEMM's decomposition back by 10 s on an H200 with 4 workers."""
         self._warming = threading.Thread(target=self._start_workers, name="start-workers", daemon=True)
         self._warming.start()
 
