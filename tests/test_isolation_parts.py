@@ -351,6 +351,44 @@ def test_harness_copies_ignore_patched_tensor_methods_and_modes(monkeypatch):
     assert kept[0].data_ptr() not in (x.data_ptr(), copy[0].data_ptr())
 
 
+def test_harness_flattens_a_dict_output_by_its_values_without_calling_its_methods():
+    from mkevolve.problem import flatten_outputs
+    from mkevolve.verify import harness
+
+    class Record(dict):          # a model-output record whose own methods lie
+        def values(self):
+            raise AssertionError("the record's values() ran")
+
+        def __iter__(self):
+            raise AssertionError("the record's __iter__ ran")
+
+    a, b, c = torch.ones(2), torch.zeros(3), torch.full((1,), 7.0)
+    flat = harness._flatten((Record(logits=a, hidden=[b, c]), a))
+    assert [t.shape for t in flat] == [(2,), (3,), (1,), (2,)]
+    # the same order as the reference's flattening of a plain dict
+    assert [t.shape for t in flatten_outputs(({"logits": a, "hidden": [b, c]}, a))] == [t.shape for t in flat]
+
+
+def test_module_buffers_are_read_from_the_modules_own_dicts():
+    from mkevolve.verify import harness
+
+    class Liar(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("kept", torch.ones(2))
+            self.inner = torch.nn.BatchNorm1d(3)
+            self.inner_again = self.inner                     # shared: its buffers count once
+            self.loose = torch.zeros(4)                       # not registered: not the module's state
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the module's own methods ran")
+
+    model = Liar()
+    Liar.named_buffers, Liar.__getattr__, Liar.__getattribute__ = refuse, refuse, refuse   # once it is built
+    found = harness._module_buffers(model)
+    assert sorted(tuple(t.shape) for t in found) == [(), (2,), (3,), (3,)]   # kept; running mean, var, count
+
+
 def test_harness_reports_a_tensor_subclass_output_without_calling_it():
     from mkevolve.verify import harness
 

@@ -193,3 +193,59 @@ def test_workers_and_zygotes_start_in_the_background_while_the_run_decomposes():
     verifier.close()
     # close waits for the starts, so no worker starts after the pool has stopped them
     assert pool.closed_after == ["device_name", "start_zygote_early", "start_zygote_early"]
+
+
+DICT_PROBLEM = '''import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return {"activated": torch.relu(x), "scaled": x * 2.0}
+
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+DICT_SOLUTION = '''import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+
+@triton.jit
+def relu_scale_kernel(x_ptr, relu_ptr, scaled_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(relu_ptr + offsets, tl.maximum(x, 0.0), mask=mask)
+    tl.store(scaled_ptr + offsets, x * 2.0, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        activated, scaled = torch.empty_like(x), torch.empty_like(x)
+        relu_scale_kernel[(triton.cdiv(x.numel(), 256),)](x, activated, scaled, x.numel(), BLOCK=256)
+        return {"activated": RESULT_0, "scaled": RESULT_1}
+'''
+
+
+@pytest.mark.slow
+def test_a_model_that_returns_a_dict_is_checked_by_its_values(tmp_path):
+    """The reference's dict is flattened by its values; a ModelNew returning the same dict was rejected as a
+    'tensor-subclass' cheat until the candidate's side flattened it the same way."""
+    problem = tmp_path / "dict_problem.py"
+    problem.write_text(DICT_PROBLEM)
+    honest, swapped = tmp_path / "honest.py", tmp_path / "swapped.py"
+    honest.write_text(DICT_SOLUTION.replace("RESULT_0", "activated").replace("RESULT_1", "scaled"))
+    swapped.write_text(DICT_SOLUTION.replace("RESULT_0", "scaled").replace("RESULT_1", "activated"))
+    with Verifier(RunConfig(workers=2, timeout=120.0, trials=2)) as verifier:
+        ok, wrong = verifier.check_kernels([(problem, honest), (problem, swapped)], timed=False)
+    assert ok.status is Status.OK, ok.reason
+    assert wrong.status is Status.INCORRECT and "output 0 mismatch" in wrong.reason

@@ -368,13 +368,13 @@ def _module_buffers(model) -> list:
         seen.add(id(module))
         attributes = _module_dict(module)
         buffers, children = _dict_get(attributes, "_buffers"), _dict_get(attributes, "_modules")
-        if isinstance(buffers, dict):
+        if type(buffers) is dict:        # nn.Module's own: a dict of another class is not its state
             for value in _dict_values(buffers):
                 if type(value) is _Tensor and id(value) not in seen:
                     seen.add(id(value))
                     found.append(value)
-        if isinstance(children, dict):
-            modules.extend(child for child in _dict_values(children) if isinstance(child, _Module))
+        if type(children) is dict:       # type() and issubclass only: no __class__ the candidate defines is read
+            modules.extend(child for child in _dict_values(children) if issubclass(type(child), _Module))
     return found
 
 
@@ -414,10 +414,14 @@ def _forward(model, args: list, guard: RuntimeGuard | None, clock: "_GpuClock | 
 
 
 def _flatten(out) -> list:
-    """A forward's result as a flat list: a value, or a tuple/list of them (nested allowed). Exact
-    types only: a subclass's iteration would be candidate code."""
+    """A forward's result as a flat list: a value, or a tuple/list of them (nested allowed), or a dict (a
+    model-output record) by its values, as the reference's is flattened (problem.flatten_outputs). Exact
+    tuples and lists only, a subclass's iteration being candidate code; a dict's values are read by dict's own
+    C method, whatever its class overrides."""
     if type(out) is tuple or type(out) is list:
         return [x for item in out for x in _flatten(item)]
+    if issubclass(type(out), dict):
+        return [x for value in _dict_values(out) for x in _flatten(value)]
     return [out]
 
 
