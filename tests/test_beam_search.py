@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fixtures.replay_kernels.fakes import GPU_VERDICTS, PROBLEM, ClockedVerifier, FakeVerifier, timed_ok
 
-from mkevolve.agents.evolve import KernelTask, RefineContext, evolve_kernel
+from mkevolve.agents.evolve import COVERED_PRIORITY, KernelTask, RefineContext, StepProgress, evolve_kernel
 from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.client import RetryPolicy, make_client
@@ -425,5 +425,31 @@ def test_a_steps_checks_go_to_the_workers_ahead_of_steps_further_from_their_end(
     verifier = FakeVerifier()
     run_script(tmp_path, script, verifier, width=3, budget=3, search="parallel")
     assert sorted(verifier.checked) == ["broken", "debugged", "refined"]
-    assert verifier.priorities[0] == 3
-    assert verifier.priorities == sorted(verifier.priorities, reverse=True) and min(verifier.priorities) >= 1
+    unfinished = [p % COVERED_PRIORITY for p in verifier.priorities]
+    assert unfinished[0] == 3 and unfinished == sorted(unfinished, reverse=True) and min(unfinished) >= 1
+
+
+def test_checks_of_a_subproblem_with_a_passing_kernel_wait_behind_those_without(tmp_path):
+    """Once the subproblem has a passing kernel, its further checks carry COVERED_PRIORITY: under a time budget
+    every subproblem's first kernels are checked first."""
+    script = tmp_path / "three.yaml"
+    script.write_text("replies:\n" + "".join(f"  - {{agent: generate, sample: {i}, reply_file: {FIXTURES / name}}}\n"
+                                             for i, name in enumerate(["broken.md", "refined.md", "debugged.md"])))
+    fresh = FakeVerifier()
+    run_script(tmp_path, script, fresh, width=3, budget=3, search="parallel")
+    assert min(fresh.priorities) < COVERED_PRIORITY          # no kernel passed before the first check
+    passing = Candidate(id="c0099", subproblem="relu_shift", parent=None, kind=PromptKind.GENERATE,
+                        source="# fixture: refined\n", result=timed_ok(1.0))
+    (tmp_path / "again").mkdir()
+    covered = FakeVerifier()
+    run_script(tmp_path / "again", script, covered, width=3, budget=3, search="parallel",
+               beam=Beam(width=3, members=[passing]))
+    assert covered.priorities and all(p >= COVERED_PRIORITY for p in covered.priorities)
+
+
+def test_a_step_is_covered_once_one_of_its_children_passes():
+    step = StepProgress(3)
+    assert step.priority == 3
+    with step.one_child():
+        step.covered = True           # what a passing child's verdict sets
+    assert step.priority == 2 + COVERED_PRIORITY

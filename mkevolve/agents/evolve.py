@@ -81,13 +81,26 @@ class SearchProgress:
 ProgressHook = Callable[[SearchProgress], None]
 
 
+# Added to the worker priority of a check for a subproblem that already has a passing kernel: it waits behind
+# every check of a subproblem that has none. Under a time budget a kernel for each piece comes before a faster
+# kernel for one: level 3 models kept PyTorch subkernels whose first candidates were never checked in time.
+COVERED_PRIORITY = 1 << 20
+
+
 class StepProgress:
     """How many children of one beam step are still without a verdict; the fewer, the sooner that step
-    ends, so its checks go first among those waiting for a worker."""
+    ends, so its checks go first among those waiting for a worker, after the checks of subproblems that have
+    no passing kernel yet (COVERED_PRIORITY)."""
 
-    def __init__(self, children: int):
+    def __init__(self, children: int, covered: bool = False):
         self.unfinished = children
+        self.covered = covered      # the subproblem has a passing kernel: a beam member, or a child of this step
         self._lock = threading.Lock()
+
+    @property
+    def priority(self) -> int:
+        """The worker pool's priority of this step's next check (smaller first)."""
+        return self.unfinished + (COVERED_PRIORITY if self.covered else 0)
 
     @contextmanager
     def one_child(self) -> Iterator[None]:
@@ -289,7 +302,7 @@ class KernelAgent:
             return []
         seqs = [self.beam.take_seq() for _ in parents]
         requests = [self.request(parent, seq) for parent, seq in zip(parents, seqs, strict=True)]
-        step = StepProgress(len(requests))
+        step = StepProgress(len(requests), covered=any(member.passed for member in self.beam.members))
         with ThreadPoolExecutor(max_workers=min(self.client.parallel, len(requests))) as calls, \
                 ThreadPoolExecutor(max_workers=len(requests)) as early, \
                 ThreadPoolExecutor(max_workers=len(requests)) as checks:
@@ -311,6 +324,8 @@ class KernelAgent:
                 result = speculation.verdict_for(source)
             if result is None:
                 result = self._verdict(cid, source, step=step)
+            if result.passed:
+                step.covered = True
         child = Candidate(id=cid, subproblem=self.subproblem, parent=parent.id if parent else None,
                           kind=PromptKind(request.agent), source=source, result=result,
                           tokens=response.usage, cached=response.cached)
@@ -320,7 +335,7 @@ class KernelAgent:
 
     def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
         """Write the kernel to its candidate file and check it, ahead of checks from steps further from
-        their end (`step.unfinished`, the worker pool's priority).
+        their end and behind those of subproblems without a passing kernel (`step.priority`).
 
         A candidate this folder already holds with the same source, for the same problem, keeps its saved
         verdict: a resumed run then builds the same prompts (timings included) and its replies come from
@@ -330,7 +345,7 @@ class KernelAgent:
         if saved is not None:
             return saved
         path = write_atomic(self.folder / f"{cid}.py", source)
-        return self.verifier.check_kernels([(self.problem_path, path)], timed=True, priority=step.unfinished)[0]
+        return self.verifier.check_kernels([(self.problem_path, path)], timed=True, priority=step.priority)[0]
 
     def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"
