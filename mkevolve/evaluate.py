@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from mkevolve.codebase import (
     SOLUTION_FILE,
     Decomposition,
 )
-from mkevolve.config import config_from_args
+from mkevolve.config import RunConfig, config_from_args
 from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.solution import (
@@ -24,6 +24,7 @@ from mkevolve.solution import (
     SolutionError,
     amdahl_contribution,
     is_pytorch_alternative,
+    mode_name,
     sha256_of,
 )
 from mkevolve.verify.profile import SubkernelProfile
@@ -70,6 +71,7 @@ class SolutionEvaluation:
     subkernels: list[SubkernelEvaluation]
     end_to_end: EvalResult
     diagnosis: str
+    mode: str = "train"                # the module mode it was checked in (solution.mode_name)
 
     @property
     def passed(self) -> bool:
@@ -93,7 +95,8 @@ class SolutionEvaluation:
         return next(s for s in self.subkernels if s.name == name)
 
     def to_dict(self) -> dict:
-        return {"folder": self.folder, "problem": self.problem, "device": self.device, "passed": self.passed,
+        return {"folder": self.folder, "problem": self.problem, "device": self.device, "mode": self.mode,
+                "passed": self.passed,
                 "diagnosis": self.diagnosis, "failing_locally": self.failing_locally,
                 "coverage": self.coverage.line(), "pytorch": self.coverage.pytorch,
                 "end_to_end": self.end_to_end.to_dict(),
@@ -243,18 +246,31 @@ def evaluate_solution(folder: str | Path, problem_path: str | Path, verifier) ->
             row.share = row.runtime_ms / total if total and row.runtime_ms is not None else None
             row.contribution = amdahl_contribution(row.share, row.speedup)
     return SolutionEvaluation(folder=str(solution.path), problem=str(problem_path), device=verifier.device_name,
-                              subkernels=rows, end_to_end=end_to_end, diagnosis=diagnose(rows, end_to_end))
+                              subkernels=rows, end_to_end=end_to_end, diagnosis=diagnose(rows, end_to_end),
+                              mode=mode_name(verifier.config.eval_mode))
 
 
 # ---- the command ---------------------------------------------------------------------------------------
+
+
+def solution_config(args) -> tuple[RunConfig, SolutionFolder]:
+    """A command's config and its solution folder. The module mode is the one the folder's manifest records,
+    unless --eval/--no-eval or --config says otherwise: a solution is checked in the mode it was verified in
+    (a run with --eval leaves batch-norm kernels that read the running statistics)."""
+    config = config_from_args(args)
+    solution = open_solution(args.solution_dir)
+    recorded = solution.manifest.mode if solution.manifest else None
+    if recorded in (mode_name(False), mode_name(True)) and getattr(args, "eval_mode", None) is None \
+            and getattr(args, "config", None) is None:
+        config = replace(config, eval_mode=recorded == mode_name(True))
+    return config, solution
 
 
 def eval_command(args) -> int:
     """`mkevolve eval SOLUTION_DIR`: 0 when end to end passes, 1 when it fails, 2 for a bad folder or problem."""
     from mkevolve.verify.verifier import Verifier
 
-    config = config_from_args(args)
-    solution = open_solution(args.solution_dir)
+    config, solution = solution_config(args)
     problem_path = resolve_problem(solution, args.problem)
     with Verifier(config) as verifier:
         evaluation = evaluate_solution(solution.path, problem_path, verifier)
@@ -292,7 +308,8 @@ def print_evaluation(evaluation: SolutionEvaluation) -> None:
     from rich.table import Table
 
     console = make_console()
-    console.print(f"solution: {evaluation.folder}\nproblem:  {evaluation.problem}\ndevice:   {evaluation.device}")
+    console.print(f"solution: {evaluation.folder}\nproblem:  {evaluation.problem}\ndevice:   {evaluation.device}\n"
+                  f"mode:     {evaluation.mode}")
     table = Table(title="subkernels", caption="speedup: vs torch.compile of its subproblem; share: of the "
                   "end-to-end time; Amdahl: the end-to-end speedup its own speedup accounts for")
     table.add_column("subkernel", no_wrap=True)

@@ -33,7 +33,7 @@ from mkevolve.run_layout import BEST, ITERATIONS, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
 from mkevolve.search.beam import Beam, Candidate
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, EntryStatus, Manifest, SubkernelEntry, copy_solution,
-                               pytorch_alternative, recover_solution, sha256_of)
+                               mode_name, pytorch_alternative, recover_solution, sha256_of)
 from mkevolve.verify.profile import SubkernelProfile
 from mkevolve.verify.result import EvalResult, Status, not_started_cause
 from mkevolve.workers.pool import Job
@@ -569,7 +569,7 @@ class Orchestrator:
         return Manifest(problem=str(self.problem_path), device=self.verifier.device_name,
                         status=record.e2e_status, speedup=record.e2e_speedup, iteration=record.index,
                         versions={"torch": str(torch.__version__), "triton": str(triton.__version__)},
-                        subkernels=entries)
+                        subkernels=entries, mode=mode_name(self.config.eval_mode))
 
     # -- Swap ----------------------------------------------------------------------------------
 

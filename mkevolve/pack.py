@@ -332,11 +332,14 @@ def _merged_imports(sections: list[_Section], folder: Path) -> list[str]:
     return sorted(lines, key=lambda line: not line.startswith("from __future__"))
 
 
-def _header(folder: Path, problem: str | None, subkernels: list[str], pytorch: list[str]) -> str:
+def _header(folder: Path, problem: str | None, subkernels: list[str], pytorch: list[str],
+            mode: str | None = None) -> str:
     lines = [f"Packed from the solution folder {folder} by `mkevolve pack`: ModelNew and its subkernels in one file.",
              ""]
     if problem:
         lines.append(f"Problem: {problem}")
+    if mode:
+        lines.append(f"Verified in {mode} mode (module.{mode}()); the other mode is not verified.")
     lines.append(f"Subkernels, in the order the top-level loads them: {', '.join(subkernels)}.")
     if pytorch:
         named = ("PyTorch subkernels (they run their subproblem's PyTorch code, not a Triton kernel): "
@@ -365,8 +368,8 @@ def pack_solution(folder: str | Path) -> PackedFile:
         raise ProblemError(solution.path / SOLUTION_FILE, f"defines {', '.join(sorted(clash))}, a name a packed "
                                                          "subkernel uses")
     pytorch = sorted(solution.pytorch, key=solution.names.index)
-    problem = solution.manifest.problem if solution.manifest else None
-    parts = [_header(solution.path.resolve(), problem, solution.names, pytorch),
+    problem, mode = (solution.manifest.problem, solution.manifest.mode) if solution.manifest else (None, None)
+    parts = [_header(solution.path.resolve(), problem, solution.names, pytorch, mode),
              "\n".join(_merged_imports(sections + [top], solution.path))]
     parts += [f"{section.title}\n\n{section.body}" for section in sections + [top]]
     return PackedFile(source="\n\n\n".join(parts) + "\n", subkernels=solution.names, pytorch=pytorch)

@@ -48,6 +48,11 @@ class SubkernelEntry:
         self.status = member_of(EntryStatus, self.status)
 
 
+def mode_name(eval_mode: bool) -> str:
+    """How a manifest, `eval` and a packed file's header name the module mode checks ran in."""
+    return "eval" if eval_mode else "train"
+
+
 @dataclass
 class Manifest:
     problem: str
@@ -57,6 +62,9 @@ class Manifest:
     iteration: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
     subkernels: dict[str, SubkernelEntry] = field(default_factory=dict)
+    # The module mode its checks ran in, "train" or "eval" (None: a manifest from before it was recorded). A
+    # kernel verified in one mode is not verified in the other: batch norm and dropout differ between them.
+    mode: str | None = None
 
     def write(self, folder: Path) -> None:
         data = asdict(self)

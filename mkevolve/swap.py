@@ -12,13 +12,14 @@ from enum import Enum
 from pathlib import Path
 
 from mkevolve.codebase import KERNELS_DIR
-from mkevolve.config import ConfigError, build_config, config_from_args
+from mkevolve.config import ConfigError, build_config
 from mkevolve.evaluate import (
     SolutionFolder,
     describe_speedup,
     measure_runtimes,
     open_solution,
     resolve_problem,
+    solution_config,
 )
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
@@ -31,6 +32,7 @@ from mkevolve.solution import (
     Manifest,
     SubkernelEntry,
     copy_solution,
+    mode_name,
     pytorch_alternative,
     sha256_of,
 )
@@ -178,6 +180,7 @@ def _updated_manifest(solution: SolutionFolder, name: str, outcome: SwapOutcome,
         speedup=local.speedup if local else None, precision=local.precision if local else None,
         sha256=sha256_of(replacement.source))
     manifest.status, manifest.speedup = outcome.after.status.value, outcome.after.speedup
+    manifest.mode = mode_name(verifier.config.eval_mode)     # the end-to-end check that now stands ran in it
     runtimes = measure_runtimes(verifier, problem_path, solution.path) if verifier.on_gpu else None
     if runtimes is not None:
         total = sum(runtimes.values())
@@ -244,8 +247,7 @@ def swap_command(args) -> int:
     """`mkevolve swap SOLUTION_DIR SUBKERNEL (FILE | pytorch | CANDIDATE_ID)`: 0 swapped, 1 refused, 2 bad input."""
     from mkevolve.verify.verifier import Verifier
 
-    config = config_from_args(args)
-    solution = open_solution(args.solution_dir)
+    config, solution = solution_config(args)
     require_subkernel(solution, args.subkernel)
     problem_path = resolve_problem(solution, args.problem)
     replacement = resolve_replacement(solution, args.subkernel, args.replacement)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -17,7 +18,9 @@ from mkevolve.evaluate import (
     open_solution,
     print_evaluation,
     resolve_problem,
+    solution_config,
 )
+from mkevolve.pack import pack_solution
 from mkevolve.solution import is_pytorch_alternative
 from mkevolve.swap import print_outcome, resolve_replacement, swap_subkernel
 from mkevolve.verify.verifier import Verifier
@@ -123,6 +126,24 @@ def test_problem_moved_away_needs_the_problem_flag(run_dir, tmp_path, capsys):
     assert main(["eval", str(moved)]) == 2
     assert "--problem" in capsys.readouterr().err
     assert resolve_problem(open_solution(moved), str(PROBLEM)) == PROBLEM
+
+
+def test_a_solution_is_checked_in_the_mode_its_manifest_records(run_dir, tmp_path):
+    """A run records the module mode its checks ran in; eval and swap check in that mode unless told otherwise,
+    and a packed file's header says it."""
+    assert yaml.safe_load((run_dir / "best" / "manifest.yaml").read_text())["mode"] == "train"
+    moved = tmp_path / "verified_in_eval"
+    shutil.copytree(run_dir / "best", moved)
+    manifest = yaml.safe_load((moved / "manifest.yaml").read_text())
+    (moved / "manifest.yaml").write_text(yaml.safe_dump({**manifest, "mode": "eval"}))
+
+    def mode_for(flag: bool | None) -> bool:
+        args = argparse.Namespace(solution_dir=str(moved), config=None, eval_mode=flag)
+        return solution_config(args)[0].eval_mode
+
+    assert mode_for(None) is True
+    assert mode_for(False) is False       # --no-eval: as asked
+    assert "Verified in eval mode (module.eval()); the other mode is not verified." in pack_solution(moved).source
 
 
 @pytest.mark.slow
