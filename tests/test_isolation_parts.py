@@ -310,7 +310,7 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     inputs = {name: [torch.full((3,), float(i))] for i, name in enumerate(plan.set_names())}
     request = CandidateRequest(solution=__file__, candidate_dir="", scratch="", key="", device="cpu",
                                eval_mode=False, construct_seed=0, configs=[])
-    plan.keep_state()
+    plan.keep_state(["bn.running_mean"])
     report = {"violations": [], "launches": 0, "times_ms": [[]], "skipped": [[]]}
     saved = {}
     harness._run_calls(request, Echo(), plan.calls, inputs, _FixedClock(call_ms), report, saved,

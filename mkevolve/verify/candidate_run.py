@@ -61,6 +61,7 @@ class CallPlan:
     calls: list[Call] = field(default_factory=list)
     checks: list[OutputCheck] = field(default_factory=list)
     prefix: str = ""           # makes output names unique across the configs of one candidate process
+    state_buffers: list[str] = field(default_factory=list)   # the reference's buffers compared after the calls
 
     @property
     def length(self) -> int:
@@ -75,13 +76,12 @@ class CallPlan:
         if check:
             self.checks.append(OutputCheck(save, input_set, len(self.calls), trial))
 
-    @property
-    def keeps_state(self) -> bool:
-        return any(call.state for call in self.calls)
-
-    def keep_state(self) -> None:
-        """Have the module's buffers kept after the first call and after the last (verify/module_state.py)."""
-        self.calls[0].state, self.calls[-1].state = self.state_name("first"), self.state_name("last")
+    def keep_state(self, buffers: list[str]) -> None:
+        """Have the module's buffers kept after the first call and after the last, to be compared with the
+        reference's `buffers` (verify/module_state.py); none kept when that list is empty."""
+        self.state_buffers = list(buffers)
+        if buffers:
+            self.calls[0].state, self.calls[-1].state = self.state_name("first"), self.state_name("last")
 
     def state_name(self, when: str) -> str:
         return f"{self.prefix}state_{when}"

@@ -132,8 +132,7 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
                      for index in range(len(problem.configs))]
             for reference, plan in zip(references, plans):
                 reference.ensure(plan.set_names())
-                if reference.mutated_buffers():
-                    plan.keep_state()
+                plan.keep_state(reference.mutated_buffers())
         with _phase(errors, "baseline"):
             # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
             # from a thread of its own while its harness times), and a baseline timed beside it would be
@@ -194,7 +193,7 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
             _check_outputs(problem, index, reference, plan, report, scratch, errors)
     with _phase(errors, "judge.state"):
         for index, (reference, plan) in enumerate(zip(references, plans)):
-            if plan.keeps_state:
+            if plan.state_buffers:
                 _check_state(problem, index, reference, plan, report, scratch, errors)
     return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
                       precision=dot_precision(Path(request.solution_path).read_text()),
@@ -223,7 +222,7 @@ def _check_state(problem: Problem, index: int, reference: ReferenceSet, plan: Ca
     """The buffers the reference's forward changes, after the first call and after the last, against the same
     calls replayed on the reference (verify/module_state.py)."""
     skipped = set(report.skipped[index]) if index < len(report.skipped) else set()
-    first, last = module_state.replay(reference, plan, skipped, reference.mutated_buffers())
+    first, last = module_state.replay(reference, plan, skipped, plan.state_buffers)
     for when, expected in (("first", first), ("last", last)):
         actual = report.output(plan.state_name(when), scratch, reference.device)
         missing = module_state.mismatches(expected, actual, errors.atol, errors.rtol)

@@ -72,19 +72,24 @@ def mismatches(expected: Buffers, actual: list, atol: float, rtol: float) -> lis
     graph = nx.Graph()
     top = [("reference", i) for i in range(len(expected))]
     graph.add_nodes_from(top)
-    closest: dict[int, float | None] = {}
     for i, (_, ref) in enumerate(expected):
         stack, indices = stacks.get(_kind(ref), (None, []))
-        if stack is None:
-            closest[i] = None
-            continue
-        close = torch.isclose(stack, ref, atol=atol, rtol=rtol, equal_nan=True).reshape(len(indices), -1).all(1)
-        graph.add_edges_from((("reference", i), ("candidate", indices[j])) for j in close.nonzero().flatten().tolist())
-        errors = (stack.double() - ref.double()).abs().reshape(len(indices), -1)
-        closest[i] = float(errors.amax(1).min()) if errors.shape[1] else 0.0
+        if stack is not None:
+            close = torch.isclose(stack, ref, atol=atol, rtol=rtol, equal_nan=True).reshape(len(indices), -1).all(1)
+            graph.add_edges_from((("reference", i), ("candidate", indices[j]))
+                                 for j in close.nonzero().flatten().tolist())
     matched = nx.bipartite.maximum_matching(graph, top_nodes=top)
-    return [StateMismatch(name, tuple(ref.shape), closest[i])
+    return [StateMismatch(name, tuple(ref.shape), _closest_error(ref, stacks))
             for i, (name, ref) in enumerate(expected) if ("reference", i) not in matched]
+
+
+def _closest_error(ref: torch.Tensor, stacks: dict) -> float | None:
+    """The max abs error of the candidate buffer of ref's kind nearest to it; None when there is none."""
+    stack, indices = stacks.get(_kind(ref), (None, []))
+    if stack is None:
+        return None
+    errors = (stack.double() - ref.double()).abs().reshape(len(indices), -1)
+    return float(errors.amax(1).min()) if errors.shape[1] else 0.0
 
 
 def _kind(value: torch.Tensor) -> tuple:

@@ -42,6 +42,7 @@ from typing import Iterator
 
 import torch
 
+from mkevolve.fsutil import write_atomic
 from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, flatten_outputs,
                               make_inputs)
 from mkevolve.verify.timing import default_cache_dir
@@ -174,7 +175,7 @@ class ReferenceSet:
             if before is not None:
                 changed = [key for key, value in _floating_buffers(model).items()
                            if key in before and not torch.equal(value, before[key])]
-                _write_atomic_text(self.state_file, json.dumps(changed))
+                write_atomic(self.state_file, json.dumps(changed))
             keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
             needed = _nbytes(inputs) + (_nbytes(outputs) if keep_outputs else 0)
             inputs, outputs = _on_host(inputs), _on_host(outputs) if keep_outputs else []
@@ -340,8 +341,3 @@ def _write_atomic_values(path: Path, values) -> None:
     wire.write_values(tmp, values)
     os.replace(tmp, path)
 
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
