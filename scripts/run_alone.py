@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # mkevolve, from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))       # the sibling scripts
-from kernelbench import UtilisationSampler, environment, load_sibling  # noqa: E402
+from kernelbench import (UtilisationSampler, child_env, environment, last_line, load_sibling,  # noqa: E402
+                         run_step)
 
 from mkevolve.events import read_event_lines  # noqa: E402
 
@@ -63,23 +61,14 @@ def cache_env(root: Path) -> dict[str, str]:
 
 def run_once(problem: Path, workers: int, caches: str, cache_root: Path, out: Path, run_args: list[str],
              limit_s: float) -> AloneRun:
+    """One `mkevolve run`, stopped (its process group) at `limit_s`, as a benchmark part stops a run."""
     command = [sys.executable, "-m", "mkevolve", "run", str(problem), "--workers", str(workers), "--out", str(out),
                *run_args]
-    log = out / f"run_w{workers}_{caches}.log"
-    out.mkdir(parents=True, exist_ok=True)
     sampler = UtilisationSampler(out / f"util_w{workers}_{caches}.csv")
-    started = time.monotonic()
-    with log.open("w") as stream:
-        try:
-            exit_code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, timeout=limit_s,
-                                       env={**os.environ, **cache_env(cache_root)}).returncode
-        except subprocess.TimeoutExpired:
-            exit_code = None
-    run = AloneRun(workers, caches, exit_code, round(time.monotonic() - started, 1))
+    step = run_step(command, out / f"run_w{workers}_{caches}.log", limit_s, {**child_env(), **cache_env(cache_root)})
+    run = AloneRun(workers, caches, step.exit_code, round(step.seconds, 1), last_line=last_line(step.log))
     sampled = sampler.stop()
     run.gpu_busy_share, run.gpu_mean_utilisation = sampled["gpu_busy_share"], sampled["gpu_mean_utilisation"]
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    run.last_line = lines[-1] if lines else ""
     events_files = sorted((out / problem.stem).glob("*/events.jsonl"), key=lambda p: p.stat().st_mtime)
     if events_files:
         read_events(run, events_files[-1])
@@ -108,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the records here")
     args = parser.parse_args(argv)
-    out = args.out or Path(tempfile.mkdtemp(prefix="mkevolve-alone-"))
+    out = (args.out or Path(tempfile.mkdtemp(prefix="mkevolve-alone-"))).resolve()   # the runs start in the repo
     runs = []
     for workers in args.workers:
         cache_root = out / f"caches_w{workers}"          # fresh for the cold run, reused by the warm one
