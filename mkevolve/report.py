@@ -13,16 +13,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import jinja2
-import matplotlib
 import networkx as nx
 import yaml
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Circle, FancyArrowPatch
-from matplotlib.path import Path as PlotPath
 
 from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE, CodebaseError, Decomposition
 from mkevolve.event_records import (CandidateEvent, EventFieldError, EventRecord, LLMCallEvent, LLMTokensEvent,
@@ -37,6 +33,9 @@ from mkevolve.run_layout import BEST, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
 from mkevolve.search.beam import CandidateRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, amdahl_contribution, sha256_of
+
+if TYPE_CHECKING:  # matplotlib loads when a page is drawn, not when a run starts (1.5 s of imports)
+    from matplotlib.figure import Figure
 
 REPORT_FILE = "report.html"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -574,6 +573,8 @@ def next_steps(run_dir: Path, state: RunState, manifest: Manifest | None, outcom
 
 
 def _svg(figure: Figure) -> str:
+    import matplotlib
+
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "mkevolve"}):
         figure.savefig(buffer, format="svg", bbox_inches="tight")
@@ -644,6 +645,8 @@ def speedup_plot(history: list[IterationRecord], checks: dict[int, EndToEnd] | N
                    for r in history)
     names = {n for r in history for n in r.subproblems}
     height = 1.2 + 0.35 * (len(names) + 1)
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(max(6.0, 1.3 * len(history) + 3), height + (3.5 if measured else 0)))
     if measured:
         top, bottom = figure.subplots(2, 1, gridspec_kw={"height_ratios": [3.5, height]})
@@ -767,6 +770,9 @@ def _label_text(graph: nx.DiGraph, node: str) -> str:
 
 def _text_sizes(texts: list[str]) -> dict[str, tuple[float, float]]:
     """Each label's box (text and padding) in inches, as matplotlib's renderer measures the text."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure()
     renderer = FigureCanvasAgg(figure).get_renderer()
     sizes = {}
@@ -927,6 +933,10 @@ def graph_layout(graph: nx.DiGraph) -> GraphLayout:
 
 
 def _draw_graph(layout: GraphLayout, colours: dict[str, str]) -> Figure:
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Circle, FancyArrowPatch
+    from matplotlib.path import Path as PlotPath
+
     extent = layout.extent().grown(0.1)
     figure = Figure(figsize=(extent.x1 - extent.x0, extent.y1 - extent.y0))
     axes = figure.add_axes((0, 0, 1, 1))

@@ -421,3 +421,17 @@ def test_the_self_check_without_its_reference_says_how_to_run_it(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, str(kernel)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1 and "usage:" in done.stderr and "PROBLEM.py" in done.stderr
+
+
+def test_the_meta_trace_warm_up_starts_one_thread_per_process():
+    import threading
+
+    from mkevolve.builtin.kernels import trace
+
+    trace.warm_up_in_background()
+    trace.warm_up_in_background()
+    warming = [t for t in threading.enumerate() if t.name == "meta-trace-warm-up"]
+    assert trace._warm_up_started.is_set() and len(warming) <= 1
+    for thread in warming:
+        thread.join(60)
+        assert not thread.is_alive()

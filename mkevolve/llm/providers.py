@@ -118,8 +118,13 @@ class BuiltinProvider:
 
 
 def answer_task(task: BuiltinTask) -> str:
-    """Worker job: the builtin agent's reply to one task."""
-    return task.builtin_reply()
+    """Worker job: the builtin agent's reply to one task; after it, while the run checks the reply, this worker
+    warms what its first kernel reply needs."""
+    from mkevolve.builtin.kernels.trace import warm_up_in_background
+
+    reply = task.builtin_reply()
+    warm_up_in_background()
+    return reply
 
 
 def task_repertoire(task: LimitedTask) -> Repertoire:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,26 @@ class Trace:
 
     def nodes(self, config: int) -> list[fx.Node]:
         return list(self.configs[config].graph_module.graph.nodes)
+
+
+_warm_up_started = threading.Event()
+
+
+def warm_up_in_background() -> None:
+    """Once per process, in a thread: a tiny Linear traced and shape-propagated on the meta device. The first
+    meta propagation imports what torch's meta kernels need (about 900 modules, 2.5 s on 2 cores); the
+    builtin agent's worker starts this after its first reply (a decomposition, which the run then checks for
+    seconds), so that its first kernel reply does not wait for those imports."""
+    if _warm_up_started.is_set():
+        return
+    _warm_up_started.set()
+
+    def trace_tiny_linear() -> None:
+        with torch.device("meta"):
+            model, inputs = nn.Linear(4, 4), torch.empty(2, 4)
+        ShapeProp(fx.symbolic_trace(model)).propagate(inputs)
+
+    threading.Thread(target=trace_tiny_linear, name="meta-trace-warm-up", daemon=True).start()
 
 
 def trace_problem(problem: Problem) -> dict[str, Trace]:
