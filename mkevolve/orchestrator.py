@@ -119,6 +119,7 @@ class Orchestrator:
             self.state.stop = ""              # another model or budget may change what stopped it early
         if not self._loop_done():
             self.verifier.start_candidate_processes()  # while it decomposes
+            self.verifier.prepare([self.problem_path])  # the end-to-end check's references and baseline
         if self.state.step is Step.STARTED:
             self._initial_decomposition()
         while not self._loop_done():
@@ -333,6 +334,9 @@ class Orchestrator:
             self.events.emit("budget", iteration=t, calls=self.state.budget)
         self._show_rows(decomposition)
         pending = [name for name in decomposition.names if name not in self.state.evolved]
+        folder = iteration_dir(self.run_dir, t)
+        self.verifier.prepare([folder / decomposition.subproblem(name).path for name in pending
+                               if self.state.budget.get(name, 0) > 0])     # while their first kernels are written
         with ThreadPoolExecutor(max_workers=self._search_lanes(len(pending))) as lanes:
             list(lanes.map(partial(self._evolve_one, t), pending))  # list(): a search's error is raised here
         if self._out_of_time():

@@ -190,6 +190,40 @@ def test_waiting_jobs_get_the_free_worker_by_priority_then_arrival(monkeypatch):
     assert started == ["first", "a1", "a2", "b", "c"]
 
 
+def test_a_closing_pool_ends_waiting_jobs_at_once_and_lets_the_running_one_finish(monkeypatch):
+    """refuse_new_jobs() before close(): a job waiting for the busy worker (a prepare job behind a check)
+    comes back NOT_STARTED without waiting, and so does one sent later; the running job completes."""
+    from mkevolve.workers.pool import JobFailure
+
+    pool = WorkerPool(size=1)
+    started, release, outcomes = [], threading.Event(), {}
+
+    class Worker:
+        def run(self, job):
+            started.append(job.kwargs["name"])
+            release.wait(10)
+            return JobOutcome(value=job.kwargs["name"])
+
+    monkeypatch.setattr(pool, "_healthy_worker", lambda slot: (Worker(), 0.0))
+
+    def send(name):
+        outcomes[name] = pool.run(Job("jobs:any", {"name": name}, priority=1 << 30))
+
+    running = threading.Thread(target=send, args=("running",))
+    running.start()
+    _until(lambda: started == ["running"])
+    waiting = threading.Thread(target=send, args=("waiting",))
+    waiting.start()
+    _until(lambda: len(pool._slots._waiting) == 1)
+    pool.refuse_new_jobs()
+    waiting.join(5)
+    assert not waiting.is_alive() and outcomes["waiting"].failure is JobFailure.NOT_STARTED
+    assert pool.run(Job("jobs:any", {"name": "later"})).failure is JobFailure.NOT_STARTED
+    release.set()
+    running.join(5)
+    assert outcomes["running"].value == "running" and started == ["running"]
+
+
 def test_a_closed_pool_leaves_no_log_folder_behind():
     pool = WorkerPool(size=1)
     assert pool.run(Job("os:getpid", {}, 60)).value > 0

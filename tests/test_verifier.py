@@ -125,6 +125,9 @@ class _RecordingExecutor:
         self.jobs += jobs
         return [JobOutcome(failure=JobFailure.NOT_STARTED, reason="start-by passed") for _ in jobs]
 
+    def refuse_new_jobs(self):
+        pass
+
     def close(self):
         pass
 
@@ -177,6 +180,9 @@ class _SlowStartingPool:
         self.ready.wait(30)
         self.asked += [job.fn.rpartition(":")[2] for job in jobs]
         return [JobOutcome(value="NVIDIA H200") for _ in jobs]
+
+    def refuse_new_jobs(self):
+        pass
 
     def close(self):
         self.closed_after = list(self.asked)
@@ -249,3 +255,65 @@ def test_a_model_that_returns_a_dict_is_checked_by_its_values(tmp_path):
         ok, wrong = verifier.check_kernels([(problem, honest), (problem, swapped)], timed=False)
     assert ok.status is Status.OK, ok.reason
     assert wrong.status is Status.INCORRECT and "output 0 mismatch" in wrong.reason
+
+
+def test_a_prepare_job_fills_the_reference_cache_before_any_check(tmp_path):
+    """prepare_problem computes every input set a check reads, with the reference's outputs, into the cache
+    that the checks then read; a problem that does not load is not an error here, only a reason."""
+    from dataclasses import replace
+
+    from mkevolve.problem import load_problem
+    from mkevolve.verify.correctness import KernelEvalRequest, prepare_problem
+    from mkevolve.verify.reference import reference_set
+
+    problem_path = CORPUS / "problems" / "elementwise.py"
+    request = KernelEvalRequest(problem_path=str(problem_path), solution_path=str(problem_path), trials=3,
+                                cache_dir=str(tmp_path))
+    prepared = prepare_problem(request)
+    assert prepared.error == "" and prepared.phases["reference"] > 0
+    reference = reference_set(tmp_path, load_problem(problem_path), 0, 0, False, torch.device("cpu"))
+    assert all(reference.outputs_file(f"trial{i}").exists() for i in range(3))
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('no model here')\n")
+    failed = prepare_problem(replace(request, problem_path=str(broken)))
+    assert "no model here" in failed.error
+
+
+class _PreparingExecutor(_RecordingExecutor):
+    """Answers a prepare job as a worker would, after `ready` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.ready = threading.Event()
+
+    def run_many(self, jobs):
+        from mkevolve.verify.correctness import Preparation
+
+        self.ready.wait(30)
+        self.jobs += jobs
+        return [JobOutcome(value=Preparation({"reference": 1.5, "baseline": 4.0}), wall_s=5.5) for _ in jobs]
+
+
+def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_a_gpu(tmp_path):
+    from mkevolve.events import EventLog
+    from mkevolve.verify.verifier import PREPARE_PRIORITY
+
+    events = EventLog()
+    verifier = Verifier(RunConfig(workers=2), events)
+    verifier.executor.close()
+    verifier.executor = executor = _PreparingExecutor()
+    verifier._device_name = "cpu"
+    verifier.prepare([tmp_path / "a.py"])
+    verifier._device_name = "NVIDIA H200"
+    started = time.monotonic()
+    verifier.prepare([tmp_path / "b.py", tmp_path / "c.py"])
+    assert time.monotonic() - started < 5 and executor.jobs == []     # returned before any job ran
+    executor.ready.set()
+    verifier.close()                                                  # waits for the jobs sent
+    assert [job.kwargs["request"].problem_path for job in executor.jobs] == [
+        str((tmp_path / name).resolve()) for name in ("b.py", "c.py")]
+    assert {job.priority for job in executor.jobs} == {PREPARE_PRIORITY}
+    assert all(job.fn == "mkevolve.verify.correctness:prepare_problem" for job in executor.jobs)
+    prepared = events.of_kind("prepared")
+    assert [e["problem"] for e in prepared] == [str(tmp_path / "b.py"), str(tmp_path / "c.py")]
+    assert prepared[0]["phases"] == {"reference": 1.5, "baseline": 4.0} and prepared[0]["error"] == ""

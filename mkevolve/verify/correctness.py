@@ -119,26 +119,11 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
 def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     """References first (trusted, cached), then the candidate in its own process, then the verdict here."""
     timed = request.timed and device().type == "cuda"
-    root = cache_root(request.cache_dir)
-    references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
-                  for i in range(len(problem.configs))]
+    references = _references(problem, request)
     with ExitStack() as held:                  # no eviction takes a reference file until the verdict and timing
         for reference in references:
             held.enter_context(reference.in_use())
-        with _phase(errors, "reference"):
-            timed_configs = _configs_to_time(references, request.trials) if timed else []
-            plans = [plan_calls(request.trials, index in timed_configs, device().type == "cuda",
-                                random.Random(secrets.randbits(64)), prefix=f"config{index}_")
-                     for index in range(len(problem.configs))]
-            for reference, plan in zip(references, plans):
-                reference.ensure(plan.set_names())
-                plan.keep_state(reference.mutated_buffers())
-        with _phase(errors, "baseline"):
-            # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
-            # from a thread of its own while its harness times), and a baseline timed beside it would be
-            # slowed, its own speedup raised. Every job of a subproblem gets the baseline here first, the
-            # first measuring it under the key's lock, so none of its candidates runs while it is timed.
-            baselines = [_baseline(problem, references[index], request) for index in timed_configs]
+        plans, timed_configs, baselines = _references_and_baselines(problem, request, references, errors)
         with scratch_folder("mkevolve-candidate-") as scratch:
             with _phase(errors, "candidate"):
                 report = run_candidate_process(request, references, plans, Path(scratch), device())
@@ -148,6 +133,64 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
         if result.passed and timed:
             _add_timing(references, report, result, timed_configs, baselines)
     return result
+
+
+def _references(problem: Problem, request: KernelEvalRequest) -> list[ReferenceSet]:
+    root = cache_root(request.cache_dir)
+    return [reference_set(root, problem, i, request.seed, request.eval_mode, device())
+            for i in range(len(problem.configs))]
+
+
+def _references_and_baselines(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
+                              errors: _Errors) -> tuple[list[CallPlan], list[int], list[Timing]]:
+    """Each config's plan of calls, with every input set it reads and the reference's outputs on it; which
+    configs are timed, and torch.compile's time on each: computed here or read from the caches."""
+    timed = request.timed and device().type == "cuda"
+    with _phase(errors, "reference"):
+        timed_configs = _configs_to_time(references, request.trials) if timed else []
+        plans = [plan_calls(request.trials, index in timed_configs, device().type == "cuda",
+                            random.Random(secrets.randbits(64)), prefix=f"config{index}_")
+                 for index in range(len(problem.configs))]
+        for reference, plan in zip(references, plans):
+            reference.ensure(plan.set_names())
+            plan.keep_state(reference.mutated_buffers())
+    with _phase(errors, "baseline"):
+        # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
+        # from a thread of its own while its harness times), and a baseline timed beside it would be
+        # slowed, its own speedup raised. Every job of a subproblem gets the baseline here first, the
+        # first measuring it under the key's lock, so none of its candidates runs while it is timed.
+        baselines = [_baseline(problem, references[index], request) for index in timed_configs]
+    return plans, timed_configs, baselines
+
+
+@dataclass
+class Preparation:
+    """What a prepare job did: seconds per phase, and why it stopped early ("" when it did not)."""
+
+    phases: dict[str, float]
+    error: str = ""
+
+
+def prepare_problem(request: KernelEvalRequest) -> Preparation:
+    """Worker job, before the checks of a problem come: its reference sets and torch.compile baselines
+    computed into their caches, where each check reads them instead of computing them on its own path.
+    Nothing here decides a verdict: a problem that fails to load or a reference that does not fit on disk is
+    met again, and reported, by the first check."""
+    fp32_strict()
+    errors = _Errors()
+    try:
+        with _phase(errors, "load"):
+            problem = _load_checked_problem(request)
+        references = _references(problem, request)
+        with ExitStack() as held:
+            for reference in references:
+                held.enter_context(reference.in_use())
+            _references_and_baselines(problem, request, references, errors)
+    except Rejected as stop:
+        return Preparation(errors.phases, stop.reason)
+    except ReferenceSpaceError as err:
+        return Preparation(errors.phases, str(err))
+    return Preparation(errors.phases)
 
 
 def _configs_to_time(references: list[ReferenceSet], trials: int) -> list[int]:

@@ -19,10 +19,14 @@ from mkevolve.problem import ProblemError, read_source
 from mkevolve.codebase import KERNELS_DIR, LOADER, SOLUTION_FILE, SOLUTION_LOADER, packed_sections
 from mkevolve.verify.cheating import Rule, headline, static_violations
 from mkevolve.verify.decomposition.static import top_level_violations
-from mkevolve.verify.correctness import KernelEvalRequest, tolerance_text
+from mkevolve.verify.correctness import KernelEvalRequest, Preparation, tolerance_text
 from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
 from mkevolve.workers.pool import Job, JobFailure, JobOutcome
+
+# A prepare job's place among jobs waiting for a worker: behind every check (their priorities are counts of
+# candidates, far below this), so it only ever takes a worker that nothing else is waiting for.
+PREPARE_PRIORITY = 1 << 30
 
 
 class Verifier:
@@ -35,19 +39,22 @@ class Verifier:
         self.baseline_cache_dir = baseline_cache_dir
         self.executor = make_executor(config.executor, config.workers)
         self._device_name: str | None = None
+        self._device_lock = threading.Lock()      # the background threads ask for the device at the same time
         self.clock = BusyClock()  # shared with the LLM client by a run, to measure its own overhead
         # time.time() after which a candidate check still waiting for a worker is not started (a run's
         # --time-budget); end-to-end checks of composed solutions always run
         self.candidates_start_by: float | None = None
         self._warming: threading.Thread | None = None    # start_candidate_processes, while it runs
+        self._preparing: list[threading.Thread] = []      # prepare(), one thread per call
 
     @property
     def device_name(self) -> str:
         """The device evaluations run on: "cpu" or the GPU's name, asked of a worker (no CUDA context here)."""
-        if self._device_name is None:
-            outcome = self.run_jobs([Job("mkevolve.verify.correctness:device_name",
-                                         timeout=self.config.timeout)])[0]
-            self._device_name = outcome.value if outcome.ok else "unknown"
+        with self._device_lock:
+            if self._device_name is None:
+                outcome = self.run_jobs([Job("mkevolve.verify.correctness:device_name",
+                                             timeout=self.config.timeout)])[0]
+                self._device_name = outcome.value if outcome.ok else "unknown"
         return self._device_name
 
     @property
@@ -67,6 +74,29 @@ class Verifier:
         if self.on_gpu:
             self.run_jobs([Job("mkevolve.verify.candidate_run:start_zygote_early", timeout=self.config.timeout)
                            for _ in range(self.executor.size)])
+
+    def prepare(self, problem_paths: list[Path]) -> None:
+        """In the background, on a GPU: each problem's reference sets and torch.compile baselines computed into
+        their caches by a worker that no check is waiting for, so that the first checks of the problem find them
+        there. The end-to-end check's baseline (an Inductor compile of the whole problem, 5 to 60 s) is made
+        while the subproblems evolve, and a subproblem's while its first kernels are written."""
+        thread = threading.Thread(target=self._prepare, args=(list(problem_paths),), name="prepare", daemon=True)
+        self._preparing.append(thread)
+        thread.start()
+
+    def _prepare(self, problem_paths: list[Path]) -> None:
+        if not self.on_gpu:  # references alone on a CPU: the first check computes them at the same cost
+            return
+        jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
+                    timeout=2 * self.config.timeout + 60, start_by=self.candidates_start_by,
+                    priority=PREPARE_PRIORITY) for path in problem_paths]
+        for path, outcome in zip(problem_paths, self.executor.run_many(jobs)):
+            if outcome.failure is JobFailure.NOT_STARTED:
+                continue
+            prepared = outcome.value if outcome.ok else Preparation({}, outcome.reason)
+            self.events.emit("prepared", problem=str(path), wall_s=round(outcome.wall_s, 3),
+                             phases={name: round(seconds, 3) for name, seconds in prepared.phases.items()},
+                             error=prepared.error)
 
     def static_check(self, source: str, filename: str) -> EvalResult | None:
         """A CHEATING result from the AST rules, or None when the source breaks none of them."""
@@ -152,7 +182,15 @@ class Verifier:
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
                     start_by: float | None = None, priority: int = 0) -> Job:
-        request = KernelEvalRequest(
+        request = self._request(problem_path, solution_path, timed, trusted_files, code_files)
+        # The candidate process gets the configured limit; the trusted worker around it, room for the
+        # references and the baseline on top.
+        return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
+                   timeout=2 * self.config.timeout + 60, start_by=start_by, priority=priority)
+
+    def _request(self, problem_path: Path, solution_path: Path, timed: bool,
+                 trusted_files: list[str] | None = None, code_files: list[str] | None = None) -> KernelEvalRequest:
+        return KernelEvalRequest(
             problem_path=str(Path(problem_path).resolve()),
             solution_path=str(Path(solution_path).resolve()),
             trials=self.config.trials, seed=self.config.seed, eval_mode=self.config.eval_mode,
@@ -161,14 +199,14 @@ class Verifier:
             timeout_s=self.config.timeout, memory_limit_gb=self.config.memory_limit_gb,
             atol=self.config.atol, rtol=self.config.rtol,
         )
-        # The candidate process gets the configured limit; the trusted worker around it, room for the
-        # references and the baseline on top.
-        return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=2 * self.config.timeout + 60, start_by=start_by, priority=priority)
 
     def close(self) -> None:
-        if self._warming is not None:
-            self._warming.join()     # no worker may start after the pool has stopped them all
+        # No worker may start after the pool has stopped them all: jobs still waiting end at once, and the
+        # threads that sent them finish before the workers are stopped (a running job first completes).
+        self.executor.refuse_new_jobs()
+        for thread in [self._warming, *self._preparing]:
+            if thread is not None:
+                thread.join()
         self.executor.close()
 
     def __enter__(self) -> "Verifier":

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Protocol
 
-from mkevolve.workers.pool import Job, JobOutcome, WorkerPool
+from mkevolve.workers.pool import Job, JobFailure, JobOutcome, WorkerPool
 
 
 class Executor(Protocol):
@@ -16,6 +16,8 @@ class Executor(Protocol):
     def run(self, job: Job) -> JobOutcome: ...
 
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]: ...
+
+    def refuse_new_jobs(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -54,6 +56,9 @@ class LocalExecutor:
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
         return self.pool.run_many(jobs)
 
+    def refuse_new_jobs(self) -> None:
+        self.pool.refuse_new_jobs()
+
     def close(self) -> None:
         self.pool.close()
 
@@ -75,13 +80,19 @@ class RayExecutor:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         self._ray = ray
         self._task = ray.remote(num_gpus=1 if gpus else 0)(_ray_job)
+        self._refusing = False
         self.size = max(1, gpus or int(ray.cluster_resources().get("CPU", 1)))
 
     def run(self, job: Job) -> JobOutcome:
         return self.run_many([job])[0]
 
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
+        if self._refusing:
+            return [JobOutcome(failure=JobFailure.NOT_STARTED, reason="the run is closing") for _ in jobs]
         return self._ray.get([self._task.remote(job) for job in jobs])
+
+    def refuse_new_jobs(self) -> None:
+        self._refusing = True
 
     def close(self) -> None:
         """The cluster outlives a run; nothing to release here."""

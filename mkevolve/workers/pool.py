@@ -226,13 +226,19 @@ class _Slots:
         self._waiting: list[tuple[int, int]] = []      # heap of (priority, arrival)
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
+        self._refusing = False
 
-    def take(self, priority: int) -> int:
+    def take(self, priority: int) -> int | None:
+        """A free slot, when this job's turn comes; None once refuse() was called."""
         with self._changed:
             ticket = (priority, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
-            while not (self._free and self._waiting[0] == ticket):
+            while not self._refusing and not (self._free and self._waiting[0] == ticket):
                 self._changed.wait()
+            if self._refusing:
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                return None
             heapq.heappop(self._waiting)
             slot = self._free.pop(0)         # the longest free first, as a queue would
             self._changed.notify_all()      # the next in line may find another slot free
@@ -241,6 +247,11 @@ class _Slots:
     def give_back(self, slot: int) -> None:
         with self._changed:
             self._free.append(slot)
+            self._changed.notify_all()
+
+    def refuse(self) -> None:
+        with self._changed:
+            self._refusing = True
             self._changed.notify_all()
 
 
@@ -261,6 +272,8 @@ class WorkerPool:
 
     def run(self, job: Job) -> JobOutcome:
         slot = self._slots.take(job.priority)
+        if slot is None:
+            return JobOutcome(failure=JobFailure.NOT_STARTED, reason="the worker pool is closing")
         try:
             if job.start_by is not None and time.time() >= job.start_by:
                 return JobOutcome(failure=JobFailure.NOT_STARTED,
@@ -302,6 +315,11 @@ class WorkerPool:
 
     def device_of(self, slot: int) -> int | None:
         return self.gpus[slot % len(self.gpus)] if self.gpus else None
+
+    def refuse_new_jobs(self) -> None:
+        """Jobs waiting for a worker, and any submitted later, end NOT_STARTED; running jobs go on. Before
+        close(), so that no job waiting in another thread starts a worker after close() stopped them all."""
+        self._slots.refuse()
 
     def close(self) -> None:
         """Stop every worker and remove the pool's log folder (each worker's kill removed its own log)."""
