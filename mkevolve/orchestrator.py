@@ -39,6 +39,9 @@ from mkevolve.verify.result import EvalResult, Status, not_started_cause
 from mkevolve.workers.pool import Job
 
 SPLIT_REASONS = 3  # failed candidates whose verdicts the Split prompt quotes, per subproblem
+# Seconds a subproblem's prepare job waits before it asks for a worker: the builtin agent's first kernels come
+# within 0.1 s of the decomposition, and their checks should have the workers; a model's take seconds or more.
+PREPARE_GRACE_S = 2.0
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Orchestrator:
         if judge is not None:
             judge.client.clock = verifier.clock
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
+        self._end_to_end_prepared = False
         # --time-budget: past this moment (time.monotonic()) no kernel is asked for and no iteration starts
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
         if self.deadline is not None:  # and checks still queued for a worker then are not started
@@ -119,7 +123,7 @@ class Orchestrator:
             self.state.stop = ""              # another model or budget may change what stopped it early
         if not self._loop_done():
             self.verifier.start_candidate_processes()  # while it decomposes
-            self.verifier.prepare([self.problem_path])  # the end-to-end check's references and baseline
+            self._prepare_end_to_end(at_start=True)
         if self.state.step is Step.STARTED:
             self._initial_decomposition()
         while not self._loop_done():
@@ -336,7 +340,8 @@ class Orchestrator:
         pending = [name for name in decomposition.names if name not in self.state.evolved]
         folder = iteration_dir(self.run_dir, t)
         self.verifier.prepare([folder / decomposition.subproblem(name).path for name in pending
-                               if self.state.budget.get(name, 0) > 0])     # while their first kernels are written
+                               if self.state.budget.get(name, 0) > 0], grace_s=PREPARE_GRACE_S)
+        self._prepare_end_to_end(at_start=False)
         with ThreadPoolExecutor(max_workers=self._search_lanes(len(pending))) as lanes:
             list(lanes.map(partial(self._evolve_one, t), pending))  # list(): a search's error is raised here
         if self._out_of_time():
@@ -344,6 +349,14 @@ class Orchestrator:
             self.display.log(f"iteration {t}: the time budget of {self.config.time_budget:g} s is spent: "
                              "searches asked for no further batch")
         self._checkpoint(Step.EVOLVED)
+
+    def _prepare_end_to_end(self, at_start: bool) -> None:
+        """The end-to-end check's references and baseline, made ahead once per run: at the start when a worker
+        is to spare beside the decomposition's check, else behind the first subproblems' checks."""
+        if self._end_to_end_prepared or at_start != (self.verifier.executor.size > 1):
+            return
+        self._end_to_end_prepared = True
+        self.verifier.prepare([self.problem_path], grace_s=0.0 if at_start else PREPARE_GRACE_S)
 
     def _search_lanes(self, pending: int) -> int:
         """How many subproblems evolve at once. Their searches are independent (each spends its own budget),

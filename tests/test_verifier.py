@@ -317,3 +317,17 @@ def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_
     prepared = events.of_kind("prepared")
     assert [e["problem"] for e in prepared] == [str(tmp_path / "b.py"), str(tmp_path / "c.py")]
     assert prepared[0]["phases"] == {"reference": 1.5, "baseline": 4.0} and prepared[0]["error"] == ""
+
+
+def test_a_prepare_in_its_grace_period_sends_nothing_once_the_run_closes(tmp_path):
+    """prepare(grace_s=...) waits before it asks for a worker, so that checks sent at the same moment go first;
+    a run that closes meanwhile neither waits for the grace period nor sends the jobs."""
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = executor = _PreparingExecutor()
+    executor.ready.set()
+    verifier._device_name = "NVIDIA H200"
+    verifier.prepare([tmp_path / "a.py"], grace_s=60.0)
+    started = time.monotonic()
+    verifier.close()
+    assert time.monotonic() - started < 5 and executor.jobs == []

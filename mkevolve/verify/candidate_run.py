@@ -296,12 +296,16 @@ def start_zygote_early() -> None:
     """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
     decomposing, so the first candidate does not wait for the zygote's imports and its standby child's
     CUDA context (10 s on the H200). A zygote that fails to start here is started again, and the failure
-    reported, by the first candidate that needs it."""
+    reported, by the first candidate that needs it. Then the worker's own CUDA context and cuBLAS handle,
+    which its first reference or decomposition check would open."""
     def start() -> None:
         try:
             _running_zygote()
         except ZygoteError:
             pass  # reported by start_candidate, which tries again
+        if torch.cuda.is_available():
+            ones = torch.ones(8, 8, device="cuda")
+            (ones @ ones).sum().item()
 
     threading.Thread(target=start, name="zygote-start", daemon=True).start()
 

@@ -46,6 +46,7 @@ class Verifier:
         self.candidates_start_by: float | None = None
         self._warming: threading.Thread | None = None    # start_candidate_processes, while it runs
         self._preparing: list[threading.Thread] = []      # prepare(), one thread per call
+        self._closing = threading.Event()                  # close() was called
 
     @property
     def device_name(self) -> str:
@@ -75,18 +76,23 @@ class Verifier:
             self.run_jobs([Job("mkevolve.verify.candidate_run:start_zygote_early", timeout=self.config.timeout)
                            for _ in range(self.executor.size)])
 
-    def prepare(self, problem_paths: list[Path]) -> None:
+    def prepare(self, problem_paths: list[Path], grace_s: float = 0.0) -> None:
         """In the background, on a GPU: each problem's reference sets and torch.compile baselines computed into
         their caches by a worker that no check is waiting for, so that the first checks of the problem find them
         there. The end-to-end check's baseline (an Inductor compile of the whole problem, 5 to 60 s) is made
-        while the subproblems evolve, and a subproblem's while its first kernels are written."""
-        thread = threading.Thread(target=self._prepare, args=(list(problem_paths),), name="prepare", daemon=True)
+        while the subproblems evolve, and a subproblem's while its first kernels are written.
+
+        A job that has started keeps its worker to the end, so the jobs ask for workers only after `grace_s`
+        seconds: checks sent at the same moment (by an agent that answers at once) are served first, and those
+        checks compute what they need themselves."""
+        thread = threading.Thread(target=self._prepare, args=(list(problem_paths), grace_s), name="prepare",
+                                  daemon=True)
         self._preparing.append(thread)
         thread.start()
 
-    def _prepare(self, problem_paths: list[Path]) -> None:
-        if not self.on_gpu:  # references alone on a CPU: the first check computes them at the same cost
-            return
+    def _prepare(self, problem_paths: list[Path], grace_s: float) -> None:
+        if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
+            return                                             # at the same cost
         jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
                     timeout=2 * self.config.timeout + 60, start_by=self.candidates_start_by,
                     priority=PREPARE_PRIORITY) for path in problem_paths]
@@ -203,6 +209,7 @@ class Verifier:
     def close(self) -> None:
         # No worker may start after the pool has stopped them all: jobs still waiting end at once, and the
         # threads that sent them finish before the workers are stopped (a running job first completes).
+        self._closing.set()
         self.executor.refuse_new_jobs()
         for thread in [self._warming, *self._preparing]:
             if thread is not None:
