@@ -15,6 +15,11 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
                                                                         gpu_wait is the wait for the GPU
                                                                         lock before the trials and timed
                                                                         calls, which hold it alone
+    candidate.spawn, candidate.exit                                     around the harness, seen from the
+                                                                        worker: until the harness began
+                                                                        (the zygote's standby child, its
+                                                                        fork), and after its report until
+                                                                        the process had ended
     judge.accounting, judge.read, judge.compare                         part of `judge`: what ran on the
                                                                         GPU, reading and hashing the saved
                                                                         outputs, comparing them
@@ -25,8 +30,8 @@ time. Two rows are derived, not measured:
 
     waiting                 wall_s minus the top-level phases: queueing for a worker, and the transfer
                             of the job and its verdict
-    candidate.unaccounted   candidate minus its sub-phases: starting the candidate process and moving
-                            tensors in and out of it
+    candidate.unaccounted   candidate minus its sub-phases: moving tensors in and out of the process,
+                            and (for a verdict without spawn and exit) starting and ending it
 
 A verdict event without `wall_s` or `phases` (a run written before they existed) is counted as
 unprofiled and left out of every row, so the shares stay shares of the same wall time.
@@ -48,9 +53,10 @@ from mkevolve.event_records import EventFieldError, VerdictEvent, of_type, parse
 from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
-PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "candidate.setup",
+PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "candidate.spawn", "candidate.setup",
                "candidate.import", "candidate.build", "candidate.first_call", "candidate.gpu_wait",
-               "candidate.other_calls", "candidate.profiler_stop", "candidate.save", "candidate.unaccounted",
+               "candidate.other_calls", "candidate.profiler_stop", "candidate.save", "candidate.exit",
+               "candidate.unaccounted",
                "judge", "judge.accounting", "judge.read", "judge.compare", "waiting")
 WAITING = "waiting"
 CANDIDATE = "candidate"

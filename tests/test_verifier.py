@@ -48,6 +48,9 @@ def test_honest_kernels_pass(verifier):
         assert result.launches >= 1
         assert (result.speedup is not None) == ON_GPU  # without a GPU the speed is unknown, never invented
         assert result.max_abs_err is not None and result.max_abs_err <= 1e-4
+        # the process's start and end around the harness, measured from the worker
+        assert {"candidate.spawn", "candidate.exit"} <= set(result.phases)
+        assert result.phases["candidate.spawn"] + result.phases["candidate.exit"] <= result.phases["candidate"]
 
 
 @pytest.mark.parametrize("name, status, fragment", [
@@ -331,3 +334,22 @@ def test_a_prepare_in_its_grace_period_sends_nothing_once_the_run_closes(tmp_pat
     started = time.monotonic()
     verifier.close()
     assert time.monotonic() - started < 5 and executor.jobs == []
+
+
+def test_the_harness_clock_only_profiles_and_is_clamped_to_the_process():
+    from mkevolve.verify.candidate_run import CandidateReport, _clock
+
+    def report(clock):
+        return CandidateReport([], None, [], 1, [], [], {}, clock=clock)
+
+    honest = report((101.0, 104.5))
+    honest.add_process_phases(called_at=100.0, ended_at=105.0)
+    assert honest.phases == {"spawn": 1.0, "exit": 0.5}
+    forged = report((-1e9, 1e9))     # a candidate's code could change the values: they stay within the process
+    forged.add_process_phases(called_at=100.0, ended_at=105.0)
+    assert forged.phases == {"spawn": 0.0, "exit": 0.0}
+    absent = report(None)
+    absent.add_process_phases(called_at=100.0, ended_at=105.0)
+    assert absent.phases == {}
+    assert _clock([1.0, 2.0]) == (1.0, 2.0)
+    assert _clock(["1", 2.0]) is None and _clock([1.0]) is None and _clock({"a": 1}) is None

@@ -15,6 +15,7 @@ import random
 import secrets
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +129,20 @@ class CandidateReport:
     outputs: dict[str, dict]
     skipped: list[list[int]] = field(default_factory=list)   # per config: positions of calls left out
     phases: dict[str, float] = field(default_factory=dict)   # seconds inside the candidate process
+    clock: tuple[float, float] | None = None   # time.time() as the harness began and as it wrote this report
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
     launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
     _verified: dict[str, bytearray | None] | None = field(default=None, repr=False)
+
+    def add_process_phases(self, called_at: float, ended_at: float) -> None:
+        """The seconds around the harness, seen from the trusted side: "spawn", from the request until the
+        harness began (the zygote's standby child, its fork); "exit", from the report until the process had
+        ended. Each is clamped to the time the whole process took."""
+        if self.clock is None:
+            return
+        whole = max(0.0, ended_at - called_at)
+        self.phases["spawn"] = min(whole, max(0.0, self.clock[0] - called_at))
+        self.phases["exit"] = min(whole, max(0.0, ended_at - self.clock[1]))
 
     def output(self, name: str, scratch: Path, device: torch.device) -> list:
         """A kept output, after checking it is the very file the harness wrote."""
@@ -195,9 +207,17 @@ def parse_report(body: dict) -> CandidateReport:
             skipped=[[int(position) for position in config] for config in body["skipped"]],
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
             launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
+            clock=_clock(body.get("clock")),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise _forged(f"the report's fields do not parse ({type(err).__name__})") from None
+
+
+def _clock(reported: object) -> tuple[float, float] | None:
+    """The harness's two timestamps, for the profile only (the candidate's code ran in that process)."""
+    if isinstance(reported, list) and len(reported) == 2 and all(type(t) is float for t in reported):
+        return reported[0], reported[1]
+    return None
 
 
 # ---- running the process -----------------------------------------------------------------------------------
@@ -248,7 +268,9 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
                                   for c in plan.calls])
                  for ref, plan in zip(references, plans)],
     )
+    called_at = time.time()
     ended = start_candidate(_HARNESS_ENTRY, candidate, scratch, request.timeout_s, request.memory_limit_gb * 1024)
+    ended_at = time.time()
     if ended.timed_out:
         raise Rejected(Status.TIMEOUT, f"no result within the {request.timeout_s:g} s time limit; "
                        "candidate process killed")
@@ -264,6 +286,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
                        f"{log_tail(scratch / _LOG_FILE)}")
     report = parse_report(read_signed_report(scratch, key))
     report.peak_rss_mb = ended.peak_rss_mb
+    report.add_process_phases(called_at, ended_at)
     if device.type == "cuda":
         triton_warm.learn(report.launcher_signatures, _warm_dir())
     return report

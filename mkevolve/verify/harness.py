@@ -44,6 +44,7 @@ REPORT_FILE = "report.json"
 _FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (60 MB on an H200)
 # Everything the harness calls after the candidate is imported, bound before (see the docstring).
 _perf_counter = time.perf_counter
+_wall_clock = time.time            # the process's start and exit as the trusted side profiles them
 _Tensor = torch.Tensor
 _TensorBase = torch._C.TensorBase          # an immutable type: its methods cannot be replaced
 _clone, _detach, _cpu, _zero_ = _TensorBase.clone, _TensorBase.detach, _TensorBase.cpu, _TensorBase.zero_
@@ -151,6 +152,7 @@ def standby() -> Standby:
 
 
 def run_candidate(payload: str, prepared: Standby | None = None) -> int:
+    started_at = _wall_clock()
     request = CandidateRequest.from_json(payload)
     key = bytes.fromhex(request.key)
     request.key = ""
@@ -182,6 +184,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()
     report["launcher_signatures"] = list(launchers)
+    report["clock"] = [started_at, _wall_clock()]
     write_report(request, report, key)
     return 0
 
