@@ -176,3 +176,42 @@ def test_checks_run_in_a_worker_and_a_dead_worker_is_a_failed_check():
     timed_out = report_from_outcome(JobOutcome(failure=JobFailure.TIMEOUT, reason="no result within 1 s"))
     assert not timed_out.passed
     assert timed_out.reasons() == ["equivalence: the checks did not finish: no result within 1 s"]
+
+
+STATEFUL_SUBPROBLEM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.scale * self.calls
+
+
+def get_inputs():
+    return [torch.randn(2, 8)]
+
+
+def get_init_inputs():
+    return [8]
+'''
+
+
+def test_a_subproblem_whose_second_call_differs_fails_standalone(tmp_path):
+    """Built once and called twice on the same inputs, as the verifier's reference is: a forward that keeps
+    state between calls cannot be the reference of a kernel."""
+    from mkevolve.problem import load_problem
+    from mkevolve.verify.decomposition.worker import _Run
+
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL_SUBPROBLEM)
+    run = _Run(PROBLEM, tmp_path, seed=0, trials=2, eval_mode=False)
+    reason = run._run_standalone(load_problem(path))
+    assert reason is not None and "two calls on the same inputs differ" in reason
+    path.write_text(STATEFUL_SUBPROBLEM.replace("self.calls += 1", "pass"))
+    assert run._run_standalone(load_problem(path)) is None

@@ -353,3 +353,26 @@ def test_the_harness_clock_only_profiles_and_is_clamped_to_the_process():
     assert absent.phases == {}
     assert _clock([1.0, 2.0]) == (1.0, 2.0)
     assert _clock(["1", 2.0]) is None and _clock([1.0]) is None and _clock({"a": 1}) is None
+
+
+def test_the_reference_determinism_check_runs_once_per_machine(tmp_path, monkeypatch):
+    """Another worker (a fresh process: nothing remembered in memory) finds the mark the first one left in the
+    reference cache and does not build and run the model twice again; another seed is checked anew."""
+    from dataclasses import replace
+
+    from mkevolve.verify import correctness
+
+    problem_path = CORPUS / "problems" / "elementwise.py"
+    request = correctness.KernelEvalRequest(problem_path=str(problem_path), solution_path=str(problem_path),
+                                            trials=2, cache_dir=str(tmp_path))
+    checked = []
+    original = correctness.check_reference
+    monkeypatch.setattr(correctness, "check_reference", lambda *a, **k: checked.append(a) or original(*a, **k))
+    monkeypatch.setattr(correctness, "_checked_references", set())
+    correctness._load_checked_problem(request)
+    monkeypatch.setattr(correctness, "_checked_references", set())      # as in another worker process
+    correctness._load_checked_problem(request)
+    assert len(checked) == 1 and any((tmp_path / "deterministic").iterdir())
+    monkeypatch.setattr(correctness, "_checked_references", set())
+    correctness._load_checked_problem(replace(request, seed=7))
+    assert len(checked) == 2
