@@ -3,7 +3,6 @@ held by ModelNew's buffers after the first call and after the last, whatever Mod
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,12 @@ from mkevolve.verify.reference import reference_set
 from mkevolve.verify.result import Status
 from mkevolve.verify.verifier import Verifier
 
+from test_cheating import corpus_constants
+
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BATCH_NORM = CORPUS / "problems" / "batch_norm.py"
 HONEST = CORPUS / "honest" / "batch_norm.py"
 CHEATS = sorted((CORPUS / "cheats").glob("module_state_*.py"))
-
-
-def expected_rule(path: Path) -> str:
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "EXPECTED_RULE":
-            return node.value.value
-    raise AssertionError(f"{path} has no EXPECTED_RULE")
 
 
 # ---- matching by value ---------------------------------------------------------------------------------------
@@ -124,7 +118,7 @@ def test_honest_batch_norm_passes_in_training_and_in_eval_mode(verdicts):
 def test_the_corpus_has_a_cheat_for_each_way_of_leaving_the_state_behind():
     assert {p.stem for p in CHEATS} == {"module_state_running_stats_skipped", "module_state_first_call_only",
                                         "module_state_unregistered_copy"}
-    assert {expected_rule(p) for p in CHEATS} == {Rule.MODULE_STATE.value}
+    assert {corpus_constants(p)["EXPECTED_RULE"] for p in CHEATS} == {Rule.MODULE_STATE.value}
 
 
 @pytest.mark.slow
