@@ -3,9 +3,9 @@
 A region is a submodule timed around its real calls inside a full forward pass. Its share of the model's time
 gives an Amdahl ceiling, 1 / (1 - share): the end-to-end speedup if the region took no time at all, so the most
 that any kernel for it can give. The top regions are written as KernelBench-form problem files that build the
-region again from its init arguments (fresh weights; `mkevolve integrate` puts the model's own back) and call it
-as the model did, at the shapes it saw. Each file is checked before it is written: with the region's weights
-loaded, it must reproduce the region's output.
+region again from its init arguments, or from its parts (fresh weights; `mkevolve integrate` puts the model's
+own back), and call it as the model did, at the shapes it saw. Each file is checked before it is written: with
+the region's weights loaded, it must reproduce the region's output.
 """
 
 from __future__ import annotations
@@ -295,6 +295,10 @@ class _Unsupported(Exception):
     pass
 
 
+class _MissingArgument(_Unsupported):
+    """An init argument the module does not keep: it may still be assembled from its parts."""
+
+
 def _arg_spec(value: Any) -> ArgSpec:
     if isinstance(value, torch.Tensor):
         spec = ArgSpec(kind="tensor", shape=list(value.shape), dtype=str(value.dtype))
@@ -380,8 +384,8 @@ def _overlaps(path: str, others: list[str]) -> bool:
 _PROBLEM_TEMPLATE = '''"""Region `{path}` ({type}) of {model}, captured by `mkevolve capture` at its real shapes.
 
 {share:.1%} of the model's time on {device} ({timer}); Amdahl ceiling {ceiling}: the end-to-end speedup if
-this region took no time. Model builds the region from its init arguments, with fresh weights; `mkevolve
-integrate` puts the model's own weights into the solution.{eval_note}
+this region took no time. Model builds the region from its init arguments (or from its parts), with fresh
+weights; `mkevolve integrate` puts the model's own weights into the solution.{eval_note}
 """
 
 import torch
@@ -432,6 +436,7 @@ class Rebuild:
     expression: str = ""
     imports: set[str] = field(default_factory=set)
     copied: set[str] = field(default_factory=set)   # classes of MODEL.py, whose definitions are copied
+    assembled: bool = False                          # uses _ASSEMBLED (a module built from its parts)
 
 
 # Names the problem file defines itself; a region class by one of these names would shadow it.
@@ -441,13 +446,60 @@ _TEMPLATE_NAMES = frozenset({"Model", "torch", "nn", "get_inputs", "get_init_inp
 def rebuild(module: nn.Module, model_module: ModuleType) -> Rebuild:
     """How to construct `module` again from its init signature: each parameter read from the attribute of
     the same name (torch.nn layers keep theirs), a module argument rebuilt the same way, a parameter the
-    module does not keep left at its default. Raises _Unsupported when a required one is not kept."""
+    module does not keep left at its default. A module that needs an argument it does not keep (torchvision's
+    BasicBlock keeps no `inplanes`) is assembled from its parts instead (`_assemble`). Raises _Unsupported
+    when neither can be done."""
     found = Rebuild()
     found.expression = _construct(module, model_module, found)
     return found
 
 
+# The helper a problem file gets when it assembles a module from its parts.
+_ASSEMBLED = '''def _assembled(cls, parts, attributes):
+    """A `cls` whose own __init__ needs arguments the captured module did not keep: nn.Module's __init__,
+    then its parts (built in the order the module registered them) and its plain attributes, as it held them."""
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    for name, part in parts:
+        setattr(module, name, part)
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    return module
+'''
+
+
 def _construct(module: nn.Module, model_module: ModuleType, found: Rebuild) -> str:
+    if type(module) in (nn.Sequential, nn.ModuleList):   # their init takes the parts themselves
+        parts = ", ".join(_construct(part, model_module, found) for part in module.children())
+        return f"nn.Sequential({parts})" if type(module) is nn.Sequential else f"nn.ModuleList([{parts}])"
+    try:
+        return _construct_from_signature(module, model_module, found)
+    except _MissingArgument:
+        return _assemble(module, model_module, found)
+
+
+def _assemble(module: nn.Module, model_module: ModuleType, found: Rebuild) -> str:
+    """`_assembled(Class, [(name, part), ...], {attribute: value})`: every part rebuilt, every plain attribute a
+    literal. Tensors the module holds itself (not in a part) would need values of their own: unsupported."""
+    cls = type(module)
+    if any(t is not None for t in (*module._parameters.values(), *module._buffers.values())):
+        raise _Unsupported(f"{cls.__name__} keeps neither its init arguments nor only parts: it holds "
+                           "parameters or buffers of its own")
+    parts = [f"({name!r}, {'None' if part is None else _construct(part, model_module, found)})"
+             for name, part in module._modules.items()]
+    attributes = {}
+    for name, value in vars(module).items():
+        if name.startswith("_") or name == "training":
+            continue
+        if not _is_literal(value):
+            raise _Unsupported(f"{cls.__name__} keeps neither its init arguments nor only literals and parts: "
+                               f"its attribute {name!r} is a {type(value).__name__}")
+        attributes[name] = value
+    found.assembled = True
+    return f"_assembled({_class_name(cls, model_module, found)}, [{', '.join(parts)}], {attributes!r})"
+
+
+def _construct_from_signature(module: nn.Module, model_module: ModuleType, found: Rebuild) -> str:
     cls = type(module)
     try:
         signature = inspect.signature(cls.__init__)
@@ -477,7 +529,7 @@ def _kept_by_parts(module: nn.Module, name: str, default: Any) -> Any:
     if values and all(v is values[0] or v == values[0] for v in values):
         return values[0]
     if default is inspect.Parameter.empty:
-        raise _Unsupported(f"{type(module).__name__}.__init__ needs {name!r}, which the module does not keep")
+        raise _MissingArgument(f"{type(module).__name__}.__init__ needs {name!r}, which the module does not keep")
     return default
 
 
@@ -581,6 +633,7 @@ def problem_source(report: CaptureReport, row: RegionRow, model_file: Path, buil
     imports = built.imports | (set(_model_file_imports(model_file)) if built.copied else set())
     imports = sorted(imports - {"import torch", "from torch import nn"})  # the template's own
     copied = _model_file_definitions(model_file, sorted(built.copied)) if built.copied else []
+    copied += [_ASSEMBLED] if built.assembled else []
     sources = "".join(f"\n\n{source.rstrip()}\n" for source in copied)
     eval_note = "\nCaptured in eval mode: run it with --eval." if report.eval_mode else ""
     return _PROBLEM_TEMPLATE.format(

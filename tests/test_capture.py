@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from mkevolve.capture import CaptureSettings, capture, ceiling_of, load_model_file
 from mkevolve.cli import main
@@ -77,15 +78,40 @@ def test_top_regions_are_written_as_problems_that_rebuild_the_region(tmp_path):
             row.path
 
 
-def test_a_block_that_does_not_keep_its_init_arguments_leaves_its_place_to_its_parts(tmp_path):
+def test_a_block_that_does_not_keep_its_init_arguments_is_assembled_from_its_parts(tmp_path):
+    """ConvBlock(channels) keeps no `channels` (as torchvision's BasicBlock keeps no `inplanes`): its problem
+    builds a ConvBlock without its __init__, from its convolution and norm rebuilt, and reproduces it."""
     report = capture(MLP_CONV, tmp_path, CaptureSettings(top=20, warmup=1, runs=2, device=CPU))
     block = next(row for row in report.rows if row.path == "features.0")
-    # ConvBlock(channels) keeps no `channels`: it cannot be rebuilt, so its convolution and norm are tried.
-    assert block.problem is None and "needs 'channels'" in block.skipped
-    parts = {row.path: row for row in report.rows if row.path.startswith("features.0.")}
-    assert parts["features.0.conv"].problem
-    # In the table only when features.0 held over half the time (and was opened); otherwise tried beside it.
-    assert parts["features.0.conv"].in_table == (not block.in_table)
+    assert block.problem and block.skipped is None
+    source = Path(block.problem).read_text()
+    assert "_assembled(ConvBlock, [('conv', nn.Conv2d(" in source and "('bn', nn.BatchNorm2d(" in source
+    problem = load_problem(block.problem)
+    inputs = problem.module.get_inputs()
+    region = load_model_file(MLP_CONV).build(0).get_submodule("features.0")
+    assert torch.equal(_rebuilt_output(problem, region, inputs), _region_output(MLP_CONV, "features.0", inputs))
+
+
+def test_a_module_with_tensors_or_objects_of_its_own_is_not_assembled(tmp_path):
+    from types import ModuleType
+
+    from mkevolve.capture import _Unsupported, rebuild
+
+    class Scaled(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+            self.scale = nn.Parameter(torch.ones(width))
+
+    class Activated(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+            self.act = torch.relu
+
+    for module, words in ((Scaled(4), "parameters or buffers of its own"), (Activated(4), "'act' is a")):
+        with pytest.raises(_Unsupported, match=words):
+            rebuild(module, ModuleType("model"))
 
 
 def test_the_problem_rebuilds_the_layer_from_its_init_arguments_and_keeps_integer_ranges(tmp_path):
@@ -180,9 +206,28 @@ def test_a_child_holding_most_of_the_time_is_opened_one_level(tmp_path):
     written = [row for row in report.rows if row.problem]
     assert len(written) == 1
     top = written[0]
-    assert top.path.startswith("backbone.")
+    # Backbone(width) keeps no `width`: it is assembled from its stem and blocks (each assembled in turn)
+    assert top.path == "backbone" and "_assembled(Backbone" in Path(top.problem).read_text()
     problem = load_problem(top.problem)
     inputs = problem.module.get_inputs()
     region = load_model_file(FIXTURES / "backbone.py").build(0).get_submodule(top.path)
     expected = _region_output(FIXTURES / "backbone.py", top.path, inputs)
     assert torch.equal(_rebuilt_output(problem, region, inputs), expected)
+
+
+def test_residual_blocks_written_as_torchvision_writes_them_are_captured_and_decompose(tmp_path):
+    """BasicBlock keeps its layers, stride and downsample but not `inplanes`: both blocks get problems,
+    assembled from their parts (the downsample Sequential with its members), that the builtin decomposer
+    splits and checks like any problem."""
+    model_file = FIXTURES / "resnet_blocks.py"
+    report = capture(model_file, tmp_path, _settings(top=3))
+    rows = {row.path: row for row in report.rows}
+    assert rows["layer1"].problem and rows["layer2"].problem
+    source = Path(rows["layer2"].problem).read_text()
+    assert "_assembled(BasicBlock, [('conv1', nn.Conv2d(in_channels=8, out_channels=16" in source
+    assert "('downsample', nn.Sequential(nn.Conv2d(" in source and "{'stride': 2}" in source
+    problem = load_problem(rows["layer2"].problem)
+    inputs = problem.module.get_inputs()
+    region = load_model_file(model_file).build(0).get_submodule("layer2")
+    assert torch.equal(_rebuilt_output(problem, region, inputs), _region_output(model_file, "layer2", inputs))
+    assert main(["decompose", rows["layer2"].problem, "--out", str(tmp_path / "decomposed")]) == 0
