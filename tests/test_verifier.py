@@ -118,6 +118,7 @@ class _RecordingExecutor:
     """Answers every job as the pool does once its start-by time has passed, and keeps the jobs."""
 
     size = 1
+    shares_caches = True
 
     def __init__(self):
         self.jobs = []
@@ -308,6 +309,9 @@ def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_
     verifier._device_name = "cpu"
     verifier.prepare([tmp_path / "a.py"])
     verifier._device_name = "NVIDIA H200"
+    executor.shares_caches = False           # jobs on other machines (Ray): nothing to leave in our caches
+    verifier.prepare([tmp_path / "ray.py"])
+    executor.shares_caches = True
     started = time.monotonic()
     verifier.prepare([tmp_path / "b.py", tmp_path / "c.py"])
     assert time.monotonic() - started < 5 and executor.jobs == []     # returned before any job ran

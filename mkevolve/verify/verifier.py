@@ -85,6 +85,8 @@ class Verifier:
         A job that has started keeps its worker to the end, so the jobs ask for workers only after `grace_s`
         seconds: checks sent at the same moment (by an agent that answers at once) are served first, and those
         checks compute what they need themselves."""
+        if not self.executor.shares_caches:    # what a job left in one node's caches spares no other job
+            return
         thread = threading.Thread(target=self._prepare, args=(list(problem_paths), grace_s), name="prepare",
                                   daemon=True)
         self._preparing.append(thread)

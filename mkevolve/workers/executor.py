@@ -12,6 +12,9 @@ from mkevolve.workers.pool import Job, JobFailure, JobOutcome, WorkerPool
 
 class Executor(Protocol):
     size: int
+    # Its jobs run on this machine and share its reference and baseline caches, so work one job leaves in
+    # them (Verifier.prepare) spares the next
+    shares_caches: bool
 
     def run(self, job: Job) -> JobOutcome: ...
 
@@ -45,6 +48,8 @@ class LocalExecutor:
     0 workers means the default: one per GPU, or CPU_WORKERS_DEFAULT on CPU.
     """
 
+    shares_caches = True
+
     def __init__(self, workers: int = 0):
         gpus = visible_gpus()
         self.pool = WorkerPool(size=workers or len(gpus) or CPU_WORKERS_DEFAULT, gpus=gpus)
@@ -71,6 +76,8 @@ def _ray_job(job: Job) -> JobOutcome:
 
 class RayExecutor:
     """Ray tasks with one GPU each; the cluster is the one `ray.init()` finds (RAY_ADDRESS)."""
+
+    shares_caches = False    # a task lands on any node, with that node's caches
 
     def __init__(self):
         import ray
