@@ -9,10 +9,10 @@ result says so (`authority`).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import secrets
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +25,8 @@ from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateRepor
                                            plan_calls, run_candidate_process, scratch_folder)
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
-from mkevolve.verify.reference import ReferenceSet, ReferenceSpaceError, cache_root, reference_set
+from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
+                                      reference_set)
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
@@ -113,7 +114,8 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
         problem = load_problem(request.problem_path)
         key = (problem.source_hash, request.eval_mode)
         if key not in _checked_references:
-            mark = _determinism_mark(request, problem)
+            mark = determinism_mark(cache_root(request.cache_dir), problem, request.seed, request.eval_mode,
+                                    device())
             if not mark.exists():
                 check_reference(problem, device(), request.eval_mode, request.seed)
                 mark.parent.mkdir(parents=True, exist_ok=True)
@@ -124,21 +126,10 @@ def _load_checked_problem(request: KernelEvalRequest) -> Problem:
     return problem
 
 
-def _determinism_mark(request: KernelEvalRequest, problem: Problem) -> Path:
-    """Written by a trusted worker once the problem's reference ran twice alike (with this seed and mode, on
-    this kind of device and torch version); a candidate process cannot write the cache."""
-    identity = "/".join([problem.source_hash, str(request.seed), str(request.eval_mode), device().type,
-                         torch.__version__])
-    return cache_root(request.cache_dir) / "deterministic" / hashlib.sha256(identity.encode()).hexdigest()[:24]
-
-
 def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     """References first (trusted, cached), then the candidate in its own process, then the verdict here."""
     timed = request.timed and device().type == "cuda"
-    references = _references(problem, request)
-    with ExitStack() as held:                  # no eviction takes a reference file until the verdict and timing
-        for reference in references:
-            held.enter_context(reference.in_use())
+    with _held_references(problem, request) as references:
         plans, timed_configs, baselines = _references_and_baselines(problem, request, references, errors)
         with scratch_folder("mkevolve-candidate-") as scratch:
             with _phase(errors, "candidate"):
@@ -151,10 +142,16 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
     return result
 
 
-def _references(problem: Problem, request: KernelEvalRequest) -> list[ReferenceSet]:
+@contextmanager
+def _held_references(problem: Problem, request: KernelEvalRequest) -> Iterator[list[ReferenceSet]]:
+    """Each config's reference set, which no eviction takes until the block ends (the verdict and timing)."""
     root = cache_root(request.cache_dir)
-    return [reference_set(root, problem, i, request.seed, request.eval_mode, device())
-            for i in range(len(problem.configs))]
+    references = [reference_set(root, problem, i, request.seed, request.eval_mode, device())
+                  for i in range(len(problem.configs))]
+    with ExitStack() as held:
+        for reference in references:
+            held.enter_context(reference.in_use())
+        yield references
 
 
 def _references_and_baselines(problem: Problem, request: KernelEvalRequest, references: list[ReferenceSet],
@@ -197,10 +194,7 @@ def prepare_problem(request: KernelEvalRequest) -> Preparation:
     try:
         with _phase(errors, "load"):
             problem = _load_checked_problem(request)
-        references = _references(problem, request)
-        with ExitStack() as held:
-            for reference in references:
-                held.enter_context(reference.in_use())
+        with _held_references(problem, request) as references:
             _references_and_baselines(problem, request, references, errors)
     except Rejected as stop:
         return Preparation(errors.phases, stop.reason)

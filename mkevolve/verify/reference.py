@@ -227,14 +227,24 @@ def cache_root(override: str | None = None) -> Path:
     return Path(override) if override else default_cache_dir().parent
 
 
+def _cache_key(*parts: object) -> str:
+    return hashlib.sha256("/".join(str(part) for part in parts).encode()).hexdigest()[:24]
+
+
 def reference_set(cache_root: Path, problem: Problem, config_index: int, seed: int, eval_mode: bool,
                   device: torch.device) -> ReferenceSet:
-    identity = "/".join([problem.source_hash, str(seed), str(eval_mode), str(config_index), device.type,
-                         torch.__version__])
-    key = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    key = _cache_key(problem.source_hash, seed, eval_mode, config_index, device.type, torch.__version__)
     folder = Path(cache_root) / "references" / key
     folder.mkdir(parents=True, exist_ok=True)
     return ReferenceSet(folder, problem, config_index, seed, eval_mode, device)
+
+
+def determinism_mark(cache_root: Path, problem: Problem, seed: int, eval_mode: bool, device: torch.device) -> Path:
+    """Made by a trusted worker once the problem's reference ran twice alike with this seed and mode, on this
+    kind of device and torch version (a candidate process cannot write the cache). Never evicted: a few bytes
+    per problem, and a changed problem has another source hash."""
+    return Path(cache_root) / "deterministic" / _cache_key(problem.source_hash, seed, eval_mode, device.type,
+                                                             torch.__version__)
 
 
 def _salt(references_dir: Path) -> bytes:

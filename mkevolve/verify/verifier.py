@@ -96,8 +96,8 @@ class Verifier:
         if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
             return                                             # at the same cost
         jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
-                    timeout=2 * self.config.timeout + 60, start_by=self.candidates_start_by,
-                    priority=PREPARE_PRIORITY) for path in problem_paths]
+                    timeout=self._worker_timeout, start_by=self.candidates_start_by, priority=PREPARE_PRIORITY)
+                for path in problem_paths]
         for path, outcome in zip(problem_paths, self.executor.run_many(jobs)):
             if outcome.failure is JobFailure.NOT_STARTED:
                 continue
@@ -191,10 +191,14 @@ class Verifier:
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
                     start_by: float | None = None, priority: int = 0) -> Job:
         request = self._request(problem_path, solution_path, timed, trusted_files, code_files)
-        # The candidate process gets the configured limit; the trusted worker around it, room for the
-        # references and the baseline on top.
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=2 * self.config.timeout + 60, start_by=start_by, priority=priority)
+                   timeout=self._worker_timeout, start_by=start_by, priority=priority)
+
+    @property
+    def _worker_timeout(self) -> float:
+        """A check's or prepare's limit in its trusted worker: the candidate process gets the configured limit,
+        the worker around it room for the references and the baseline on top."""
+        return 2 * self.config.timeout + 60
 
     def _request(self, problem_path: Path, solution_path: Path, timed: bool,
                  trusted_files: list[str] | None = None, code_files: list[str] | None = None) -> KernelEvalRequest:
