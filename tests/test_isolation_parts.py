@@ -222,6 +222,26 @@ def test_the_next_child_prepares_before_its_request_and_leaves_with_the_zygote(t
     assert _processes_with(token) == []
 
 
+def test_a_request_right_after_another_finds_a_child_prepared_before_either(tmp_path):
+    """The decomposition's check runs candidates, and the first kernel replies come 0.1 s after it: two
+    requests in a row must not wait for a standby forked when the first was taken (5 to 10 s on a GPU)."""
+    z = Zygote(("tests.zygote_entries",), env=_env(), log_path=tmp_path / "z.log",
+               standby="tests.zygote_entries:prepare")
+    try:
+        time.sleep(0.5)  # both waiting children are forked and prepared meanwhile
+        first_asked = time.time()
+        children = []
+        for n in range(3):   # the third child is forked when the first request is taken
+            out = tmp_path / f"{n}.json"
+            assert z.run("tests.zygote_entries:report_state", str(out), tmp_path / "log", 30, 4096).code == 0
+            children.append(json.loads(out.read_text()))
+        assert children[1]["state"]["at"] < first_asked                 # prepared before the first request
+        assert children[2]["state"]["at"] > first_asked                 # replaces the first, once taken
+        assert len({child["pid"] for child in children}) == 3
+    finally:
+        z.close()
+
+
 @pytest.mark.slow
 def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch):
     """start_zygote_early returns before the zygote is up; whoever asks next waits for that same zygote

@@ -5,9 +5,12 @@ already imported them skips that. The zygote is trusted: it imports only install
 candidate's file, and never opens a CUDA context (a forked child could not use it). Each child runs
 one candidate in its own session and exits; nothing of it comes back into the zygote.
 
-The next child is forked before it is needed: while one candidate runs, the next process already
-prepares what does not depend on its candidate (`standby`, e.g. a CUDA context and a started profiler,
-about 4 s on an H200), and then waits for its request.
+The next children are forked before they are needed: while one candidate runs, the next processes already
+prepare what does not depend on their candidate (`standby`, e.g. a CUDA context and a started profiler,
+about 5 s on an H200, up to 10 s while four workers' children prepare at once), and then wait for their
+request. `STANDBY_CHILDREN` of them wait at any time, so a request that follows the last one at once (the
+first kernel replies come 0.1 s after the decomposition's check ran its own candidates) still finds one
+prepared.
 
 Protocol on the zygote's stdin/stdout, one JSON object per line:
     parent -> zygote   {"entry": "module:function", "payload": "<text>", "log": "<path>"}
@@ -26,10 +29,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 _POLL_S = 0.05
+STANDBY_CHILDREN = 2  # one more only replaces the one a request took; two leave one prepared meanwhile
 _EXIT_CODE_UNCAUGHT = 70  # the entry function raised: a fault of the harness, reported as a crash
 
 
@@ -171,14 +176,17 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module_name), function)
 
 
-def _fork_standby(standby: str | None) -> tuple[int, int]:
+def _fork_standby(standby: str | None, waiting: deque[tuple[int, int]]) -> tuple[int, int]:
     """Fork the next child now; it prepares (`standby()`) while the current one runs, then waits for its
     request on a pipe only the zygote writes. Until then it stays in the zygote's process group, so closing
-    the zygote takes it along."""
+    the zygote takes it along. It closes its copies of the other waiting children's pipes: a child reads its
+    request up to end of file, which no pipe reaches while another process still holds its write end."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(write_fd)
+        for _, other_fd in waiting:
+            os.close(other_fd)
         _child(read_fd, standby)
     os.close(read_fd)
     return pid, write_fd
@@ -227,16 +235,18 @@ def main(args: list[str]) -> None:
         if callable(warmup):
             warmup()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    next_pid, next_fd = _fork_standby(standby)
+    waiting: deque[tuple[int, int]] = deque()   # (pid, write end of its request pipe), oldest first
+    for _ in range(STANDBY_CHILDREN):
+        waiting.append(_fork_standby(standby, waiting))
     stdout.write(b'{"ready": true}\n')
     stdout.flush()
     for line in stdin:
-        pid, fd = next_pid, next_fd
+        pid, fd = waiting.popleft()
         os.write(fd, line)
         os.close(fd)
         stdout.write(json.dumps({"pid": pid}).encode() + b"\n")
         stdout.flush()
-        next_pid, next_fd = _fork_standby(standby)
+        waiting.append(_fork_standby(standby, waiting))
         _, status = os.waitpid(pid, 0)
         stdout.write(json.dumps({"exited": pid, "status": status}).encode() + b"\n")
         stdout.flush()
