@@ -235,6 +235,7 @@ def test_a_request_right_after_another_finds_a_child_prepared_before_either(tmp_
             out = tmp_path / f"{n}.json"
             assert z.run("tests.zygote_entries:report_state", str(out), tmp_path / "log", 30, 4096).code == 0
             children.append(json.loads(out.read_text()))
+        assert children[0]["state"]["at"] < children[1]["state"]["at"]  # forked once the first had prepared
         assert children[1]["state"]["at"] < first_asked                 # prepared before the first request
         assert children[2]["state"]["at"] > first_asked                 # replaces the first, once taken
         assert len({child["pid"] for child in children}) == 3

@@ -8,9 +8,9 @@ one candidate in its own session and exits; nothing of it comes back into the zy
 The next children are forked before they are needed: while one candidate runs, the next processes already
 prepare what does not depend on their candidate (`standby`, e.g. a CUDA context and a started profiler,
 about 5 s on an H200, up to 10 s while four workers' children prepare at once), and then wait for their
-request. `STANDBY_CHILDREN` of them wait at any time, so a request that follows the last one at once (the
-first kernel replies come 0.1 s after the decomposition's check ran its own candidates) still finds one
-prepared.
+request. `STANDBY_CHILDREN` of them wait at any time, so a request that follows another at once finds one
+prepared. At start the second is forked only once the first has prepared (or after `FIRST_STANDBY_WAIT_S`):
+four workers' first children already contend for the GPU's driver, and the first request needs the first.
 
 Protocol on the zygote's stdin/stdout, one JSON object per line:
     parent -> zygote   {"entry": "module:function", "payload": "<text>", "log": "<path>"}
@@ -35,6 +35,7 @@ from pathlib import Path
 
 _POLL_S = 0.05
 STANDBY_CHILDREN = 2  # one more only replaces the one a request took; two leave one prepared meanwhile
+FIRST_STANDBY_WAIT_S = 60.0  # a first child slower than this to prepare no longer holds back the second
 _EXIT_CODE_UNCAUGHT = 70  # the entry function raised: a fault of the harness, reported as a crash
 
 
@@ -176,23 +177,25 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module_name), function)
 
 
-def _fork_standby(standby: str | None, waiting: deque[tuple[int, int]]) -> tuple[int, int]:
+def _fork_standby(standby: str | None, waiting: deque[tuple[int, int]],
+                  prepared_fd: int | None = None) -> tuple[int, int]:
     """Fork the next child now; it prepares (`standby()`) while the current one runs, then waits for its
     request on a pipe only the zygote writes. Until then it stays in the zygote's process group, so closing
     the zygote takes it along. It closes its copies of the other waiting children's pipes: a child reads its
-    request up to end of file, which no pipe reaches while another process still holds its write end."""
+    request up to end of file, which no pipe reaches while another process still holds its write end.
+    With `prepared_fd`, it writes a byte there once prepared."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(write_fd)
         for _, other_fd in waiting:
             os.close(other_fd)
-        _child(read_fd, standby)
+        _child(read_fd, standby, prepared_fd)
     os.close(read_fd)
     return pid, write_fd
 
 
-def _child(read_fd: int, standby: str | None) -> None:
+def _child(read_fd: int, standby: str | None, prepared_fd: int | None) -> None:
     """In the forked child: prepare, wait for the request, then run it in a session of its own, with no
     channel back to the zygote and its output in its own log."""
     null_fd = os.open(os.devnull, os.O_RDWR)
@@ -201,6 +204,9 @@ def _child(read_fd: int, standby: str | None) -> None:
     code = _EXIT_CODE_UNCAUGHT
     try:
         state = _resolve(standby)() if standby else None
+        if prepared_fd is not None:
+            os.write(prepared_fd, b".")
+            os.close(prepared_fd)
         with os.fdopen(read_fd, "rb") as pipe:
             message = pipe.read()
         if not message:  # the zygote closed without a request for this child
@@ -223,6 +229,20 @@ def _child(read_fd: int, standby: str | None) -> None:
         os._exit(code)
 
 
+def _first_children(standby: str | None) -> deque[tuple[int, int]]:
+    """The children waiting at start, as (pid, write end of its request pipe), oldest first: the first one
+    forked alone, the others once it has prepared, died (end of file) or taken `FIRST_STANDBY_WAIT_S`."""
+    waiting: deque[tuple[int, int]] = deque()
+    prepared_read, prepared_write = os.pipe()
+    waiting.append(_fork_standby(standby, waiting, prepared_write))
+    os.close(prepared_write)
+    select.select([prepared_read], [], [], FIRST_STANDBY_WAIT_S)
+    os.close(prepared_read)
+    while len(waiting) < STANDBY_CHILDREN:
+        waiting.append(_fork_standby(standby, waiting))
+    return waiting
+
+
 def main(args: list[str]) -> None:
     standby = None
     if args[:1] == ["--standby"]:
@@ -235,9 +255,7 @@ def main(args: list[str]) -> None:
         if callable(warmup):
             warmup()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    waiting: deque[tuple[int, int]] = deque()   # (pid, write end of its request pipe), oldest first
-    for _ in range(STANDBY_CHILDREN):
-        waiting.append(_fork_standby(standby, waiting))
+    waiting = _first_children(standby)
     stdout.write(b'{"ready": true}\n')
     stdout.flush()
     for line in stdin:
