@@ -223,8 +223,8 @@ def test_the_next_child_prepares_before_its_request_and_leaves_with_the_zygote(t
 
 
 def test_a_request_right_after_another_finds_a_child_prepared_before_either(tmp_path):
-    """The decomposition's check runs candidates, and the first kernel replies come 0.1 s after it: two
-    requests in a row must not wait for a standby forked when the first was taken (5 to 10 s on a GPU)."""
+    """A worker's second candidate of a beam step comes as soon as its first ends: it must not wait for a
+    standby forked when the first was taken (5 to 10 s on a GPU)."""
     z = Zygote(("tests.zygote_entries",), env=_env(), log_path=tmp_path / "z.log",
                standby="tests.zygote_entries:prepare")
     try:
