@@ -97,7 +97,7 @@ def test_the_baseline_is_timed_before_the_candidate_starts(tmp_path, monkeypatch
         yield
 
     fake_reference = SimpleNamespace(in_use=in_use, ensure=lambda names: order.append("reference"),
-                                     mutated_buffers=lambda: [])
+                                     mutated_buffers=lambda: [], written_inputs=lambda: [])
     monkeypatch.setattr(correctness, "device", lambda: torch.device("cuda"))
     monkeypatch.setattr(correctness, "reference_set", lambda *args: fake_reference)
     monkeypatch.setattr(correctness, "_configs_to_time", lambda references, trials: [0])

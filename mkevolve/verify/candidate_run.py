@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -63,6 +63,7 @@ class CallPlan:
     checks: list[OutputCheck] = field(default_factory=list)
     prefix: str = ""           # makes output names unique across the configs of one candidate process
     state_buffers: list[str] = field(default_factory=list)   # the reference's buffers compared after the calls
+    written_inputs: list[int] = field(default_factory=list)  # arguments the reference writes into
 
     @property
     def length(self) -> int:
@@ -83,6 +84,13 @@ class CallPlan:
         self.state_buffers = list(buffers)
         if buffers:
             self.calls[0].state, self.calls[-1].state = self.state_name("first"), self.state_name("last")
+
+    def keep_written(self, positions: list[int]) -> None:
+        """Have every kept output followed by the arguments at `positions` as the call left them: the
+        reference's forward writes into them, and its expected values hold them after its outputs."""
+        self.written_inputs = list(positions)
+        for call in self.calls:
+            call.written = list(positions)
 
     def state_name(self, when: str) -> str:
         return f"{self.prefix}state_{when}"
@@ -132,6 +140,8 @@ class CandidateReport:
     clock: tuple[float, float] | None = None   # time.time() as the harness began and as it wrote this report
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
     launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
+    # (config index, argument position): arguments the first call wrote into that the reference leaves alone
+    changed_inputs: list[tuple[int, int]] = field(default_factory=list)
     _verified: dict[str, bytearray | None] | None = field(default=None, repr=False)
 
     def add_process_phases(self, called_at: float, ended_at: float) -> None:
@@ -208,6 +218,7 @@ def parse_report(body: dict) -> CandidateReport:
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
             launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
             clock=_clock(body.get("clock")),
+            changed_inputs=[(int(index), int(position)) for index, position in body["changed_inputs"]],
         )
     except (KeyError, TypeError, ValueError) as err:
         raise _forged(f"the report's fields do not parse ({type(err).__name__})") from None
@@ -264,8 +275,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
         preload=preload_for(Path(request.problem_path), Path(request.solution_path).resolve().parent),
         triton_cache=str(candidate_triton_cache(scratch)),
         configs=[ConfigRun(init=str(ref.init_file),
-                           calls=[Call(str(ref.inputs_file(c.inputs)), c.save, c.guard, c.timed, c.state)
-                                  for c in plan.calls])
+                           calls=[replace(c, inputs=str(ref.inputs_file(c.inputs))) for c in plan.calls])
                  for ref, plan in zip(references, plans)],
     )
     called_at = time.time()

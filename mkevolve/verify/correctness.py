@@ -167,6 +167,7 @@ def _references_and_baselines(problem: Problem, request: KernelEvalRequest, refe
         for reference, plan in zip(references, plans):
             reference.ensure(plan.set_names())
             plan.keep_state(reference.mutated_buffers())
+            plan.keep_written(reference.written_inputs())
     with _phase(errors, "baseline"):
         # Before the candidate starts, never beside it: a candidate can let go of its GPU share (or launch
         # from a thread of its own while its harness times), and a baseline timed beside it would be
@@ -248,6 +249,7 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
         for index, (reference, plan) in enumerate(zip(references, plans)):
             if plan.state_buffers:
                 _check_state(problem, index, reference, plan, report, scratch, errors)
+    _check_inputs_left(problem, report)
     return EvalResult(status=Status.OK, trials=request.trials, launches=report.launches,
                       precision=dot_precision(Path(request.solution_path).read_text()),
                       peak_rss_mb=round(report.peak_rss_mb, 1))
@@ -257,7 +259,7 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
                    report: CandidateReport, scratch: Path, errors: _Errors) -> None:
     for check in plan.checks:
         actual = report.output(check.save, scratch, reference.device)
-        mismatch = _compare(reference.expected(check.input_set), actual, errors)
+        mismatch = _compare(reference.expected(check.input_set), actual, errors, plan.written_inputs)
         if not mismatch:
             continue
         where = _config_label(problem, index)
@@ -289,6 +291,18 @@ def _check_state(problem: Problem, index: int, reference: ReferenceSet, plan: Ca
                        f"({tolerance_text(errors.atol, errors.rtol)})", rule=Rule.MODULE_STATE.value)
 
 
+def _check_inputs_left(problem: Problem, report: CandidateReport) -> None:
+    """An argument the reference's forward leaves as it was must be left so: in a model, the caller may read
+    it again after the call."""
+    if not report.changed_inputs:
+        return
+    index, position = report.changed_inputs[0]
+    more = f" (+{len(report.changed_inputs) - 1} more)" if len(report.changed_inputs) > 1 else ""
+    raise Rejected(Status.INCORRECT, f"[{Rule.INPUT_STATE.value}] forward wrote into its argument {position}"
+                   f"{_config_label(problem, index)}{more}, which Model's forward leaves as it was; write "
+                   f"results and scratch values to tensors of your own", rule=Rule.INPUT_STATE.value)
+
+
 def _all_declared_pytorch(request: KernelEvalRequest) -> bool:
     """A composite whose every file but the top-level one is a declared PyTorch alternative."""
     kernels = {str(Path(f).resolve()) for f in request.code_files} - {str(Path(request.solution_path).resolve())}
@@ -317,12 +331,16 @@ def _add_timing(references: list[ReferenceSet], report: CandidateReport, result:
         result.timed_configs = timed_configs
 
 
-def _compare(expected: list, actual: list, errors: _Errors) -> str:
-    """Empty when every output matches; else what differs. Updates the error maxima."""
+def _compare(expected: list, actual: list, errors: _Errors, written: list[int] = ()) -> str:
+    """Empty when every output matches; else what differs. Updates the error maxima. Both lists end with the
+    arguments at the positions `written` (the reference writes into them), as the call left them."""
+    outputs = len(expected) - len(written)
     if len(expected) != len(actual):
-        return f"forward returned {len(actual)} outputs, the reference {len(expected)}"
+        return f"forward returned {len(actual) - len(written)} outputs, the reference {outputs}"
     for i, (ref, out) in enumerate(zip(expected, actual)):
-        label = f"output {i}" if len(expected) > 1 else "output"
+        label = f"output {i}" if outputs > 1 else "output"
+        if i >= outputs:
+            label = f"argument {written[i - outputs]} after the call (Model's forward writes into it)"
         if not isinstance(out, torch.Tensor):
             return f"{label} is {type(out).__name__}, expected a tensor"
         if out.shape != ref.shape:

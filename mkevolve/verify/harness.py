@@ -48,6 +48,9 @@ _wall_clock = time.time            # the process's start and exit as the trusted
 _Tensor = torch.Tensor
 _TensorBase = torch._C.TensorBase          # an immutable type: its methods cannot be replaced
 _clone, _detach, _cpu, _zero_ = _TensorBase.clone, _TensorBase.detach, _TensorBase.cpu, _TensorBase.zero_
+_equal, _isnan, _nan_to_num = _TensorBase.equal, _TensorBase.isnan, _TensorBase.nan_to_num
+_is_floating_point = _TensorBase.is_floating_point
+_shape_of, _dtype_of = (_TensorBase.__dict__[name].__get__ for name in ("shape", "dtype"))   # C getters
 _numel, _element_size = _TensorBase.numel, _TensorBase.element_size
 _no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
 _set_grad_enabled = torch._C._set_grad_enabled
@@ -84,6 +87,8 @@ class Call:
     guard: bool = False          # watch it with the dispatcher guard (early, line-level feedback)
     timed: bool = False          # its time counts in the timing statistics
     state: str | None = None     # keep the model's buffers after the call under this name (verify/module_state.py)
+    # Positions of the arguments the reference's forward writes into: kept after the outputs when they are saved.
+    written: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -157,7 +162,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     key = bytes.fromhex(request.key)
     request.key = ""
     report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
-                    "skipped": [], "activities": [], "denials": [], "phases": {}}
+                    "skipped": [], "activities": [], "denials": [], "phases": {}, "changed_inputs": []}
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         loaded = [load_config(config, request.device) for config in request.configs]
@@ -167,17 +172,20 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
     saved: dict[str, list] = {}
+    first_calls: list[FirstCall] = []   # per config, compared once the profiler has stopped
     try:
         with _phase(report, "import"):
             _forget_trusted_modules()
             model_cls = import_candidate(request.solution)
         for config, (init, inputs) in zip(request.configs, loaded):
-            _run_config(request, model_cls, config, init, inputs, clock, report, saved, strict)
+            _run_config(request, model_cls, config, init, inputs, clock, report, saved, strict, first_calls)
         if prepared.recorder is not None:
             with _phase(report, "profiler_stop"):
                 prepared.recorder.__exit__(None, None, None)
             # Autotuning alone launches thousands of identical cache-clearing fills: keep each name once.
             report["activities"] = list(dict.fromkeys(prepared.recorder.names))
+        report["changed_inputs"] = [[index, position] for index, first in enumerate(first_calls)
+                                    for position in first.changed()]
     except CandidateFailure as failure:
         report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
     with _phase(report, "save"):
@@ -270,9 +278,36 @@ def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
     return init, inputs
 
 
+@dataclass
+class FirstCall:
+    """A config's first call: the arguments it was given (copies of `given`), as the forward left them.
+    Compared after the profiler stops, so the comparison's kernels are not taken for the candidate's."""
+
+    given: list
+    args: list
+    written: list[int]       # positions the reference writes into: compared with its values instead
+
+    def changed(self) -> list[int]:
+        """Positions of plain tensors the forward wrote into, where the reference leaves them as they were.
+        TensorBase's C methods with torch function and dispatch modes off: no candidate code runs here."""
+        with _no_torch_function(), _no_torch_dispatch():
+            return [i for i, (after, before) in enumerate(zip(self.args, self.given))
+                    if i not in self.written and type(before) is _Tensor and not _same_bits(after, before)]
+
+
+def _same_bits(after, before) -> bool:
+    """`after` may have been given another shape or dtype in place (`x.data = ...`): compared first."""
+    if type(after) is not _Tensor or _shape_of(after) != _shape_of(before) or _dtype_of(after) != _dtype_of(before):
+        return False
+    if _equal(after, before):
+        return True
+    return (_is_floating_point(before) and _equal(_isnan(after), _isnan(before))
+            and _equal(_nan_to_num(after, 0.0), _nan_to_num(before, 0.0)))
+
+
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
                 inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list],
-                strict: tuple) -> None:
+                strict: tuple, first_calls: list[FirstCall]) -> None:
     device = torch.device(request.device)
     with _phase(report, "build"):
         model = build(model_cls, init, request, device)
@@ -282,7 +317,7 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
         try:
-            _run_calls(request, model, first, inputs, clock, report, saved, strict)
+            _run_calls(request, model, first, inputs, clock, report, saved, strict, first_calls=first_calls)
         finally:
             gpu_share.resume_after_compiles()
     if clock is None:
@@ -301,9 +336,10 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
                clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple,
-               start: int = 0) -> None:
+               start: int = 0, first_calls: list[FirstCall] | None = None) -> None:
     """`strict`: the precision switches as set before the import; a call that runs with others (set at
-    import, in __init__ or in a forward) is reported. `start`: the first call's position in its config."""
+    import, in __init__ or in a forward) is reported. `start`: the first call's position in its config.
+    `first_calls`: where the first call's arguments go, as the forward left them."""
     for position, call in enumerate(calls, start):
         if call.timed and call.save is None and call.state is None and timing_done(report["times_ms"][-1]):
             report["skipped"][-1].append(position)
@@ -322,7 +358,11 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
             report["times_ms"][-1].append(ms)
         if call.save:
             # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
-            saved[call.save] = _snapshot(out, report, already_checked=call.guard)
+            # The arguments the reference writes into follow, as the trusted side's expected values do.
+            saved[call.save] = (_snapshot(out, report, already_checked=call.guard)
+                                + _copies([args[i] for i in call.written]))
+        if first_calls is not None and position == 0:
+            first_calls.append(FirstCall(inputs[call.inputs], args, call.written))
         if call.state:
             saved[call.state] = _copies(_module_buffers(model))
 

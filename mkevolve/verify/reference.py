@@ -6,13 +6,14 @@ For each (problem, seed, mode, input config, device) there is one folder:
     <cache>/references/<key>/<set>.in.mkv        one input set ("trial0", "time1", ...)
     <cache>/references/<key>/<set>.ref.mkv       the reference Model's outputs on it, or
     <cache>/references/<key>/<set>.ref.recompute where they are too large to keep (RECOMPUTED_OUTPUT_BYTES)
-    <cache>/references/<key>/state.json          the floating-point buffers the first forward changes
+    <cache>/references/<key>/state.json          what the first forward writes into: buffers and inputs
 
 Input sets are drawn with seeds derived from a secret salt kept beside the cache, so a candidate
 cannot reproduce them in `__init__` and precompute its answers; the weights still come from the run's
 seed, which ModelNew needs to build the same parameters. The candidate process can read neither the
 salt nor this folder: its harness loads the input files it is called with before the candidate's code is
-imported, and the reference outputs never leave the trusted side.
+imported, and the reference outputs never leave the trusted side. An input the reference's forward writes
+into (`x.mul_(2)`) is part of what it computes: its value after the call is kept after the outputs.
 
 Everything here can be computed again, so the cache is bounded by the disk it is on: before a set is
 written, folders that no check is using are evicted, least recently used first, until the set fits with
@@ -78,6 +79,9 @@ _LOCK_FILE = ".lock"          # held by the process computing the folder's missi
 _READERS_FILE = ".readers"    # held shared by every check using the folder, alone by an eviction
 _EVICTED_PREFIX = ".evicted-"  # a folder renamed out of the way, being deleted
 _STATE_FILE = "state.json"
+# Part of every folder's key: folders of an older layout (a state file of buffers alone, no written inputs
+# after the outputs) are never read, and are evicted like any unused folder.
+_LAYOUT = 2
 FIRST_SET = "trial0"          # the input set of every check's first call (candidate_run.plan_calls)
 
 
@@ -117,7 +121,13 @@ class ReferenceSet:
         """The names of the reference Model's floating-point buffers that its first forward, on a fresh model,
         changes (batch norm's running statistics in training): the state verify/module_state.py compares.
         Recorded when FIRST_SET is computed; read after `ensure`."""
-        return json.loads(self.state_file.read_text())
+        return json.loads(self.state_file.read_text())["buffers"]
+
+    def written_inputs(self) -> list[int]:
+        """The positions of the forward's tensor arguments that the reference writes into (an in-place
+        `x.relu_()` on an argument), found on FIRST_SET; their values after each call follow the outputs in
+        `expected`. Read after `ensure`."""
+        return json.loads(self.state_file.read_text())["inputs"]
 
     def _done(self, name: str) -> bool:
         return self.outputs_file(name).exists() or self.recompute_mark(name).exists()
@@ -169,13 +179,18 @@ class ReferenceSet:
         model = self.build_model()
         for name in sorted(missing, key=lambda name: name != FIRST_SET):   # the first set on the fresh model
             inputs = make_inputs(self.problem.path, config, self._input_seed(name), self.device)
-            before = _floating_buffers(model) if name == FIRST_SET else None
-            with torch.no_grad():
-                outputs = flatten_outputs(model(*clone_values(inputs)))
-            if before is not None:
-                changed = [key for key, value in _floating_buffers(model).items()
+            if name == FIRST_SET:
+                before = _floating_buffers(model)
+                args = clone_values(inputs)
+                with torch.no_grad():
+                    outputs = flatten_outputs(model(*args))
+                buffers = [key for key, value in _floating_buffers(model).items()
                            if key in before and not torch.equal(value, before[key])]
-                write_atomic(self.state_file, json.dumps(changed))
+                written = [i for i, (arg, given) in enumerate(zip(args, inputs)) if not same_values(arg, given)]
+                write_atomic(self.state_file, json.dumps({"buffers": buffers, "inputs": written}))
+                outputs += [args[i] for i in written]
+            else:
+                outputs = self._forward(model, inputs)
             keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
             needed = _nbytes(inputs) + (_nbytes(outputs) if keep_outputs else 0)
             inputs, outputs = _on_host(inputs), _on_host(outputs) if keep_outputs else []
@@ -212,9 +227,14 @@ class ReferenceSet:
         if model is None:
             _recompute_models.clear()
             model = _recompute_models[key] = self.build_model()
-        inputs = wire.read_values(self.inputs_file(name), self.device)
+        return self._forward(model, wire.read_values(self.inputs_file(name), self.device))
+
+    def _forward(self, model: torch.nn.Module, inputs: list) -> list:
+        """The outputs of one call on copies of `inputs`, then the inputs it writes into, as they are after it."""
+        args = clone_values(inputs)
         with torch.no_grad():
-            return flatten_outputs(model(*clone_values(inputs)))
+            outputs = flatten_outputs(model(*args))
+        return outputs + [args[i] for i in self.written_inputs()]
 
     def _input_seed(self, name: str) -> int:
         text = f"{self.seed}/{self.eval_mode}/{self.config_index}/{name}".encode()
@@ -233,7 +253,7 @@ def _cache_key(*parts: object) -> str:
 
 def reference_set(cache_root: Path, problem: Problem, config_index: int, seed: int, eval_mode: bool,
                   device: torch.device) -> ReferenceSet:
-    key = _cache_key(problem.source_hash, seed, eval_mode, config_index, device.type, torch.__version__)
+    key = _cache_key(problem.source_hash, seed, eval_mode, config_index, device.type, torch.__version__, _LAYOUT)
     folder = Path(cache_root) / "references" / key
     folder.mkdir(parents=True, exist_ok=True)
     return ReferenceSet(folder, problem, config_index, seed, eval_mode, device)
@@ -336,6 +356,17 @@ def _free_bytes(folder: Path) -> int:
 
 def _floating_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.clone() for name, value in model.named_buffers() if value.is_floating_point()}
+
+
+def same_values(after, before) -> bool:
+    """Whether a forward left an argument as it was: any value but a tensor counts as left; a tensor must hold
+    the same bits (NaN where NaN was)."""
+    if not isinstance(before, torch.Tensor):
+        return True
+    if torch.equal(after, before):
+        return True
+    return (before.is_floating_point() and torch.equal(after.isnan(), before.isnan())
+            and torch.equal(after.nan_to_num(0.0), before.nan_to_num(0.0)))
 
 
 def _on_host(values: list) -> list:

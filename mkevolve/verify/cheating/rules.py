@@ -53,6 +53,9 @@ class Rule(str, Enum):
                     "Change the module's state as `Model` does, on every call: a buffer that `Model`'s forward "
                     "updates (batch norm's running mean and variance in training) must hold the same values "
                     "after each call, kept in a buffer of `ModelNew`.")
+    INPUT_STATE = ("input-state",
+                   "Leave `forward`'s arguments as `Model`'s forward leaves them: write into an argument only "
+                   "where `Model` does (an in-place `x.relu_()`), and then leave in it what `Model` does.")
     # Found by neither: the optional LLM judge (--judge) read the kernel beside its reference and named a semantic
     # cheat (the test shapes special-cased, work the reference does skipped).
     LLM_JUDGE = ("llm-judge",

@@ -194,19 +194,23 @@ class _Run:
         self.runtime_impurities += structure_impurities(decomposed, new, classes)
         for trial in range(self.trials):
             inputs = make_inputs(problem.path, config, self.seed + 1 + trial, self.device)
+            # Each forward on its own copies, and what each leaves in its arguments compared too: an original
+            # that writes into an argument (`x.mul_(2)`) is matched only by a decomposition that does as well.
+            expected_args, actual_args = clone_values(inputs), clone_values(inputs)
             with torch.no_grad():
                 seed_everything(self.seed + 1000 + trial)
-                expected = flatten_outputs(reference(*inputs))
+                expected = flatten_outputs(reference(*expected_args))
                 seed_everything(self.seed + 1000 + trial)
                 try:
                     if trial == 0:
                         with RecordForward(new, self.top_level_ops):
-                            actual = flatten_outputs(decomposed(*inputs))
+                            actual = flatten_outputs(decomposed(*actual_args))
                     else:
-                        actual = flatten_outputs(decomposed(*inputs))
+                        actual = flatten_outputs(decomposed(*actual_args))
                 except Exception as err:  # noqa: BLE001  (untrusted code: any error is the verdict)
                     return f"top-level forward raised {type(err).__name__}: {err}"
-            mismatch = _compare(expected, actual, ATOL, RTOL)
+            mismatch = (_compare(expected, actual, ATOL, RTOL)
+                        or _compare(expected_args, actual_args, ATOL, RTOL, what="argument", after=" after the call"))
             if mismatch:
                 return (f"trial {trial}: {mismatch}. Same seed, same constructor arguments: build the "
                         "subproblem modules in the order the original creates its layers, so the weights match")
@@ -236,11 +240,12 @@ def _purity(static: list[str], runtime: list[str]) -> CheckResult:
     return CheckResult(PURITY, not found, "; ".join(found))
 
 
-def _compare(expected: list, actual: list, atol: float, rtol: float) -> str | None:
+def _compare(expected: list, actual: list, atol: float, rtol: float, what: str = "output",
+             after: str = "") -> str | None:
     if len(expected) != len(actual):
         return f"the original returns {len(expected)} output(s), the top-level {len(actual)}"
     for index, (a, b) in enumerate(zip(expected, actual)):
-        label = f"output {index}" if len(expected) > 1 else "the output"
+        label = (f"{what} {index}" if len(expected) > 1 else f"the {what}") + after
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             if a != b:
                 return f"{label} differs: {a!r} != {b!r}"
