@@ -20,6 +20,10 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
                                                                         (the zygote's standby child, its
                                                                         fork), and after its report until
                                                                         the process had ended
+    candidate.spawn.late, candidate.spawn.prepare                       part of spawn, where a standby
+                                                                        was prepared ahead: how long after
+                                                                        the request it was still preparing,
+                                                                        and how long preparing took
     judge.accounting, judge.read, judge.compare                         part of `judge`: what ran on the
                                                                         GPU, reading and hashing the saved
                                                                         outputs, comparing them
@@ -53,7 +57,8 @@ from mkevolve.event_records import EventFieldError, VerdictEvent, of_type, parse
 from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
 
 # The verifier's phases in the order they happen; a phase not named here is listed after these.
-PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "candidate.spawn", "candidate.setup",
+PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "candidate.spawn",
+               "candidate.spawn.late", "candidate.spawn.prepare", "candidate.setup",
                "candidate.import", "candidate.build", "candidate.first_call", "candidate.gpu_wait",
                "candidate.other_calls", "candidate.profiler_stop", "candidate.save", "candidate.exit",
                "candidate.unaccounted",
@@ -116,7 +121,8 @@ def phase_seconds(verdict: VerdictEvent) -> dict[str, float]:
     top_level = sum(seconds for name, seconds in phases.items() if "." not in name)
     phases[WAITING] = max(0.0, verdict.wall_s - top_level)
     if CANDIDATE in phases:
-        inside = sum(seconds for name, seconds in phases.items() if name.startswith(CANDIDATE + "."))
+        inside = sum(seconds for name, seconds in phases.items()
+                     if name.startswith(CANDIDATE + ".") and name.count(".") == 1)   # not spawn.late: a part of spawn
         phases[UNACCOUNTED] = max(0.0, phases[CANDIDATE] - inside)
     return phases
 
@@ -125,8 +131,9 @@ def ordered_phases(names: set[str]) -> list[str]:
     """Known phases in the order they happen; unknown ones after their parent (or before `waiting`)."""
     known = [name for name in PHASE_ORDER if name in names]
     for name in sorted(names - set(PHASE_ORDER)):
-        parent = name.split(".")[0]
-        after = max((i for i, known_name in enumerate(known) if known_name.split(".")[0] == parent),
+        parent = name.rsplit(".", 1)[0] if "." in name else name
+        after = max((i for i, known_name in enumerate(known)
+                     if known_name == parent or known_name.startswith(parent + ".")),
                     default=len(known) - (1 if WAITING in known else 0) - 1)
         known.insert(after + 1, name)
     return known
@@ -165,7 +172,7 @@ def render_table(profile: Profile) -> str:
     header = f"{'phase':<28} {'count':>6} {'median s':>9} {'p90 s':>9} {'total s':>9} {'share':>7}"
     lines = [header, "-" * len(header)]
     for row in profile.rows:
-        name = ("  " + row.phase) if "." in row.phase else row.phase
+        name = "  " * row.phase.count(".") + row.phase
         lines.append(f"{name:<28} {row.count:>6} {row.median_s:>9.3f} {row.p90_s:>9.3f} "
                      f"{row.total_s:>9.3f} {100 * row.share:>6.1f}%")
     lines.append("-" * len(header))

@@ -70,6 +70,17 @@ def test_profile_of_synthetic_events(tmp_path):
     assert json.loads(out.read_text())["wall_total_s"] == 4.0
 
 
+def test_the_parts_of_spawn_are_listed_under_it_and_not_counted_twice(tmp_path):
+    phases = {**FIRST["phases"], "candidate.spawn": 0.5, "candidate.spawn.late": 0.4, "candidate.spawn.prepare": 5.0}
+    events = write_events(tmp_path / "events.jsonl", [{**FIRST, "phases": phases}])
+    profile = profile_script.summarize(profile_script.read_verdicts([events]))
+    rows = {r.phase: r for r in profile.rows}
+    assert rows["candidate.unaccounted"].total_s == pytest.approx(0.5)   # 6 - (1 + 4 + 0.5): not the parts
+    order = [r.phase for r in profile.rows]
+    assert order.index("candidate.spawn") + 1 == order.index("candidate.spawn.late")
+    assert "\n    candidate.spawn.prepare" in profile_script.render_table(profile)
+
+
 def test_profile_by_problem_puts_the_longest_first(tmp_path):
     slow = {**FIRST, "problem": "/runs/iter_01/subkernel_problems/conv2d.py"}
     fast = {**SECOND, "problem": "/kb/level2/23_Conv3d_GroupNorm_Mean.py"}

@@ -359,6 +359,21 @@ def test_the_harness_clock_only_profiles_and_is_clamped_to_the_process():
     assert _clock(["1", 2.0]) is None and _clock([1.0]) is None and _clock({"a": 1}) is None
 
 
+def test_a_standby_still_preparing_when_the_request_came_is_late_by_the_rest_of_its_preparation():
+    from mkevolve.verify.candidate_run import CandidateReport
+
+    def phases(standby_clock):
+        report = CandidateReport([], None, [], 1, [], [], {}, clock=(104.0, 110.0), standby_clock=standby_clock)
+        report.add_process_phases(called_at=100.0, ended_at=111.0)
+        return report.phases
+
+    assert phases((97.0, 103.5)) == {"spawn": 4.0, "exit": 1.0, "spawn.late": 3.5, "spawn.prepare": 6.5}
+    assert phases((90.0, 95.0))["spawn.late"] == 0.0             # prepared before the request: not late
+    assert "spawn.late" not in phases((90.0, 106.0))              # prepared after the harness began: forged
+    assert "spawn.late" not in phases((-1e9, 95.0))               # began implausibly early
+    assert "spawn.late" not in phases(None)                       # no standby (a CPU, or no zygote)
+
+
 def test_the_reference_determinism_check_runs_once_per_machine(tmp_path, monkeypatch):
     """Another worker (a fresh process: nothing remembered in memory) finds the mark the first one left in the
     reference cache and does not build and run the model twice again; another seed is checked anew."""

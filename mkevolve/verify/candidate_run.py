@@ -126,6 +126,11 @@ def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefi
 # ---- the report, read on the trusted side ----------------------------------------------------------------
 
 
+# A standby's timestamps are believed (for the profile) only if its preparation began within this long before the
+# request (s): a worker idle for longer still holds one, but its preparation is then no part of the wait.
+_STANDBY_AGE_LIMIT_S = 3600.0
+
+
 @dataclass
 class CandidateReport:
     denials: list[str]
@@ -138,6 +143,7 @@ class CandidateReport:
     skipped: list[list[int]] = field(default_factory=list)   # per config: positions of calls left out
     phases: dict[str, float] = field(default_factory=dict)   # seconds inside the candidate process
     clock: tuple[float, float] | None = None   # time.time() as the harness began and as it wrote this report
+    standby_clock: tuple[float, float] | None = None  # time.time() as its standby's preparation began and ended
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
     launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
     # (config index, argument position): arguments the first call wrote into that the reference leaves alone
@@ -147,12 +153,22 @@ class CandidateReport:
     def add_process_phases(self, called_at: float, ended_at: float) -> None:
         """The seconds around the harness, seen from the trusted side: "spawn", from the request until the
         harness began (the zygote's standby child, its fork); "exit", from the report until the process had
-        ended. Each is clamped to the time the whole process took."""
+        ended. Each is clamped to the time the whole process took.
+
+        Where a standby was prepared ahead, two parts of the spawn say why it took what it did: "spawn.late",
+        how long after the request the standby was still preparing, and "spawn.prepare", how long its
+        preparation took (a standby that began when the request came is late by all of it)."""
         if self.clock is None:
             return
         whole = max(0.0, ended_at - called_at)
         self.phases["spawn"] = min(whole, max(0.0, self.clock[0] - called_at))
         self.phases["exit"] = min(whole, max(0.0, ended_at - self.clock[1]))
+        if self.standby_clock is None:
+            return
+        began, prepared = self.standby_clock
+        if called_at - _STANDBY_AGE_LIMIT_S <= began <= prepared <= self.clock[0]:   # else not believable
+            self.phases["spawn.late"] = min(self.phases["spawn"], max(0.0, prepared - called_at))
+            self.phases["spawn.prepare"] = prepared - began
 
     def output(self, name: str, scratch: Path, device: torch.device) -> list:
         """A kept output, after checking it is the very file the harness wrote."""
@@ -218,6 +234,7 @@ def parse_report(body: dict) -> CandidateReport:
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
             launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
             clock=_clock(body.get("clock")),
+            standby_clock=_clock(body.get("standby_clock")),
             changed_inputs=[(int(index), int(position)) for index, position in body["changed_inputs"]],
         )
     except (KeyError, TypeError, ValueError) as err:

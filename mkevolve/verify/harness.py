@@ -138,6 +138,7 @@ class Standby:
     """What a candidate process prepares before its candidate is known."""
 
     recorder: ActivityRecorder | None = None   # on a GPU: the profiler, already recording
+    clock: tuple[float, float] | None = None    # time.time() as its preparation began and ended (on a GPU)
 
 
 def standby() -> Standby:
@@ -146,6 +147,7 @@ def standby() -> Standby:
     should wait for."""
     if not triton_warm.gpu_process():
         return Standby()
+    began = _wall_clock()
     torch.cuda.init()
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
     # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
@@ -153,7 +155,7 @@ def standby() -> Standby:
     triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()
-    return Standby(recorder)
+    return Standby(recorder, (began, _wall_clock()))
 
 
 def run_candidate(payload: str, prepared: Standby | None = None) -> int:
@@ -193,6 +195,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     report["denials"] = denials()
     report["launcher_signatures"] = list(launchers)
     report["clock"] = [started_at, _wall_clock()]
+    report["standby_clock"] = list(prepared.clock) if prepared.clock else None
     write_report(request, report, key)
     return 0
 
