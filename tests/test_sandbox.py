@@ -86,3 +86,15 @@ def test_a_job_whose_start_by_time_has_passed_never_starts_a_worker():
         outcome = fresh.run(Job("tests.fault_jobs:pid", start_by=time.time() - 1))
         assert outcome.failure is JobFailure.NOT_STARTED and "start-by" in outcome.reason
         assert fresh._workers[0] is None   # no worker process was started for it
+
+
+def test_a_job_still_running_at_its_end_by_time_is_stopped_and_the_next_job_gets_a_fresh_worker():
+    import time
+
+    with WorkerPool(size=1) as pool:
+        first_pid = pool.run(job("pid")).value
+        started = time.monotonic()
+        outcome = pool.run(Job("tests.fault_jobs:hang", timeout=60.0, end_by=time.time() + 1.0))
+        assert outcome.failure is JobFailure.STOPPED and "end-by" in outcome.reason
+        assert time.monotonic() - started < 30           # stopped at its end-by time, not at its 60 s limit
+        assert pool.run(job("pid")).value not in (None, first_pid)   # a new worker, which works

@@ -19,7 +19,7 @@ LAUNCH = "*fp32,*fp32,i32,constexpr"
 
 def _report(**fields) -> dict:
     body = {"denials": [], "error": None, "violations": [], "launches": 1, "activities": [], "times_ms": [],
-            "outputs": {}, "skipped": []}
+            "outputs": {}, "skipped": [], "changed_inputs": []}
     return body | fields
 
 

@@ -141,6 +141,7 @@ def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_ch
 
     from mkevolve.codebase import KERNELS_DIR, SOLUTION_FILE
     from mkevolve.verify.result import CANDIDATE_NOT_STARTED
+    from mkevolve.verify.verifier import RUNNING_CHECK_GRACE_S
 
     honest = sorted((CORPUS / "honest").glob("*.py"))[0]
     with Verifier(RunConfig(workers=1)) as verifier:
@@ -154,6 +155,8 @@ def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_ch
         verifier.check_composite(problem_of(honest), folder)
     candidate_job, composite_job = recorder.jobs
     assert candidate_job.start_by == verifier.candidates_start_by and composite_job.start_by is None
+    assert candidate_job.end_by == verifier.candidates_start_by + RUNNING_CHECK_GRACE_S
+    assert composite_job.end_by is None       # the end-to-end check that makes best/ is never stopped
     # no verdict on the candidate: CRASHED, which a resumed run checks again
     assert result.status is Status.CRASHED and result.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "time budget" in result.reason
@@ -357,6 +360,17 @@ def test_the_harness_clock_only_profiles_and_is_clamped_to_the_process():
     assert absent.phases == {}
     assert _clock([1.0, 2.0]) == (1.0, 2.0)
     assert _clock(["1", 2.0]) is None and _clock([1.0]) is None and _clock({"a": 1}) is None
+
+
+def test_a_check_stopped_after_the_time_budget_has_no_verdict_and_says_why():
+    from mkevolve.verify.result import not_started_cause
+    from mkevolve.verify.verifier import RUNNING_CHECK_GRACE_S, _to_result
+    from mkevolve.workers.pool import JobFailure, JobOutcome
+
+    result = _to_result(JobOutcome(failure=JobFailure.STOPPED, reason="still running", wall_s=70.0))
+    assert result.status is Status.CRASHED and result.wall_s == 70.0
+    assert not_started_cause(result.reason).startswith(
+        f"its check was still running {RUNNING_CHECK_GRACE_S:g} s after the run's time budget was spent")
 
 
 def test_a_standby_still_preparing_when_the_request_came_is_late_by_the_rest_of_its_preparation():

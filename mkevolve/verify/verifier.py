@@ -27,6 +27,11 @@ from mkevolve.workers.pool import Job, JobFailure, JobOutcome
 # A prepare job's place among jobs waiting for a worker: behind every check (their priorities are counts of
 # candidates, far below this), so it only ever takes a worker that nothing else is waiting for.
 PREPARE_PRIORITY = 1 << 30
+# Seconds a candidate check (or preparation) that started before the run's time budget was spent may still run
+# after it; then it is stopped, without a verdict, so the run goes on to its end-to-end check and `best/` in a
+# bounded time: a full-size check can take minutes (on an H200, KernelBench level2/19 with its 2.2 GB input
+# sets did not end its iteration within a 511 s part; level 3 checks beside two other runs took 60 to 270 s).
+RUNNING_CHECK_GRACE_S = 60.0
 
 
 class Verifier:
@@ -43,7 +48,7 @@ class Verifier:
         self.clock = BusyClock()  # shared with the LLM client by a run, to measure its own overhead
         # time.time() after which a candidate check still waiting for a worker is not started (a run's
         # --time-budget); end-to-end checks of composed solutions always run
-        self.candidates_start_by: float | None = None
+        self.candidates_start_by: float | None = None   # the run's time budget: see candidates_end_by
         self._warming: threading.Thread | None = None    # start_candidate_processes, while it runs
         self._preparing: list[threading.Thread] = []      # prepare(), one thread per call
         self._closing = threading.Event()                  # close() was called
@@ -96,7 +101,8 @@ class Verifier:
         if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
             return                                             # at the same cost
         jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
-                    timeout=self._worker_timeout, start_by=self.candidates_start_by, priority=PREPARE_PRIORITY)
+                    timeout=self._worker_timeout, start_by=self.candidates_start_by,
+                    end_by=self.candidates_end_by, priority=PREPARE_PRIORITY)
                 for path in problem_paths]
         for path, outcome in zip(problem_paths, self.executor.run_many(jobs)):
             if outcome.failure is JobFailure.NOT_STARTED:
@@ -136,7 +142,8 @@ class Verifier:
             if early is None:
                 slots.append(len(results) - 1)
                 jobs.append(self._kernel_job(problem_path, solution_path, timed,
-                                             start_by=self.candidates_start_by, priority=priority))
+                                             start_by=self.candidates_start_by,
+                                             end_by=self.candidates_end_by, priority=priority))
         for slot, outcome in zip(slots, self.run_jobs(jobs)):
             results[slot] = _to_result(outcome)
         for (problem_path, solution_path), result in zip(pairs, results):
@@ -189,10 +196,16 @@ class Verifier:
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
-                    start_by: float | None = None, priority: int = 0) -> Job:
+                    start_by: float | None = None, end_by: float | None = None, priority: int = 0) -> Job:
         request = self._request(problem_path, solution_path, timed, trusted_files, code_files)
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=self._worker_timeout, start_by=start_by, priority=priority)
+                   timeout=self._worker_timeout, start_by=start_by, end_by=end_by, priority=priority)
+
+    @property
+    def candidates_end_by(self) -> float | None:
+        """When candidate checks and preparations still running are stopped: RUNNING_CHECK_GRACE_S after the
+        run's time budget (`candidates_start_by`). End-to-end checks are never stopped: they make `best/`."""
+        return None if self.candidates_start_by is None else self.candidates_start_by + RUNNING_CHECK_GRACE_S
 
     @property
     def _worker_timeout(self) -> float:
@@ -280,6 +293,10 @@ def _to_result(outcome: JobOutcome) -> EvalResult:
     if outcome.failure is JobFailure.NOT_STARTED:  # no verdict on the candidate: a resumed run checks it again
         return EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
                                                         f"spent before a worker was free")
+    if outcome.failure is JobFailure.STOPPED:      # no verdict either
+        return EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: its check was "
+                          f"still running {RUNNING_CHECK_GRACE_S:g} s after the run's time budget was spent, and "
+                          f"was stopped", wall_s=outcome.wall_s)
     if not outcome.ok:
         return EvalResult(status=Status(outcome.failure.value), reason=outcome.reason, wall_s=outcome.wall_s,
                           phases={"worker_start": outcome.worker_start_s})

@@ -32,11 +32,13 @@ STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is 
 
 class JobFailure(str, Enum):
     """Why a worker gave no value; the values are the verifier's status names for the same events, but for
-    NOT_STARTED: the job waited for a worker past its `start_by` and never ran."""
+    NOT_STARTED: the job waited for a worker past its `start_by` and never ran; and STOPPED: it was still
+    running at its `end_by`, and its worker was killed."""
 
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     NOT_STARTED = "not_started"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Job:
     kwargs: dict = field(default_factory=dict)
     timeout: float = 300.0
     start_by: float | None = None   # time.time() after which a job still waiting for a worker is not run
+    end_by: float | None = None     # time.time() at which a job still running is stopped (its worker killed)
     # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries how
     # many of its beam step's candidates still have no verdict, so the step nearest its end gets the next
     # free worker, and its search goes on to its next step (and LLM calls) sooner.
@@ -135,11 +138,18 @@ class Worker:
 
     def run(self, job: Job) -> JobOutcome:
         start = time.monotonic()
+        limit = job.timeout
+        stopped_by_end = job.end_by is not None and job.end_by - time.time() < limit
+        if stopped_by_end:
+            limit = max(0.0, job.end_by - time.time())
         try:
             send_message(self.proc.stdin, job)
-            reply = receive_message(self.proc.stdout.fileno(), start + job.timeout)
+            reply = receive_message(self.proc.stdout.fileno(), start + limit)
         except TimeoutError:
             self.kill()
+            if stopped_by_end:
+                return JobOutcome(failure=JobFailure.STOPPED, wall_s=time.monotonic() - start,
+                                  reason=f"still running at its end-by time, after {limit:.0f} s; worker killed")
             return JobOutcome(failure=JobFailure.TIMEOUT, wall_s=time.monotonic() - start,
                               reason=f"no result within the {job.timeout:g} s time limit; worker killed")
         except (EOFError, BrokenPipeError):
