@@ -41,6 +41,7 @@ from mkevolve.workers.pool import Job
 SPLIT_REASONS = 3  # failed candidates whose verdicts the Split prompt quotes, per subproblem
 # Seconds a subproblem's prepare job waits before it asks for a worker: the builtin agent's first kernels come
 # within 0.1 s of the decomposition, and their checks should have the workers; a model's take seconds or more.
+# Likewise a reply's subproblems prepared while it is checked wait for its check to take a worker first.
 PREPARE_GRACE_S = 2.0
 
 
@@ -214,7 +215,8 @@ class Orchestrator:
 
     def _initial_decomposition(self) -> None:
         self._phase(0, "decomposing")
-        decomposition, report = decompose_agent.decompose(self.problem_path, **self._agent_args())
+        decomposition, report = decompose_agent.decompose(self.problem_path, **self._agent_args(),
+                                                          speculate=self._prepare_subproblems_ahead)
         decomposition.write(iteration_dir(self.run_dir, 0))
         how = "fallback (the original module as one subproblem)" if decomposition.fallback else "passed every check"
         self.display.log(f"decomposed into {len(decomposition.names)} subproblem(s), {how}: "
@@ -222,6 +224,14 @@ class Orchestrator:
         self.events.emit("decomposition", iteration=0, refinement="initial", subproblems=decomposition.names,
                          fallback=decomposition.fallback, checks=report.to_dict())
         self._checkpoint(Step.DECOMPOSED)
+
+    def _prepare_subproblems_ahead(self, decomposition: Decomposition) -> None:
+        """Speculation: a reply's subproblems prepared (references, baselines) while its decomposition is being
+        checked, when a worker is to spare beside the check. The caches are keyed by source, so once it passes
+        its subproblems' first checks find them made; if it fails, only idle workers' time was spent."""
+        if self.verifier.executor.size > 1:
+            self.verifier.prepare_sources({s.path: s.source for s in decomposition.subproblems},
+                                          grace_s=PREPARE_GRACE_S)
 
     def _refine(self) -> None:
         """This iteration's decomposition: TotalFuse when the last end-to-end check failed while every

@@ -16,6 +16,7 @@ from mkevolve.codebase import Decomposition
 from mkevolve.config import RunConfig
 from mkevolve.events import EventLog
 from mkevolve.llm.client import make_client
+from mkevolve.llm.parse import extract_files
 from mkevolve.workers.pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +218,27 @@ def test_a_repeated_reply_reuses_its_verdict(tmp_path, pool):
     first, second = _attempts(events)
     assert first["reasons"] == second["reasons"]
     assert first["check_s"] == second["check_s"]  # the same report: checked once
+
+
+def test_each_rounds_first_new_reply_of_sound_structure_is_speculated_on_before_its_check(tmp_path, pool):
+    """speculate (the run prepares the reply's subproblems) gets, per round, the first reply that passes the
+    structure check and was not checked before, while no verdict is in yet; a reply without a loader is not
+    run at all before its checks, and a reply seen in an earlier round is not given again."""
+    no_loader = tmp_path / "no_loader.md"
+    no_loader.write_text((REPLAY / "good.md").read_text().replace("def load_subproblem", "def not_the_loader"))
+    config, client = _replay(tmp_path, [{"reply": str(no_loader)}, {"reply": "wrong_rng_order.md"},
+                                        {"reply": "wrong_rng_order.md"}, {"reply": "good.md"}],
+                             decompose_attempts=2, retries=1)
+    events = EventLog()
+    speculated = []
+
+    def speculate(decomposition: Decomposition) -> None:
+        speculated.append((decomposition.files(), len(_attempts(events))))
+
+    decomposition, report = decompose(PROBLEM, config, client, pool, events, speculate=speculate)
+    assert report.passed and [a["passed"] for a in _attempts(events)] == [False, False, False, True]
+    rng_order = Decomposition.from_files(extract_files((REPLAY / "wrong_rng_order.md").read_text()))
+    assert speculated == [(rng_order.files(), 0), (decomposition.files(), 2)]
 
 
 def test_replayed_split_replaces_the_failing_subproblem(tmp_path, pool):

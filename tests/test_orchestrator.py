@@ -86,6 +86,22 @@ def test_no_profile_is_started_once_the_time_budget_is_spent():
     assert [e["kind"] for e in orchestrator.events.events] == ["profile_skipped"]
 
 
+@pytest.mark.parametrize("workers, sent", [(2, True), (1, False)])
+def test_a_replys_subproblems_are_prepared_while_it_is_checked_when_a_worker_is_to_spare(workers, sent):
+    """The decompose agent's speculate hook: every subproblem file of the reply goes to prepare_sources, by
+    its relative path; with one worker, which the decomposition's check needs, nothing is sent."""
+    from mkevolve.codebase import Decomposition, SubproblemSpec
+
+    calls = []
+    orchestrator = Orchestrator.__new__(Orchestrator)
+    orchestrator.verifier = SimpleNamespace(executor=SimpleNamespace(size=workers),
+                                            prepare_sources=lambda files, grace_s: calls.append(files))
+    reply = Decomposition("top", [SubproblemSpec("gemm_relu", "G = 1\n"), SubproblemSpec("scale", "S = 2\n")])
+    orchestrator._prepare_subproblems_ahead(reply)
+    expected = [{"subkernel_problems/gemm_relu.py": "G = 1\n", "subkernel_problems/scale.py": "S = 2\n"}]
+    assert calls == (expected if sent else [])
+
+
 def test_manifest_describes_every_subkernel(finished_run):
     manifest = Manifest.read(finished_run / BEST)
     on_gpu = torch.cuda.is_available()

@@ -329,6 +329,30 @@ def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_
     assert prepared[0]["phases"] == {"reference": 1.5, "baseline": 4.0} and prepared[0]["error"] == ""
 
 
+def test_sources_prepared_ahead_are_not_prepared_again_where_the_run_writes_them(tmp_path):
+    """prepare_sources writes text to a scratch folder and prepares it there; the caches are keyed by source,
+    so the same source at its run path later is not sent again, while a new one is. close() removes the
+    scratch folder."""
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = executor = _PreparingExecutor()
+    executor.ready.set()
+    verifier._device_name = "NVIDIA H200"
+    verifier.prepare_sources({"subkernel_problems/a.py": "A = 1\n", "subkernel_problems/b.py": "B = 2\n"})
+    ahead = verifier._ahead_dir
+    assert {p.name: p.read_text() for p in ahead.rglob("*.py")} == {"a.py": "A = 1\n", "b.py": "B = 2\n"}
+    later = tmp_path / "iteration_0" / "subkernel_problems"
+    later.mkdir(parents=True)
+    (later / "a.py").write_text("A = 1\n")
+    (later / "c.py").write_text("C = 3\n")
+    verifier.prepare([later / "a.py", later / "c.py"])
+    verifier.close()
+    sent = sorted(Path(job.kwargs["request"].problem_path) for job in executor.jobs)
+    assert [p.name for p in sent] == ["a.py", "b.py", "c.py"]
+    assert sent[0].is_relative_to(ahead.resolve()) and sent[2] == (later / "c.py").resolve()
+    assert not ahead.exists()
+
+
 def test_a_prepare_in_its_grace_period_sends_nothing_once_the_run_closes(tmp_path):
     """prepare(grace_s=...) waits before it asks for a worker, so that checks sent at the same moment go first;
     a run that closes meanwhile neither waits for the grace period nor sends the jobs."""

@@ -16,6 +16,7 @@ from mkevolve.llm.types import LLMRequest, LLMResponse
 from mkevolve.text import first_line
 from mkevolve.verify.decomposition.orchestration import check_decomposition
 from mkevolve.verify.decomposition.results import CheckReport
+from mkevolve.verify.decomposition.static import structure_problems
 from mkevolve.workers.executor import Executor
 
 REASON_CHARS = 600        # one reason, as the next prompt shows it
@@ -59,6 +60,9 @@ class AttemptLoop:
     history: list[Attempt] = field(default_factory=list)
     # A reply identical to an earlier one gets the earlier verdict instead of a second check.
     reports: dict[tuple, CheckReport] = field(default_factory=dict)
+    # Given each round's first new reply that passes the structure check, just before the checks start: what
+    # the run would do with it once it passes can start while it is checked (None: nothing).
+    speculate: Callable[[Decomposition], None] | None = None
 
     def run(self, requests_for: Callable[[list[Feedback]], list[LLMRequest]],
             build: Callable[[dict[str, str]], Decomposition],
@@ -69,6 +73,7 @@ class AttemptLoop:
             responses = self.client.complete_many(requests)
             attempts = [self._parse(round_index, request.sample, response, build)
                         for request, response in zip(requests, responses)]
+            self._speculate(attempts)
             winner = self._check(attempts, validate)
             self.history += attempts
             for attempt in attempts:
@@ -100,14 +105,23 @@ class AttemptLoop:
             attempt.reasons = [f"reply format: {err}" + (f" (the reply says: {note})" if note else "")]
         return attempt
 
+    def _speculate(self, attempts: list[Attempt]) -> None:
+        if self.speculate is None:
+            return
+        for attempt in attempts:
+            decomposition = attempt.decomposition
+            if decomposition is not None and _reply_key(decomposition) not in self.reports \
+                    and not structure_problems(decomposition.files()):
+                self.speculate(decomposition)
+                return
+
     def _check(self, attempts: list[Attempt],
                validate: Callable[[Decomposition, CheckReport], list[str]]) -> Attempt | None:
         """Check the parsed attempts in parallel (identical ones once); return as soon as one passes."""
         unique: dict[tuple, list[Attempt]] = {}
         for attempt in attempts:
             if attempt.decomposition is not None:
-                key = tuple(sorted(attempt.decomposition.files().items()))
-                unique.setdefault(key, []).append(attempt)
+                unique.setdefault(_reply_key(attempt.decomposition), []).append(attempt)
         winner = None
         for key in [k for k in unique if k in self.reports]:
             winner = winner or self._judge(unique.pop(key), self.reports[key], validate)
@@ -154,6 +168,10 @@ def emit_result(events: EventLog | None, agent: str, outcome: str, decomposition
     if events is not None:
         events.emit("decomposition_result", agent=agent, outcome=outcome, fallback=decomposition.fallback,
                     subproblems={s.name: s.instances for s in decomposition.subproblems})
+
+
+def _reply_key(decomposition: Decomposition) -> tuple:
+    return tuple(sorted(decomposition.files().items()))
 
 
 def _clip(text: str) -> str:

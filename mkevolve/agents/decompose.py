@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,11 +45,13 @@ class DecomposeTask:
 
 
 def decompose(problem_path: str | Path, config: RunConfig, client: LLMClient, pool: Executor,
-              events: EventLog | None = None) -> tuple[Decomposition, CheckReport]:
+              events: EventLog | None = None,
+              speculate: Callable[[Decomposition], None] | None = None) -> tuple[Decomposition, CheckReport]:
     """The first of `decompose_attempts` parallel replies per round that passes every check, with up to
-    `retries` further rounds; else the original module as the only subproblem (fallback=True)."""
+    `retries` further rounds; else the original module as the only subproblem (fallback=True). `speculate` is
+    given each round's first new reply that passes the structure check, before its checks run."""
     problem_path = Path(problem_path)
-    loop = AttemptLoop("decompose", problem_path, config, client, pool, events)
+    loop = AttemptLoop("decompose", problem_path, config, client, pool, events, speculate=speculate)
 
     def requests(feedback: list[Feedback]) -> list[LLMRequest]:
         variables = prompt_variables(problem_path, feedback)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import shutil
 import sys
+import tempfile
 import threading
 import tokenize
 import time
@@ -51,6 +54,9 @@ class Verifier:
         self.candidates_start_by: float | None = None   # the run's time budget: see candidates_end_by
         self._warming: threading.Thread | None = None    # start_candidate_processes, while it runs
         self._preparing: list[threading.Thread] = []      # prepare(), one thread per call
+        self._prepared: set[str] = set()                  # contents (sha256) of the problems prepare() was given
+        self._prepared_lock = threading.Lock()
+        self._ahead_dir: Path | None = None                # prepare_sources' files, removed by close()
         self._closing = threading.Event()                  # close() was called
 
     @property
@@ -92,10 +98,42 @@ class Verifier:
         checks compute what they need themselves."""
         if not self.executor.shares_caches:    # what a job left in one node's caches spares no other job
             return
-        thread = threading.Thread(target=self._prepare, args=(list(problem_paths), grace_s), name="prepare",
-                                  daemon=True)
+        fresh = [path for path in problem_paths if self._first_preparation(Path(path))]
+        if not fresh:
+            return
+        thread = threading.Thread(target=self._prepare, args=(fresh, grace_s), name="prepare", daemon=True)
         self._preparing.append(thread)
         thread.start()
+
+    def prepare_sources(self, files: dict[str, str], grace_s: float = 0.0) -> None:
+        """prepare() for problem files that exist only as text (relative path -> source): written to a scratch
+        folder first. The caches are keyed by a problem's source, not its path, so a later check of the same
+        source at another path finds what this prepared."""
+        if not self.executor.shares_caches or not files:
+            return
+        with self._prepared_lock:
+            if self._ahead_dir is None:
+                self._ahead_dir = Path(tempfile.mkdtemp(prefix="mkevolve-ahead-"))
+        digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
+        paths = []
+        for relative, source in files.items():
+            path = self._ahead_dir / digest / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source, encoding="utf-8")
+            paths.append(path)
+        self.prepare(paths, grace_s)
+
+    def _first_preparation(self, path: Path) -> bool:
+        """Whether no earlier prepare() was given this problem's source (or this path, for a file not there):
+        a second job would only wait for the first one's caches."""
+        try:
+            key = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            key = str(path.resolve())
+        with self._prepared_lock:
+            first = key not in self._prepared
+            self._prepared.add(key)
+        return first
 
     def _prepare(self, problem_paths: list[Path], grace_s: float) -> None:
         if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
@@ -234,6 +272,8 @@ class Verifier:
             if thread is not None:
                 thread.join()
         self.executor.close()
+        if self._ahead_dir is not None:
+            shutil.rmtree(self._ahead_dir, ignore_errors=True)
 
     def __enter__(self) -> "Verifier":
         return self
