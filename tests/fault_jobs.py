@@ -33,3 +33,9 @@ def print_and_return(value: int) -> int:
 
 def interpreter_flag() -> str:
     return os.environ.get("TRITON_INTERPRET", "")
+
+
+def zygote_log() -> str:
+    from mkevolve.verify.candidate_run import zygote_log_path
+
+    return str(zygote_log_path())

@@ -1,5 +1,7 @@
 """The worker sandbox: hangs, exits, segfaults and exceptions each cost one job, never the pool."""
 
+from pathlib import Path
+
 import pytest
 
 from mkevolve.workers.pool import JobFailure
@@ -98,3 +100,15 @@ def test_a_job_still_running_at_its_end_by_time_is_stopped_and_the_next_job_gets
         assert outcome.failure is JobFailure.STOPPED and "end-by" in outcome.reason
         assert time.monotonic() - started < 30           # stopped at its end-by time, not at its 60 s limit
         assert pool.run(job("pid")).value not in (None, first_pid)   # a new worker, which works
+
+
+def test_a_workers_zygote_logs_in_the_pools_log_folder_and_goes_with_it():
+    """A zygote's error log is named for its worker and kept in the pool's log folder, so closing the pool
+    leaves no file behind in the temporary folder."""
+    pool = WorkerPool(1)
+    outcome = pool.run(job("zygote_log"))
+    log = Path(outcome.value)
+    assert log.parent == pool._log_dir and log.name.startswith("mkevolve-zygote-")
+    pool.close()
+    assert not log.parent.exists()
+

@@ -32,7 +32,7 @@ from mkevolve.verify.reference import FIRST_SET, ReferenceSet
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
 from mkevolve.workers import gpu_share, harden, wire
-from mkevolve.workers.pool import log_tail
+from mkevolve.workers.pool import LOG_DIR_ENV, log_tail
 from mkevolve.workers.zygote import ChildExit, Zygote, ZygoteError
 
 TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
@@ -337,9 +337,15 @@ def _running_zygote() -> Zygote:
     with _zygote_lock:
         if _zygote is None or not _zygote.alive:
             _zygote = Zygote(("mkevolve.verify.harness", "mkevolve.verify.triton_warm"), _zygote_env(),
-                             Path(tempfile.gettempdir()) / f"mkevolve-zygote-{os.getpid()}.log",
-                             standby="mkevolve.verify.harness:standby")
+                             zygote_log_path(), standby="mkevolve.verify.harness:standby")
         return _zygote
+
+
+def zygote_log_path() -> Path:
+    """Where this process's zygote writes its errors: in a worker, its pool's log folder, which the pool
+    removes when it closes; elsewhere (a check run in-process) the temporary folder."""
+    folder = os.environ.get(LOG_DIR_ENV) or tempfile.gettempdir()
+    return Path(folder) / f"mkevolve-zygote-{os.getpid()}.log"
 
 
 def start_zygote_early() -> None:

@@ -28,6 +28,8 @@ _HEADER = struct.Struct("!Q")
 PRELOAD_ENV = "MKEVOLVE_WORKER_PRELOAD"
 DEFAULT_PRELOAD = ("torch",)
 STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is killed
+# The pool's log folder, in each worker's environment: what a worker starts logs there too, and goes with it.
+LOG_DIR_ENV = "MKEVOLVE_WORKER_LOG_DIR"
 
 
 class JobFailure(str, Enum):
@@ -313,10 +315,10 @@ class WorkerPool:
         start = time.monotonic()
         device = self.device_of(slot)
         sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
-        env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload)}
         with self._lock:
             if self._log_dir is None:
                 self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
+        env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload), LOG_DIR_ENV: str(self._log_dir)}
         worker = Worker(env, self._log_dir)
         with self._lock:
             self._workers[slot] = worker
