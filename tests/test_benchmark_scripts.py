@@ -26,6 +26,7 @@ profile_script = load_script("eval_profile")
 kb = load_script("kernelbench")
 throughput = load_script("throughput")
 run_alone = load_script("run_alone")
+bench_wire = load_script("bench_wire")
 
 
 # ---- eval_profile ----------------------------------------------------------------------------------------
@@ -495,3 +496,17 @@ def test_real_models_writes_loadable_model_files_and_summarises_reports(tmp_path
     assert real.summary({"exit_code": 2, "error": "bad"}) == "failed: bad"
     real.save_results(settings.results, {"gpt2": {"top": 1}})
     assert real.load_results(settings.results) == {"gpt2": {"top": 1}}
+
+
+# ---- bench_wire ------------------------------------------------------------------------------------------
+
+
+def test_bench_wire_reports_a_write_beside_its_two_parts(tmp_path):
+    out = tmp_path / "wire.json"
+    assert bench_wire.main(["--mb", "1", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"date", "machine", "torch", "folder", "rows"} <= set(result)
+    (row,) = result["rows"]
+    assert row["mb"] == 1 and row["write_values_s"] > 0 and row["raw_write_s"] > 0 and row["sha256_s"] > 0
+    assert not list(Path(result["folder"]).glob("bench_wire.mkv"))     # its file is removed
+

@@ -35,8 +35,13 @@ def test_values_round_trip_with_dtypes_shapes_and_scalars(tmp_path):
             assert a == b and type(a) is type(b)
 
 
-def test_digest_matches_the_file(tmp_path):
-    digest = wire.write_values(tmp_path / "v.mkv", [torch.ones(3)])
+@pytest.mark.parametrize("values", [
+    [torch.ones(3)],
+    [torch.randn(3, 1000), torch.tensor(2.5), torch.zeros(0), "text", (torch.arange(7, dtype=torch.int64), None)],
+])
+def test_digest_matches_the_file(tmp_path, values):
+    """The digest, hashed from memory on a side thread while the file is written, is the written file's."""
+    digest = wire.write_values(tmp_path / "v.mkv", values)
     assert digest == wire.file_digest(tmp_path / "v.mkv")
 
 
