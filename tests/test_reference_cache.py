@@ -167,3 +167,39 @@ def test_recomputed_outputs_equal_the_kept_ones(tmp_path, monkeypatch):
     assert again.recompute_mark("trial0").exists() and not again.outputs_file("trial0").exists()
     expected, recomputed = kept.expected("trial0"), again.expected("trial0")
     assert len(expected) == len(recomputed) and all(torch.equal(a, b) for a, b in zip(expected, recomputed))
+
+
+def test_sets_computed_together_are_those_drawn_and_run_one_by_one(tmp_path, monkeypatch):
+    """ensure() draws each next set's inputs while the set before is written (on a thread of its own); what
+    lands on disk is what each set's seed gives: its inputs from get_inputs, its outputs from the Model."""
+    from mkevolve.problem import load_problem, make_inputs
+
+    problem = load_problem(CORPUS / "problems" / "elementwise.py")
+    references = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
+    writing = threading.Event()
+    drawn_while_writing = []
+    real_write, real_draw = reference._write_atomic_values, reference.ReferenceSet._draw
+
+    def slow_write(path, values):
+        writing.set()
+        time.sleep(0.2)
+        real_write(path, values)
+        writing.clear()
+
+    def draw(self, name, config):
+        drawn_while_writing.append(writing.wait(0.5))    # a write in flight starts within the half second
+        return real_draw(self, name, config)
+
+    monkeypatch.setattr(reference, "_write_atomic_values", slow_write)
+    monkeypatch.setattr(reference.ReferenceSet, "_draw", draw)
+    names = ["trial0", "trial1", "time0"]
+    references.ensure(names)
+    assert drawn_while_writing == [False, True, True]
+    model = references.build_model()
+    for name in names:
+        inputs = make_inputs(problem.path, problem.configs[0], references._input_seed(name), torch.device("cpu"))
+        stored = reference.wire.read_values(references.inputs_file(name))
+        assert all(torch.equal(a, b) for a, b in zip(inputs, stored))
+        with torch.no_grad():
+            assert torch.equal(model(*inputs), references.expected(name)[0])
+
