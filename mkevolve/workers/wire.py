@@ -11,7 +11,7 @@ cannot run code or make the reader allocate more than the file holds.
 
 The writing side runs in a candidate process after its code was imported, so it calls only what it
 bound at import: torch's C tensor methods (with Python overrides off), OpenSSL's hashes, the C JSON
-encoder, and its own copies of the builtins (see verify/harness.py for why).
+encoder, `_thread`'s threads and locks, and its own copies of the builtins (see verify/harness.py for why).
 
 The writer pads the header and every tensor to 64 bytes, so the reader makes tensors that point into
 the one buffer it read the file into: a KernelBench output of 32 MB is copied once from the page cache,
