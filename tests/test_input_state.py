@@ -22,6 +22,7 @@ from mkevolve.workers import wire
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ELEMENTWISE = CORPUS / "problems" / "elementwise.py"
 SCRATCH_CHEAT = CORPUS / "cheats" / "input_state_scratch_in_argument.py"
+LATE_SCRATCH_CHEAT = CORPUS / "cheats" / "input_state_scratch_after_first_call.py"
 
 # x.mul_(2) in place, then a fresh 2x + 1: the argument after the call holds 2x.
 WRITES_PROBLEM = '''import torch
@@ -111,9 +112,9 @@ def verdicts(tmp_path_factory):
     writes.write_text(KERNEL.format(write=True))
     leaves.write_text(KERNEL.format(write=False))
     with Verifier(RunConfig(workers=2, timeout=120.0, trials=2)) as verifier:
-        results = verifier.check_kernels([(problem, writes), (problem, leaves), (ELEMENTWISE, SCRATCH_CHEAT)],
-                                         timed=False)
-    return dict(zip(["writes", "leaves", "scratch"], results))
+        results = verifier.check_kernels([(problem, writes), (problem, leaves), (ELEMENTWISE, SCRATCH_CHEAT),
+                                          (ELEMENTWISE, LATE_SCRATCH_CHEAT)], timed=False)
+    return dict(zip(["writes", "leaves", "scratch", "late scratch"], results))
 
 
 @pytest.mark.slow
@@ -129,8 +130,10 @@ def test_a_kernel_that_leaves_alone_an_argument_the_reference_writes_into_is_inc
 
 
 @pytest.mark.slow
-def test_a_kernel_that_writes_into_an_argument_the_reference_leaves_is_incorrect(verdicts):
-    result = verdicts["scratch"]
+@pytest.mark.parametrize("cheat", ["scratch", "late scratch"])
+def test_a_kernel_that_writes_into_an_argument_the_reference_leaves_is_incorrect(verdicts, cheat):
+    """From its first call, or only from its second: later checked calls' arguments are compared too."""
+    result = verdicts[cheat]
     assert result.status is Status.INCORRECT, result.reason
     assert result.rule == Rule.INPUT_STATE.value
     assert result.reason.startswith("[input-state] forward wrote into its argument 0, which Model's forward")

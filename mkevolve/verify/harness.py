@@ -76,6 +76,9 @@ _SAVERS = 8  # threads that write kept outputs at once
 # alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
 # past its 16 GB of host memory.
 _HOST_BATCH_BYTES = 4 << 30
+# Bytes of arguments of checked calls after each config's first kept for the input-state comparison (on the
+# device, until the profiler stops): all of them for most problems, none beyond the first for a full-size one.
+_KEPT_ARGUMENT_BYTES = 1 << 30
 
 
 @dataclass
@@ -174,20 +177,19 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
     saved: dict[str, list] = {}
-    first_calls: list[FirstCall] = []   # per config, compared once the profiler has stopped
+    kept = _KeptArguments()             # checked calls' arguments, compared once the profiler has stopped
     try:
         with _phase(report, "import"):
             _forget_trusted_modules()
             model_cls = import_candidate(request.solution)
         for config, (init, inputs) in zip(request.configs, loaded):
-            _run_config(request, model_cls, config, init, inputs, clock, report, saved, strict, first_calls)
+            _run_config(request, model_cls, config, init, inputs, clock, report, saved, strict, kept)
         if prepared.recorder is not None:
             with _phase(report, "profiler_stop"):
                 prepared.recorder.__exit__(None, None, None)
             # Autotuning alone launches thousands of identical cache-clearing fills: keep each name once.
             report["activities"] = list(dict.fromkeys(prepared.recorder.names))
-        report["changed_inputs"] = [[index, position] for index, first in enumerate(first_calls)
-                                    for position in first.changed()]
+        report["changed_inputs"] = kept.changed()
     except CandidateFailure as failure:
         report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
     with _phase(report, "save"):
@@ -282,10 +284,11 @@ def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
 
 
 @dataclass
-class FirstCall:
-    """A config's first call: the arguments it was given (copies of `given`), as the forward left them.
-    Compared after the profiler stops, so the comparison's kernels are not taken for the candidate's."""
+class CalledArguments:
+    """A checked call's arguments (copies of `given`), as the forward left them. Compared after the profiler
+    stops, so the comparison's kernels are not taken for the candidate's."""
 
+    config: int              # index of the call's input config
     given: list
     args: list
     written: list[int]       # positions the reference writes into: compared with its values instead
@@ -308,9 +311,32 @@ def _same_bits(after, before) -> bool:
             and _equal(_nan_to_num(after, 0.0), _nan_to_num(before, 0.0)))
 
 
+class _KeptArguments:
+    """The arguments of every config's first call, and of its later checked calls (trials at random places)
+    while they add up to _KEPT_ARGUMENT_BYTES: a forward that writes into its argument from its second call on
+    is caught there. A full-size set (KernelBench level2/19: 2.2 GB) keeps its first call's alone."""
+
+    def __init__(self):
+        self.calls: list[CalledArguments] = []
+        self.later_bytes = 0
+
+    def add(self, config: int, given: list, args: list, written: list[int], first: bool) -> None:
+        size = sum(_numel(v) * _element_size(v) for v in args if type(v) is _Tensor)
+        if not first:
+            if self.later_bytes + size > _KEPT_ARGUMENT_BYTES:
+                return
+            self.later_bytes += size
+        self.calls.append(CalledArguments(config, given, args, written))
+
+    def changed(self) -> list[list[int]]:
+        """[config, position] of each argument written into where the reference leaves it, once each."""
+        found = {(call.config, position): None for call in self.calls for position in call.changed()}
+        return [list(key) for key in found]
+
+
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
                 inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list],
-                strict: tuple, first_calls: list[FirstCall]) -> None:
+                strict: tuple, kept: _KeptArguments) -> None:
     device = torch.device(request.device)
     with _phase(report, "build"):
         model = build(model_cls, init, request, device)
@@ -320,29 +346,29 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
     first, rest = config.calls[:1], config.calls[1:]
     with _phase(report, "first_call"):
         try:
-            _run_calls(request, model, first, inputs, clock, report, saved, strict, first_calls=first_calls)
+            _run_calls(request, model, first, inputs, clock, report, saved, strict, kept)
         finally:
             gpu_share.resume_after_compiles()
     if clock is None:
         with _phase(report, "other_calls"):
-            _run_calls(request, model, rest, inputs, clock, report, saved, strict, start=1)
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict, kept, start=1)
         return
     alone = gpu_share.gpu_alone()
     with _phase(report, "gpu_wait"):  # until every other job on this GPU has let go of it
         alone.__enter__()
     try:
         with _phase(report, "other_calls"):
-            _run_calls(request, model, rest, inputs, clock, report, saved, strict, start=1)
+            _run_calls(request, model, rest, inputs, clock, report, saved, strict, kept, start=1)
     finally:
         alone.__exit__(None, None, None)
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
                clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple,
-               start: int = 0, first_calls: list[FirstCall] | None = None) -> None:
+               kept: _KeptArguments, start: int = 0) -> None:
     """`strict`: the precision switches as set before the import; a call that runs with others (set at
     import, in __init__ or in a forward) is reported. `start`: the first call's position in its config.
-    `first_calls`: where the first call's arguments go, as the forward left them."""
+    `kept`: where checked calls' arguments go, as the forward left them."""
     for position, call in enumerate(calls, start):
         if call.timed and call.save is None and call.state is None and timing_done(report["times_ms"][-1]):
             report["skipped"][-1].append(position)
@@ -364,8 +390,8 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
             # The arguments the reference writes into follow, as the trusted side's expected values do.
             saved[call.save] = (_snapshot(out, report, already_checked=call.guard)
                                 + _copies([args[i] for i in call.written]))
-        if first_calls is not None and position == 0:
-            first_calls.append(FirstCall(inputs[call.inputs], args, call.written))
+        if position == 0 or call.save:   # the first call, and the checked ones (trials, at random places)
+            kept.add(len(report["times_ms"]) - 1, inputs[call.inputs], args, call.written, first=position == 0)
         if call.state:
             saved[call.state] = _copies(_module_buffers(model))
 
