@@ -339,13 +339,15 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     plan.keep_state(["bn.running_mean"])
     report = {"violations": [], "launches": 0, "times_ms": [[]], "skipped": [[]]}
     saved = {}
+    kept = harness._KeptArguments()
     harness._run_calls(request, Echo(), plan.calls, inputs, _FixedClock(call_ms), report, saved,
-                       harness._precision_state())
+                       harness._precision_state(), kept)
     times = report["times_ms"][0]
     # the two checked timed calls run even after the median is settled, and are timed as well
     assert timed <= len(times) <= timed + 2 and timing_done(times)
     checked = {c.save for c in plan.checks}
     assert set(saved) == checked | {plan.state_name("first"), plan.state_name("last")}   # none skipped
+    assert len(kept.calls) == len(checked) and kept.changed() == []   # every checked call's arguments, left as given
     assert len(seen) == plan.length - (TIMED_RUNS - len(times))
     # the calls left out are reported by position, for the module state's replay: timed, nothing kept
     skipped = report["skipped"][0]
