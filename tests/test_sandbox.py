@@ -1,11 +1,14 @@
 """The worker sandbox: hangs, exits, segfaults and exceptions each cost one job, never the pool."""
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from mkevolve.agents.evolve import COVERED_PRIORITY
 from mkevolve.workers.pool import JobFailure
-from mkevolve.workers.pool import Job, WorkerPool
+from mkevolve.workers.pool import Job, WorkerPool, _Slots
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,13 @@ def test_worker_is_reused_while_healthy(pool):
     second = pool.run(job("pid"))
     assert first.ok and second.ok and first.value == second.value
     assert second.worker_start_s == 0.0
+
+
+def test_a_job_with_a_live_priority_runs_in_a_worker(pool):
+    """A live priority (a closure over the search's state) stays in this process; the job still travels."""
+    step = {"unfinished": 3}
+    outcome = pool.run(Job("tests.fault_jobs:print_and_return", {"value": 2}, 60.0, priority=lambda: step["unfinished"]))
+    assert outcome.ok and outcome.value == 4
 
 
 def test_stdout_chatter_does_not_break_protocol(pool):
@@ -112,3 +122,28 @@ def test_a_workers_zygote_logs_in_the_pools_log_folder_and_goes_with_it():
     pool.close()
     assert not log.parent.exists()
 
+
+
+def test_a_waiting_jobs_priority_is_read_when_a_worker_comes_free():
+    """A check that waits for a worker behind a minutes-long job must fall behind once its subproblem gets a
+    passing kernel meanwhile: the priority it had when it began to wait is stale by then."""
+    slots = _Slots(range(1))
+    busy = slots.take(0)                           # the one worker, running a long job
+    priority = {"covered_later": 1, "uncovered": 2}
+    order = []
+
+    def check(name):
+        slot = slots.take(lambda: priority[name])
+        order.append(name)
+        slots.give_back(slot)
+
+    threads = [threading.Thread(target=check, args=(name,)) for name in priority]
+    for waiting, thread in enumerate(threads, start=1):
+        thread.start()
+        while len(slots._waiting) < waiting:        # in line in this order
+            time.sleep(0.01)
+    priority["covered_later"] = 1 + COVERED_PRIORITY  # its subproblem's first kernel passed while it waited
+    slots.give_back(busy)
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == ["uncovered", "covered_later"]

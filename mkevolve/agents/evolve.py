@@ -29,7 +29,7 @@ from mkevolve.search.beam import (Beam, Candidate, CandidateRecord, Exhausted, P
 from mkevolve.search.mcts import mcts_search
 from mkevolve.search.parallel import parallel_sampling
 from mkevolve.verify.result import EvalResult, Status
-from mkevolve.workers.pool import Job, JobOutcome
+from mkevolve.workers.pool import Job, JobOutcome, Priority
 
 REPLY_EXCERPT_CHARS = 2000
 REPLY_QUOTE_CHARS = 300   # of a reply without code, quoted in the candidate's reason
@@ -49,7 +49,7 @@ class KernelVerifier(Protocol):
     device_name: str
 
     def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True,
-                      priority: int = 0) -> list[EvalResult]: ...
+                      priority: Priority = 0) -> list[EvalResult]: ...
 
     def static_check(self, source: str, filename: str) -> EvalResult | None: ...
 
@@ -335,7 +335,8 @@ class KernelAgent:
 
     def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
         """Write the kernel to its candidate file and check it, ahead of checks from steps further from
-        their end and behind those of subproblems without a passing kernel (`step.priority`).
+        their end and behind those of subproblems without a passing kernel (`step.priority`, read each time a
+        worker comes free: a check that waits while its step's first kernel passes falls behind).
 
         A candidate this folder already holds with the same source, for the same problem, keeps its saved
         verdict: a resumed run then builds the same prompts (timings included) and its replies come from
@@ -345,7 +346,8 @@ class KernelAgent:
         if saved is not None:
             return saved
         path = write_atomic(self.folder / f"{cid}.py", source)
-        return self.verifier.check_kernels([(self.problem_path, path)], timed=True, priority=step.priority)[0]
+        return self.verifier.check_kernels([(self.problem_path, path)], timed=True,
+                                            priority=lambda: step.priority)[0]
 
     def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"

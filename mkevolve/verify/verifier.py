@@ -25,7 +25,7 @@ from mkevolve.verify.decomposition.static import top_level_violations
 from mkevolve.verify.correctness import KernelEvalRequest, Preparation, tolerance_text
 from mkevolve.workers.executor import make_executor
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
-from mkevolve.workers.pool import Job, JobFailure, JobOutcome
+from mkevolve.workers.pool import Job, JobFailure, JobOutcome, Priority
 
 # A prepare job's place among jobs waiting for a worker: behind every check (their priorities are counts of
 # candidates, far below this), so it only ever takes a worker that nothing else is waiting for.
@@ -169,7 +169,7 @@ class Verifier:
         return self.check_kernels([(problem_path, solution_path)], timed=timed)[0]
 
     def check_kernels(self, pairs: list[tuple[Path, Path]], *, timed: bool = True,
-                      priority: int = 0) -> list[EvalResult]:
+                      priority: Priority = 0) -> list[EvalResult]:
         """Static checks first (no execution), then the survivors in parallel across workers; `priority` orders
         them among jobs waiting for a worker (smaller first, `Job.priority`)."""
         results: list[EvalResult | None] = []
@@ -234,7 +234,7 @@ class Verifier:
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
-                    start_by: float | None = None, end_by: float | None = None, priority: int = 0) -> Job:
+                    start_by: float | None = None, end_by: float | None = None, priority: Priority = 0) -> Job:
         request = self._request(problem_path, solution_path, timed, trusted_files, code_files)
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
                    timeout=self._worker_timeout, start_by=start_by, end_by=end_by, priority=priority)

@@ -96,7 +96,7 @@ class RayExecutor:
     def run_many(self, jobs: list[Job]) -> list[JobOutcome]:
         if self._refusing:
             return [JobOutcome(failure=JobFailure.NOT_STARTED, reason="the run is closing") for _ in jobs]
-        return self._ray.get([self._task.remote(job) for job in jobs])
+        return self._ray.get([self._task.remote(job.to_send()) for job in jobs])
 
     def refuse_new_jobs(self) -> None:
         self._refusing = True

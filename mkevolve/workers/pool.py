@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import os
 import pickle
@@ -16,9 +15,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
@@ -30,6 +30,16 @@ DEFAULT_PRELOAD = ("torch",)
 STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is killed
 # The pool's log folder, in each worker's environment: what a worker starts logs there too, and goes with it.
 LOG_DIR_ENV = "MKEVOLVE_WORKER_LOG_DIR"
+
+
+# A job's place in the queue for a worker: a number, or a function that gives the number at the moment a
+# worker comes free. A check waits for minutes behind full-size jobs, and meanwhile its subproblem may get a
+# passing kernel, which moves its remaining checks behind those of subproblems that have none.
+Priority = int | Callable[[], int]
+
+
+def priority_now(priority: Priority) -> int:
+    return priority() if callable(priority) else priority
 
 
 class JobFailure(str, Enum):
@@ -54,8 +64,14 @@ class Job:
     end_by: float | None = None     # time.time() at which a job still running is stopped (its worker killed)
     # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries how
     # many of its beam step's candidates still have no verdict, so the step nearest its end gets the next
-    # free worker, and its search goes on to its next step (and LLM calls) sooner.
-    priority: int = 0
+    # free worker, and its search goes on to its next step (and LLM calls) sooner. A callable is asked each
+    # time a worker comes free: a waiting check's rank follows its step (priority_now).
+    priority: Priority = 0
+
+    def to_send(self) -> Job:
+        """This job as it goes to another process: a live priority reads this run's search state, which stays
+        here, so it travels as the number it is now."""
+        return replace(self, priority=priority_now(self.priority))
 
 
 @dataclass
@@ -145,7 +161,7 @@ class Worker:
         if stopped_by_end:
             limit = max(0.0, job.end_by - time.time())
         try:
-            send_message(self.proc.stdin, job)
+            send_message(self.proc.stdin, job.to_send())
             reply = receive_message(self.proc.stdout.fileno(), start + limit)
         except TimeoutError:
             self.kill()
@@ -231,35 +247,46 @@ def worker_env(device_index: int | None, sharers: int = 1) -> dict[str, str]:
 
 
 class _Slots:
-    """Free worker slots, handed to waiting jobs by priority (smaller first), then in order of arrival."""
+    """Free worker slots, handed to waiting jobs by priority (smaller first), then in order of arrival. The
+    priorities are read when a slot is handed out, not when a job starts to wait; the job it goes to is chosen
+    then, under the lock, so no two waiters can each find the other first while a slot stays free."""
 
     def __init__(self, slots: range):
         self._free = list(slots)
-        self._waiting: list[tuple[int, int]] = []      # heap of (priority, arrival)
+        self._waiting: dict[int, Priority] = {}          # arrival number -> that job's priority
+        self._granted: dict[int, int] = {}               # arrival number -> the slot handed to it
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
         self._refusing = False
 
-    def take(self, priority: int) -> int | None:
+    def take(self, priority: Priority) -> int | None:
         """A free slot, when this job's turn comes; None once refuse() was called."""
         with self._changed:
-            ticket = (priority, next(self._arrivals))
-            heapq.heappush(self._waiting, ticket)
-            while not self._refusing and not (self._free and self._waiting[0] == ticket):
+            arrival = next(self._arrivals)
+            self._waiting[arrival] = priority
+            self._hand_out()
+            while not self._refusing and arrival not in self._granted:
                 self._changed.wait()
+            self._waiting.pop(arrival, None)
+            slot = self._granted.pop(arrival, None)
             if self._refusing:
-                self._waiting.remove(ticket)
-                heapq.heapify(self._waiting)
+                if slot is not None:
+                    self._free.append(slot)
                 return None
-            heapq.heappop(self._waiting)
-            slot = self._free.pop(0)         # the longest free first, as a queue would
-            self._changed.notify_all()      # the next in line may find another slot free
             return slot
 
     def give_back(self, slot: int) -> None:
         with self._changed:
             self._free.append(slot)
-            self._changed.notify_all()
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Free slots to the first in line, the longest free slot first, as a queue would (lock held)."""
+        while self._free and self._waiting:
+            first = min(self._waiting, key=lambda arrival: (priority_now(self._waiting[arrival]), arrival))
+            del self._waiting[first]
+            self._granted[first] = self._free.pop(0)
+        self._changed.notify_all()
 
     def refuse(self) -> None:
         with self._changed:
