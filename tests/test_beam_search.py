@@ -449,7 +449,7 @@ def test_checks_of_a_subproblem_with_a_passing_kernel_wait_behind_those_without(
 
 def test_a_step_is_covered_once_one_of_its_children_passes():
     step = StepProgress(3)
-    assert step.priority == 3
+    assert step.rank() == 3
     with step.one_child():
         step.covered = True           # what a passing child's verdict sets
-    assert step.priority == 2 + COVERED_PRIORITY
+    assert step.rank() == 2 + COVERED_PRIORITY

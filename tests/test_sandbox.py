@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mkevolve.agents.evolve import COVERED_PRIORITY
+from mkevolve.agents.evolve import StepProgress
 from mkevolve.workers.pool import JobFailure
 from mkevolve.workers.pool import Job, WorkerPool, _Slots
 
@@ -30,9 +30,9 @@ def test_worker_is_reused_while_healthy(pool):
 
 def test_a_job_with_a_live_priority_runs_in_a_worker(pool):
     """A live priority (a closure over the search's state) stays in this process; the job still travels."""
-    step = {"unfinished": 3}
-    outcome = pool.run(Job("tests.fault_jobs:print_and_return", {"value": 2}, 60.0, priority=lambda: step["unfinished"]))
-    assert outcome.ok and outcome.value == 4
+    step = StepProgress(3)
+    outcome = pool.run(Job("tests.fault_jobs:print_and_return", {"value": 2}, 60.0, priority=step))
+    assert outcome.ok and outcome.value == 4 and step.checks_started == 1
 
 
 def test_stdout_chatter_does_not_break_protocol(pool):
@@ -124,26 +124,47 @@ def test_a_workers_zygote_logs_in_the_pools_log_folder_and_goes_with_it():
 
 
 
-def test_a_waiting_jobs_priority_is_read_when_a_worker_comes_free():
-    """A check that waits for a worker behind a minutes-long job must fall behind once its subproblem gets a
-    passing kernel meanwhile: the priority it had when it began to wait is stale by then."""
-    slots = _Slots(range(1))
-    busy = slots.take(0)                           # the one worker, running a long job
-    priority = {"covered_later": 1, "uncovered": 2}
+def _served(slots, checks):
+    """Each check (a name and its StepProgress) waits for `slots`' one slot, in this order, while a long job
+    holds it; then the long job ends. The names in the order the slot went to them."""
+    busy = slots.take(0)
     order = []
 
-    def check(name):
-        slot = slots.take(lambda: priority[name])
+    def check(name, step):
+        slot = slots.take(step)
         order.append(name)
         slots.give_back(slot)
 
-    threads = [threading.Thread(target=check, args=(name,)) for name in priority]
+    threads = [threading.Thread(target=check, args=check_args) for check_args in checks]
     for waiting, thread in enumerate(threads, start=1):
         thread.start()
         while len(slots._waiting) < waiting:        # in line in this order
             time.sleep(0.01)
-    priority["covered_later"] = 1 + COVERED_PRIORITY  # its subproblem's first kernel passed while it waited
+    return busy, threads, order
+
+
+def _finish(slots, busy, threads):
     slots.give_back(busy)
     for thread in threads:
         thread.join(timeout=10)
-    assert order == ["uncovered", "covered_later"]
+
+
+def test_a_check_that_waited_while_its_subproblems_first_kernel_passed_falls_behind():
+    """The priority a check had when it began to wait is stale once its step is covered."""
+    slots = _Slots(range(1))
+    norm, conv = StepProgress(3), StepProgress(4)
+    busy, threads, order = _served(slots, [("norm", norm), ("conv", conv)])
+    norm.covered = True                           # its first kernel passed on another worker meanwhile
+    _finish(slots, busy, threads)
+    assert order == ["conv", "norm"]
+
+
+def test_subproblems_without_a_passing_kernel_take_turns_for_workers():
+    """The step with the fewest candidates left does not take every free worker while another subproblem
+    without a passing kernel has had no check at all."""
+    slots = _Slots(range(1))
+    norm, conv = StepProgress(3), StepProgress(4)
+    busy, threads, order = _served(slots, [("norm", norm), ("norm", norm), ("conv", conv)])
+    _finish(slots, busy, threads)
+    assert order == ["norm", "conv", "norm"]
+    assert (norm.checks_started, conv.checks_started) == (2, 1)

@@ -85,22 +85,33 @@ ProgressHook = Callable[[SearchProgress], None]
 # every check of a subproblem that has none. Under a time budget a kernel for each piece comes before a faster
 # kernel for one: level 3 models kept PyTorch subkernels whose first candidates were never checked in time.
 COVERED_PRIORITY = 1 << 20
+# Added, per check of its step that has already got a worker, to the priority of a subproblem without a passing
+# kernel: such subproblems take turns, one check each, instead of the one with the fewest candidates taking
+# every free worker (on the H200, level2/19's GroupNorm took both workers for 100 s while its convolution,
+# which holds nearly all of the time, waited).
+STARTED_PRIORITY = 1 << 10
 
 
 class StepProgress:
-    """How many children of one beam step are still without a verdict; the fewer, the sooner that step
-    ends, so its checks go first among those waiting for a worker, after the checks of subproblems that have
-    no passing kernel yet (COVERED_PRIORITY)."""
+    """One beam step's place in the queue for a worker (a QueuePlace). Checks of subproblems without a
+    passing kernel go first, the step with the fewest checks started first; then the step with the fewest
+    children still without a verdict, which ends soonest."""
 
     def __init__(self, children: int, covered: bool = False):
         self.unfinished = children
         self.covered = covered      # the subproblem has a passing kernel: a beam member, or a child of this step
+        self.checks_started = 0     # this step's checks that got a worker
         self._lock = threading.Lock()
 
-    @property
-    def priority(self) -> int:
-        """The worker pool's priority of this step's next check (smaller first)."""
-        return self.unfinished + (COVERED_PRIORITY if self.covered else 0)
+    def rank(self) -> int:
+        """The worker pool's priority of this step's next check (smaller first), read when a worker comes free."""
+        if self.covered:
+            return COVERED_PRIORITY + self.unfinished
+        return self.checks_started * STARTED_PRIORITY + self.unfinished
+
+    def started(self) -> None:
+        with self._lock:
+            self.checks_started += 1
 
     @contextmanager
     def one_child(self) -> Iterator[None]:
@@ -335,8 +346,8 @@ class KernelAgent:
 
     def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
         """Write the kernel to its candidate file and check it, ahead of checks from steps further from
-        their end and behind those of subproblems without a passing kernel (`step.priority`, read each time a
-        worker comes free: a check that waits while its step's first kernel passes falls behind).
+        their end and behind those of subproblems without a passing kernel (`StepProgress.rank`, read each
+        time a worker comes free: a check that waits while its step's first kernel passes falls behind).
 
         A candidate this folder already holds with the same source, for the same problem, keeps its saved
         verdict: a resumed run then builds the same prompts (timings included) and its replies come from
@@ -346,8 +357,7 @@ class KernelAgent:
         if saved is not None:
             return saved
         path = write_atomic(self.folder / f"{cid}.py", source)
-        return self.verifier.check_kernels([(self.problem_path, path)], timed=True,
-                                            priority=lambda: step.priority)[0]
+        return self.verifier.check_kernels([(self.problem_path, path)], timed=True, priority=step)[0]
 
     def _saved_verdict(self, cid: str, source: str) -> EvalResult | None:
         record_path, source_path = self.folder / f"{cid}.json", self.folder / f"{cid}.py"

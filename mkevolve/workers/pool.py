@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 from mkevolve.workers.gpu_share import LOCK_ENV, lock_path
 
@@ -32,14 +32,22 @@ STARTUP_TIMEOUT_S = 300.0   # a worker that has not said it is ready by then is 
 LOG_DIR_ENV = "MKEVOLVE_WORKER_LOG_DIR"
 
 
-# A job's place in the queue for a worker: a number, or a function that gives the number at the moment a
-# worker comes free. A check waits for minutes behind full-size jobs, and meanwhile its subproblem may get a
-# passing kernel, which moves its remaining checks behind those of subproblems that have none.
-Priority = int | Callable[[], int]
+class QueuePlace(Protocol):
+    """A job's place in the queue for a worker that changes while it waits: a check can wait minutes behind
+    full-size jobs, and meanwhile its beam step gets a passing kernel or another of its checks starts."""
+
+    def rank(self) -> int:
+        """Smaller goes first; read each time a worker comes free."""
+
+    def started(self) -> None:
+        """Told when one of the jobs that hold this place gets a worker."""
+
+
+Priority = int | QueuePlace
 
 
 def priority_now(priority: Priority) -> int:
-    return priority() if callable(priority) else priority
+    return priority if isinstance(priority, int) else priority.rank()
 
 
 class JobFailure(str, Enum):
@@ -64,8 +72,8 @@ class Job:
     end_by: float | None = None     # time.time() at which a job still running is stopped (its worker killed)
     # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries how
     # many of its beam step's candidates still have no verdict, so the step nearest its end gets the next
-    # free worker, and its search goes on to its next step (and LLM calls) sooner. A callable is asked each
-    # time a worker comes free: a waiting check's rank follows its step (priority_now).
+    # free worker, and its search goes on to its next step (and LLM calls) sooner. A QueuePlace is asked each
+    # time a worker comes free: a waiting check's rank follows its step.
     priority: Priority = 0
 
     def to_send(self) -> Job:
@@ -284,8 +292,10 @@ class _Slots:
         """Free slots to the first in line, the longest free slot first, as a queue would (lock held)."""
         while self._free and self._waiting:
             first = min(self._waiting, key=lambda arrival: (priority_now(self._waiting[arrival]), arrival))
-            del self._waiting[first]
+            priority = self._waiting.pop(first)
             self._granted[first] = self._free.pop(0)
+            if not isinstance(priority, int):
+                priority.started()      # before the next choice, which may rank its place differently
         self._changed.notify_all()
 
     def refuse(self) -> None:
