@@ -37,6 +37,14 @@ def test_the_good_decomposition_passes_every_check_and_reports_its_instances():
     assert report.instances["scale"][0].inputs == ("x=float32[2, 8]",)
 
 
+def test_the_report_says_where_the_checks_time_went():
+    report = _checks("good")
+    assert set(report.phases) == {"load", "standalone", "import", "equivalence", "coverage"}
+    assert all(seconds >= 0 for seconds in report.phases.values())
+    assert sum(report.phases.values()) <= report.wall_s
+    assert report.to_dict()["phases"].keys() == report.phases.keys()
+
+
 @pytest.mark.parametrize("folder, check, reason", [
     ("missing_file", STRUCTURE, 'loads "scale" but there is no subkernel_problems/scale.py'),
     ("math_in_top_level", PURITY, "`torch.relu(self.block1(x))` in forward"),

@@ -26,12 +26,17 @@ class CheckReport:
     checks: list[CheckResult]
     instances: dict[str, list[InstanceConfig]] = field(default_factory=dict)
     wall_s: float = 0.0
+    # Seconds per part of the run in the worker: "load" (each subproblem imported, its inputs drawn on the
+    # CPU), "standalone" (each built and called twice), "import" (the top-level), "equivalence" (original and
+    # top-level built and compared over the trials), "coverage": where a full-size check spends its time
+    # (level2/19: 38 s on the H200, not yet split).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_checks(cls, checks: list[CheckResult], instances: dict[str, list[InstanceConfig]] | None = None,
-                    wall_s: float = 0.0) -> CheckReport:
+                    wall_s: float = 0.0, phases: dict[str, float] | None = None) -> CheckReport:
         return cls(passed=all(c.passed for c in checks), checks=checks, instances=instances or {},
-                   wall_s=wall_s)
+                   wall_s=wall_s, phases=phases or {})
 
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if not c.passed]
@@ -45,6 +50,7 @@ class CheckReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "wall_s": round(self.wall_s, 3),
+                "phases": {name: round(seconds, 3) for name, seconds in self.phases.items()},
                 "checks": [{"name": c.name, "passed": c.passed, "reason": c.reason} for c in self.checks]}
 
 

@@ -4,6 +4,8 @@ the top-level, and returns every check's verdict."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -69,7 +71,8 @@ def run_checks(problem_path: str, folder: str, seed: int = 0, trials: int = 3,
                                        wall_s=time.monotonic() - start)
     run = _Run(Path(problem_path), folder_path, seed, trials, eval_mode)
     checks = run.all_checks(top_level_violations(files[PROBLEM_FILE]))
-    return CheckReport.from_checks(checks, run.instance_configs(), wall_s=time.monotonic() - start)
+    return CheckReport.from_checks(checks, run.instance_configs(), wall_s=time.monotonic() - start,
+                                   phases=run.phases)
 
 
 def _read(path: Path) -> str:
@@ -89,7 +92,16 @@ class _Run:
         self.instances: list[Instance] = []
         self.top_level_ops: list[str] = []
         self.runtime_impurities: list[str] = []
+        self.phases: dict[str, float] = {}     # CheckReport.phases
         fp32_strict()
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
 
     def all_checks(self, static_impurities: list[str]) -> list[CheckResult]:
         try:
@@ -99,14 +111,17 @@ class _Run:
                 not_run(CHECKS[1:], "the original problem does not load")
         facts, standalone = self._standalone()
         try:
-            top = import_file(self.folder / PROBLEM_FILE, prefix="mkevolve_top_level")
+            with self._phase("import"):
+                top = import_file(self.folder / PROBLEM_FILE, prefix="mkevolve_top_level")
         except ProblemError as err:
             return [CheckResult(STRUCTURE, False, f"{PROBLEM_FILE} does not import: {err.reason}"),
                     _purity(static_impurities, []), standalone] + \
                 not_run(CHECKS[3:], f"{PROBLEM_FILE} does not import")
-        equivalence = self._equivalence(problem, top)
-        coverage = coverage_checks(facts, self.instances) if self.instances else not_run(
-            (FORWARD_COVERAGE, INIT_COVERAGE), "the top-level built no subproblem module")
+        with self._phase(EQUIVALENCE):
+            equivalence = self._equivalence(problem, top)
+        with self._phase("coverage"):
+            coverage = coverage_checks(facts, self.instances) if self.instances else not_run(
+                (FORWARD_COVERAGE, INIT_COVERAGE), "the top-level built no subproblem module")
         return [CheckResult(STRUCTURE, True), _purity(static_impurities, self._runtime_impurities()),
                 standalone, equivalence, *coverage]
 
@@ -117,12 +132,14 @@ class _Run:
         for name in referenced_subproblems(_read(self.folder / PROBLEM_FILE)):
             path = self.folder / PROBLEMS_DIR / f"{name}.py"
             try:
-                sub = load_problem(path)
-                facts[name] = self._facts(name, sub)
+                with self._phase("load"):
+                    sub = load_problem(path)
+                    facts[name] = self._facts(name, sub)
             except ProblemError as err:
                 failures.append(f"{name}: {err.reason}")
                 continue
-            failure = self._run_standalone(sub)
+            with self._phase(STANDALONE):
+                failure = self._run_standalone(sub)
             if failure:
                 failures.append(f"{name}: {failure}")
         if failures:
