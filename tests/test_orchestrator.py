@@ -109,7 +109,8 @@ def test_manifest_describes_every_subkernel(finished_run):
     assert (manifest.device == "cpu") != on_gpu
     assert len(manifest.subkernels) >= 2
     for name, entry in manifest.subkernels.items():
-        assert entry.origin == "builtin" and entry.precision == "ieee" and len(entry.sha256) == 64
+        assert entry.origin == "builtin" and len(entry.sha256) == 64
+        assert entry.precision in ({"ieee", "tf32x3"} if on_gpu else {"ieee"})
         assert (finished_run / BEST / "subkernel_implementations" / f"{name}.py").is_file()
 
 
