@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import secrets
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
                                       reference_set)
-from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing, timed_phase
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
 from mkevolve.workers import wire
@@ -71,13 +70,8 @@ class _Errors:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-@contextmanager
 def _phase(errors: _Errors, name: str):
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        errors.phases[name] = errors.phases.get(name, 0.0) + time.perf_counter() - start
+    return timed_phase(errors.phases, name)
 
 
 def device() -> torch.device:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -27,6 +30,16 @@ class Timing:
     p80_ms: float
     p90_ms: float
     runs: int
+
+
+@contextmanager
+def timed_phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to `phases[name]` (a phase entered twice adds up), raised or not."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
 
 
 # The reason's opening words when the verifier could not start a candidate process at all: the check did

@@ -4,8 +4,6 @@ the top-level, and returns every check's verdict."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -46,6 +44,7 @@ from mkevolve.verify.decomposition.results import (
 )
 from mkevolve.verify.decomposition.signatures import bind
 from mkevolve.verify.decomposition.static import structure_problems, top_level_violations
+from mkevolve.verify.result import timed_phase
 
 ATOL = RTOL = TOLERANCE  # fixed: a decomposition must match its original as strictly as the default
 
@@ -95,14 +94,6 @@ class _Run:
         self.phases: dict[str, float] = {}     # CheckReport.phases
         fp32_strict()
 
-    @contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
-        start = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
-
     def all_checks(self, static_impurities: list[str]) -> list[CheckResult]:
         try:
             problem = load_problem(self.problem_path)
@@ -111,15 +102,15 @@ class _Run:
                 not_run(CHECKS[1:], "the original problem does not load")
         facts, standalone = self._standalone()
         try:
-            with self._phase("import"):
+            with timed_phase(self.phases, "import"):
                 top = import_file(self.folder / PROBLEM_FILE, prefix="mkevolve_top_level")
         except ProblemError as err:
             return [CheckResult(STRUCTURE, False, f"{PROBLEM_FILE} does not import: {err.reason}"),
                     _purity(static_impurities, []), standalone] + \
                 not_run(CHECKS[3:], f"{PROBLEM_FILE} does not import")
-        with self._phase(EQUIVALENCE):
+        with timed_phase(self.phases, EQUIVALENCE):
             equivalence = self._equivalence(problem, top)
-        with self._phase("coverage"):
+        with timed_phase(self.phases, "coverage"):
             coverage = coverage_checks(facts, self.instances) if self.instances else not_run(
                 (FORWARD_COVERAGE, INIT_COVERAGE), "the top-level built no subproblem module")
         return [CheckResult(STRUCTURE, True), _purity(static_impurities, self._runtime_impurities()),
@@ -132,13 +123,13 @@ class _Run:
         for name in referenced_subproblems(_read(self.folder / PROBLEM_FILE)):
             path = self.folder / PROBLEMS_DIR / f"{name}.py"
             try:
-                with self._phase("load"):
+                with timed_phase(self.phases, "load"):
                     sub = load_problem(path)
                     facts[name] = self._facts(name, sub)
             except ProblemError as err:
                 failures.append(f"{name}: {err.reason}")
                 continue
-            with self._phase(STANDALONE):
+            with timed_phase(self.phases, STANDALONE):
                 failure = self._run_standalone(sub)
             if failure:
                 failures.append(f"{name}: {failure}")
