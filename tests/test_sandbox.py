@@ -29,7 +29,7 @@ def test_worker_is_reused_while_healthy(pool):
 
 
 def test_a_job_with_a_live_priority_runs_in_a_worker(pool):
-    """A live priority (a closure over the search's state) stays in this process; the job still travels."""
+    """A live priority (a beam step, with its lock) stays in this process; the job still travels."""
     step = StepProgress(3)
     outcome = pool.run(Job("tests.fault_jobs:print_and_return", {"value": 2}, 60.0, priority=step))
     assert outcome.ok and outcome.value == 4 and step.checks_started == 1
@@ -121,7 +121,6 @@ def test_a_workers_zygote_logs_in_the_pools_log_folder_and_goes_with_it():
     assert log.parent == pool._log_dir and log.name.startswith("mkevolve-zygote-")
     pool.close()
     assert not log.parent.exists()
-
 
 
 def _served(slots, checks):

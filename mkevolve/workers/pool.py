@@ -70,10 +70,10 @@ class Job:
     timeout: float = 300.0
     start_by: float | None = None   # time.time() after which a job still waiting for a worker is not run
     end_by: float | None = None     # time.time() at which a job still running is stopped (its worker killed)
-    # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries how
-    # many of its beam step's candidates still have no verdict, so the step nearest its end gets the next
-    # free worker, and its search goes on to its next step (and LLM calls) sooner. A QueuePlace is asked each
-    # time a worker comes free: a waiting check's rank follows its step.
+    # Among jobs waiting for a worker, smaller runs first (equal: first come). A candidate check carries its
+    # beam step (a QueuePlace, asked each time a worker comes free), whose rank puts subproblems without a
+    # passing kernel first and then the step nearest its end, so its search goes on to its next step (and
+    # LLM calls) sooner.
     priority: Priority = 0
 
     def to_send(self) -> Job:
