@@ -35,7 +35,13 @@ from types import ModuleType
 import torch
 import triton
 
-from mkevolve.builtin.kernels import GeneratedKernel, UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.builtin.kernels import (
+    GeneratedKernel,
+    UnsupportedSubproblem,
+    emit_conv,
+    generate_kernel,
+    variant_count,
+)
 from mkevolve.gpu_peaks import H200
 from mkevolve.problem import fp32_strict, import_file, load_problem
 from mkevolve.verify.result import Timing
@@ -182,6 +188,12 @@ def _kernelbench_conv_cases() -> list[Case]:
                    (128, 64, 254, 254), 8 * 9, 64 * 8 * 9),
         _conv_case("conv3d_3_16_k3__83", "nn.Conv3d(3, 16, 3)", (128, 3, 16, 64, 64),
                    (128, 16, 14, 62, 62), 3 * 27, 16 * 3 * 27),
+        _conv_case("conv3d_8_32_k3__7", "nn.Conv3d(8, 32, 3)", (64, 8, 32, 64, 64),
+                   (64, 32, 30, 62, 62), 8 * 27, 32 * 8 * 27),
+        _conv_case("conv3d_3_24_k3__23", "nn.Conv3d(3, 24, 3)", (128, 3, 24, 32, 32),
+                   (128, 24, 22, 30, 30), 3 * 27, 24 * 3 * 27),
+        _conv_case("conv3d_3_16_k4__27", "nn.Conv3d(3, 16, 4)", (1024, 3, 16, 32, 32),
+                   (1024, 16, 13, 29, 29), 3 * 64, 16 * 3 * 64),
         _conv_case("conv3d_32_64_k3p1__43", "nn.Conv3d(32, 64, 3, padding=1)", (4, 32, 32, 128, 128),
                    (4, 64, 32, 128, 128), 32 * 27, 64 * 32 * 27),
         _conv_case("convT2d_64_128_k4s2__91", "nn.ConvTranspose2d(64, 128, 4, stride=2, padding=1, "
@@ -372,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="*", help="suite cases to run (default: all)")
     parser.add_argument("--variants", default="all", help="'all' or one variant index")
     parser.add_argument("--check", nargs="*", type=Path, help="verify these problem files instead of the suite")
+    parser.add_argument("--unroll-limit", type=int, help="generate outer-product convolutions with this many "
+                        "(tap, channel) steps unrolled at most (emit_conv._MAX_UNROLLED_STEPS) instead of the default")
     parser.add_argument("--eval", action="store_true", help="with --check: compare in eval mode (dropout off, "
                                                             "BatchNorm running statistics)")
     args = parser.parse_args(argv)
@@ -379,12 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("bench_builtin.py needs a CUDA GPU (torch.cuda.is_available() is False); "
                  "on a CPU, run tests/test_builtin_kernels.py instead")
     fp32_strict()
+    if args.unroll_limit is not None:
+        emit_conv._MAX_UNROLLED_STEPS = args.unroll_limit
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,
               "peaks": {"fp32_flops": H200.fp32_flops_per_s, "bytes_per_s": H200.bytes_per_s},
               "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward",
-                         "paired_rounds": PAIRED_ROUNDS}}
+                         "paired_rounds": PAIRED_ROUNDS},
+              "outer_product_unroll_limit": emit_conv._MAX_UNROLLED_STEPS}
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
         workdir = Path(tmp)
         if args.check:

@@ -1,10 +1,10 @@
 """Seconds to compile a builtin outer-product convolution kernel for a GPU, with no GPU needed.
 
 Triton compiles for a named target (sm_90 by default) on any machine: this times that compile for every
-tile config the kernel is autotuned over, once with every (tap, channel) step unrolled and once with the
-generator's limit (emit_conv._MAX_UNROLLED_STEPS), each in a fresh Triton cache.
+tile config the kernel is autotuned over, under each unroll limit asked for (by default: every (tap,
+channel) step unrolled, and the generator's emit_conv._MAX_UNROLLED_STEPS), each in a fresh Triton cache.
 
-    python scripts/conv_compile_time.py PROBLEM.py --const C_in_g=8 K0=3 K1=3 K2=3 --json OUT.json
+    python scripts/conv_compile_time.py PROBLEM.py --const C_in_g=8 K0=3 K1=3 K2=3 [--limits 64 128] --json OUT.json
 
 The problem is a small copy of the one of interest (compile time depends on the constexprs, not on the
 sizes); --const gives the kernel's constexpr values other than the tile sizes (strides, paddings and
@@ -78,13 +78,15 @@ def main() -> int:
     parser.add_argument("problem", type=Path)
     parser.add_argument("--const", nargs="*", default=[], metavar="NAME=VALUE")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability to compile for")
+    parser.add_argument("--limits", nargs="*", type=int, help="unroll limits to time (steps unrolled at most)",
+                        default=[10**9, emit_conv._MAX_UNROLLED_STEPS])
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     constants = {f"{p}{d}": v for p, v in (("STRIDE", 1), ("PAD", 0), ("DIL", 1)) for d in range(3)}
     constants["GROUPS"] = 1
     constants.update({k: int(v) for k, v in (c.split("=") for c in args.const)})
     target = GPUTarget("cuda", args.arch, 32)
-    rows = [measure(args.problem, constants, limit, target) for limit in (10**9, emit_conv._MAX_UNROLLED_STEPS)]
+    rows = [measure(args.problem, constants, limit, target) for limit in args.limits]
     result = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
               "triton": triton.__version__, "target": f"sm_{args.arch}", "problem": str(args.problem),
               "constants": constants, "rows": rows}

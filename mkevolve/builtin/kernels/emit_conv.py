@@ -59,10 +59,12 @@ _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mo
 _MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
 _MIN_TILE = 16       # smallest tl.dot tile side
 _MAX_BLOCK_K = 64
-# (tap, channel) steps an outer-product kernel unrolls whole. Unrolling every step of a 3x3x3 conv3d of
-# 8 channels (216) took 40 s to compile for sm_90 per tile config on a 2-core CPU, 2 s with the last tap
-# loop and the channel loop left as loops (scripts/results/conv_compile_time_cpu_2026-12-01.json).
-_MAX_UNROLLED_STEPS = 64
+# (tap, channel) steps an outer-product kernel unrolls inside its rolled tap loops. Unrolling all 216 steps
+# of a 3x3x3 conv3d of 8 channels took 40 s to compile for sm_90 per tile config on a 2-core CPU; with at
+# most 32 unrolled, 1.2 to 2.4 s, against 3.7 to 12 s at 96 (scripts/results/conv_compile_time_cpu_*.json).
+# On the H200 the two limits ran KernelBench's small-channel convolutions within 3 % of each other, 32 the
+# faster on the 8-channel conv3d (scripts/results/bench_builtin_conv_unroll_h200_2026-12-04.json).
+_MAX_UNROLLED_STEPS = 32
 _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
 
 
@@ -406,16 +408,31 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
     return ["for k0 in range(0, K_TOTAL, BLOCK_K):"] + lines
 
 
+def _rolled_tap_dims(conv: Conv) -> int:
+    """How many of the outermost tap loops an outer-product kernel keeps as loops: the fewest that leave
+    at most _MAX_UNROLLED_STEPS (tap, channel) steps unrolled inside them. Rolling the outer loops keeps
+    each iteration's body long (loads issued ahead of their FMAs); rolling the inner ones left one load and
+    one outer product per iteration: level2/67's conv took 5.39 ms that way on the H200, 4.28 ms this way."""
+    kernel = [max(w[2 + d] for w in conv.w.shapes) for d in range(len(conv.stride))]
+    steps = max(c for c, _ in _instance_channels(conv))
+    rolled = len(kernel)
+    while rolled > 0 and steps * kernel[rolled - 1] <= _MAX_UNROLLED_STEPS:
+        rolled -= 1
+        steps *= kernel[rolled]
+    return rolled
+
+
 def _outer_product_lines(conv: Conv) -> list[str]:
     """Few input channels per group: for each kernel tap and channel, acc += x column x w row, a [BLOCK_M]
-    gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs. Unrolled whole up to
-    _MAX_UNROLLED_STEPS steps; beyond, the last tap loop and the channel loop stay loops."""
+    gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs. The channel loop and the
+    inner tap loops are unrolled; the outer tap loops stay loops where unrolling all would pass
+    _MAX_UNROLLED_STEPS steps (`_rolled_tap_dims`)."""
     dims = range(len(conv.stride))
-    rolled = max(_reductions(conv)) > _MAX_UNROLLED_STEPS   # the last tap loop and the channel loop stay loops
+    rolled = _rolled_tap_dims(conv)
     lines, mask = [], "m_ok"
     for d in dims:
         pad = "    " * d
-        loop = "range" if rolled and d == dims[-1] else "tl.static_range"
+        loop = "range" if d < rolled else "tl.static_range"
         lines += [f"{pad}for k{d} in {loop}(K{d}):",
                   f"{pad}    in{d} = base{d} + k{d} * DIL{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
@@ -425,7 +442,7 @@ def _outer_product_lines(conv: Conv) -> list[str]:
     return lines + [
         f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
         f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
-        f"{inner}for c in {'range' if rolled else 'tl.static_range'}(C_in_g):",
+        f"{inner}for c in tl.static_range(C_in_g):",
         f"{inner}    a = tl.load(x_ptr + x_tap + c * sxc, mask={mask}, other=0.0)",
         f"{inner}    b = tl.load(w_ptr + w_tap + c * C_out_g + rn, mask=n_ok, other=0.0)",
         f"{inner}    acc += a[:, None] * b[None, :]"]
