@@ -13,7 +13,8 @@ while the part ran. Reported, each beside its target:
                          first event) to its last event, median over the runs (the target
                          is for a level 2 problem alone on its GPU: compare only with --runs-per-gpu 1)
     candidates per GPU-minute
-                         verdict events of all runs (composite checks included) over the span from the
+                         verdict events of all runs (composite checks included, checks that never ran
+                         their candidate left out) over the span from the
                          earliest event to the latest, in minutes, times the GPUs
     GPU busy             share of utilisation samples above zero (a sample is the share of its period in
                          which any kernel ran), and their mean
@@ -35,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mkevolve.events import EventFilesError, find_event_files, read_event_lines  # noqa: E402
+from mkevolve.verify.result import not_started_cause  # noqa: E402
 
 # The targets of the evaluation-throughput work (H200, builtin agent, 1 iteration, budget 8).
 MEDIAN_RUN_TARGET_S = 30.0          # one level 2 problem alone on a GPU
@@ -92,7 +94,8 @@ def run_throughput(path: Path) -> tuple[RunThroughput, float, float] | None:
         return None
     times += [e["t"] - e["startup_s"] for e in events if e.get("kind") == "run_started"
               and isinstance(e.get("t"), (int, float)) and isinstance(e.get("startup_s"), (int, float))]
-    verdicts = [e for e in events if e.get("kind") == "verdict"]
+    # a check that never ran its candidate (the time budget was spent first) evaluated nothing
+    verdicts = [e for e in events if e.get("kind") == "verdict" and not_started_cause(e.get("reason") or "") is None]
     iterations = [e for e in events if e.get("kind") == "iteration"]
     run = RunThroughput(events=str(path), wall_s=round(max(times) - min(times), 3), verdicts=len(verdicts),
                         composite_verdicts=sum(1 for e in verdicts if e.get("composite")),

@@ -18,7 +18,7 @@ from mkevolve.llm.client import RetryPolicy, make_client
 from mkevolve.llm.parse import ReplyFormatError, extract_code
 from mkevolve.llm.types import TokenUsage
 from mkevolve.search.beam import Beam, Candidate, PromptKind, beam_search, candidate_id, plan_step
-from mkevolve.verify.result import EvalResult, Status
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
 
 FIXTURES = PROBLEM.parent
 SCRIPT = FIXTURES / "beam_script.yaml"
@@ -120,6 +120,18 @@ def test_a_resumed_run_in_the_same_folder_keeps_saved_verdicts_of_the_same_probl
     evolve_kernel("relu_shift", edited, Beam(width=1), 4, verifier, make_client(config, retry=NO_RETRY_WAIT),
                   config, tmp_path / "candidates")
     assert verifier.checked == ["broken", "debugged", "cheating", "refined"]
+
+
+def test_a_resumed_run_checks_again_a_kernel_its_check_never_ran(tmp_path):
+    """A check the time budget left unstarted is no verdict on the kernel: a resumed run checks it, and only it."""
+    cache = tmp_path / "llm_cache"
+    unrun = EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was spent")
+    first, _, _ = run_script(tmp_path, SCRIPT, FakeVerifier({**GPU_VERDICTS, "refined": unrun}), cache=cache)
+    assert first.best.id == "c0001"
+    verifier = FakeVerifier()
+    resumed, client, _ = run_script(tmp_path, SCRIPT, verifier, cache=cache)
+    assert verifier.checked == ["refined"] and client.provider_calls == 0
+    assert resumed.best.id == "c0003" and resumed.best.result.speedup == 2.0
 
 
 def test_on_cpu_the_search_stops_at_the_first_passing_kernel(tmp_path):

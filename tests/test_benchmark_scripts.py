@@ -222,11 +222,14 @@ def test_a_cut_in_one_lane_stops_the_other_lanes_from_taking_more():
 
 def test_throughput_of_two_runs_against_the_targets(tmp_path):
     # Run a: 0 to 60 s, 3 verdicts (one composite), one 50 s iteration with 5 s overhead. Run b: 30 to 120 s,
-    # 3 verdicts, no iteration finished. Together: 6 verdicts in 120 s on 1 GPU.
+    # 3 verdicts and a check that never ran its candidate (not counted), no iteration finished. Together: 6
+    # verdicts in 120 s on 1 GPU.
     run_a = [{"t": 1000.0, "kind": "decomposed"}, {"t": 1020.0, "kind": "verdict"}, {"t": 1030.0, "kind": "verdict"},
              {"t": 1055.0, "kind": "verdict", "composite": True},
              {"t": 1060.0, "kind": "iteration", "seconds": 50.0, "overhead_s": 5.0}]
     run_b = [{"t": 1030.0, "kind": "decomposed"}] + [{"t": 1030.0 + 30 * i, "kind": "verdict"} for i in (1, 2, 3)]
+    run_b.append({"t": 1100.0, "kind": "verdict", "status": "not_run",
+                  "reason": "the candidate process could not be run: the run's time budget was spent"})
     (tmp_path / "a").mkdir()
     write_events(tmp_path / "a" / "events.jsonl", run_a)
     write_events(tmp_path / "b.jsonl", run_b)

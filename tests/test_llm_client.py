@@ -478,3 +478,12 @@ def test_a_debug_prompt_quotes_the_line_the_verdict_points_at_and_states_the_ver
                     code=code, verdict=verdict)
     assert "> 12 | line_12 = 12" in prompt and "   9 | line_9 = 9" in prompt and "8 | line_8" not in prompt
     assert f"Triton {triton.__version__}" in prompt
+
+
+def test_a_debug_prompt_for_a_kernel_the_checker_never_ran_does_not_blame_its_code():
+    from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Status
+
+    verdict = EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the zygote is gone")
+    prompt = render("debug.j2", subproblem="s", problem_source="x = 1", shapes=[], device="cpu", on_gpu=False,
+                    code="x = 1", verdict=verdict)
+    assert "says nothing about its code" in prompt and "died" not in prompt and "the zygote is gone" in prompt

@@ -168,7 +168,7 @@ def test_a_composite_rejected_before_it_ran_says_so():
     static = EvalResult(status=Status.CHEATING, reason="decomposed_solution.py: the top-level computes")
     assert composite_not_run(static).startswith("the static checks rejected the composed solution before it ran "
                                                 "(cheating): decomposed_solution.py")
-    unstarted = EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: fork failed", phases={"worker_start": 0.1})
+    unstarted = EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: fork failed", phases={"worker_start": 0.1})
     assert composite_not_run(unstarted) == "the verifier could not start the candidate process (fork failed)"
     ran = EvalResult(status=Status.INCORRECT, reason="output mismatch", phases={"worker_start": 0.1, "load": 1.0})
     assert composite_not_run(ran) == ""

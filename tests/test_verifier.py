@@ -157,8 +157,8 @@ def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_ch
     assert candidate_job.start_by == verifier.candidates_start_by and composite_job.start_by is None
     assert candidate_job.end_by == verifier.candidates_start_by + RUNNING_CHECK_GRACE_S
     assert composite_job.end_by is None       # the end-to-end check that makes best/ is never stopped
-    # no verdict on the candidate: CRASHED, which a resumed run checks again
-    assert result.status is Status.CRASHED and result.reason.startswith(CANDIDATE_NOT_STARTED)
+    # no verdict on the candidate: NOT_RUN, which a resumed run checks again
+    assert result.status is Status.NOT_RUN and result.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "time budget" in result.reason
 
 
@@ -392,7 +392,7 @@ def test_a_check_stopped_after_the_time_budget_has_no_verdict_and_says_why():
     from mkevolve.workers.pool import JobFailure, JobOutcome
 
     result = _to_result(JobOutcome(failure=JobFailure.STOPPED, reason="still running", wall_s=70.0))
-    assert result.status is Status.CRASHED and result.wall_s == 70.0
+    assert result.status is Status.NOT_RUN and result.wall_s == 70.0
     assert not_started_cause(result.reason).startswith(
         f"its check was still running {RUNNING_CHECK_GRACE_S:g} s after the run's time budget was spent")
 

@@ -368,8 +368,9 @@ class KernelAgent:
         if not same_problem or source_path.read_text(encoding="utf-8") != source:
             return None
         verdict = record.candidate.result
-        # A worker that timed out or died may have been the machine's fault: that kernel gets another try.
-        return None if verdict.status in (Status.TIMEOUT, Status.CRASHED) else verdict
+        # A worker that timed out or died may have been the machine's fault, and a check that never ran the
+        # kernel said nothing about it: that kernel gets another try.
+        return None if verdict.status in (Status.TIMEOUT, Status.CRASHED, Status.NOT_RUN) else verdict
 
     def _save(self, candidate: Candidate, response: LLMResponse | None = None) -> None:
         excerpt = response.text[:REPLY_EXCERPT_CHARS] if response is not None and not candidate.source else None

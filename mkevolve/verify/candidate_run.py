@@ -378,7 +378,7 @@ def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, time
         if _zygote is not None:
             _zygote.close()
         _zygote = None
-        raise Rejected(Status.CRASHED, f"{CANDIDATE_NOT_STARTED}: {err}") from None
+        raise Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: {err}") from None
 
 
 def scratch_folder(prefix: str) -> tempfile.TemporaryDirectory:

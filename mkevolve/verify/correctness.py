@@ -89,7 +89,7 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     except Rejected as stop:
         result = stop.to_result()
     except ReferenceSpaceError as err:  # the check could not run: no verdict on the candidate
-        result = Rejected(Status.CRASHED, f"{CANDIDATE_NOT_STARTED}: {err}").to_result()
+        result = Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: {err}").to_result()
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
         result.tolerance_used = errors.tolerance_used

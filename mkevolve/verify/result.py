@@ -18,6 +18,10 @@ class Status(str, Enum):
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     BAD_PROBLEM = "bad_problem"
+    # No verdict on the kernel: its check never ran it (the run's time budget was spent before a worker was
+    # free, the check was stopped after the budget, or the candidate process could not be started). The
+    # reason opens with CANDIDATE_NOT_STARTED; a resumed run checks the kernel again.
+    NOT_RUN = "not_run"
 
 
 @dataclass(frozen=True)

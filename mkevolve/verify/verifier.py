@@ -331,10 +331,10 @@ def declared_pytorch_fallback(source: str) -> EvalResult | None:
 
 def _to_result(outcome: JobOutcome) -> EvalResult:
     if outcome.failure is JobFailure.NOT_STARTED:  # no verdict on the candidate: a resumed run checks it again
-        return EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
+        return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
                                                         f"spent before a worker was free")
     if outcome.failure is JobFailure.STOPPED:      # no verdict either
-        return EvalResult(status=Status.CRASHED, reason=f"{CANDIDATE_NOT_STARTED}: its check was "
+        return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: its check was "
                           f"still running {RUNNING_CHECK_GRACE_S:g} s after the run's time budget was spent, and "
                           f"was stopped", wall_s=outcome.wall_s)
     if not outcome.ok:
