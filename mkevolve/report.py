@@ -82,6 +82,11 @@ class CandidateVerdict:
     href: str | None         # its source file; None when the reply had no code
     judge: str = ""          # the LLM judge's verdict and reason (--judge), when it was judged
 
+    @property
+    def unchecked(self) -> str | None:
+        """Why its check never ran it (the run's time budget was spent first, say); None when it was checked."""
+        return not_started_cause(self.reason)
+
 
 @dataclass
 class SubproblemOutcome:
@@ -407,7 +412,13 @@ def _no_kernel_reason(state: RunState, name: str, sub: SubkernelRecord | None,
         return beam.exhausted.reason
     if not verdicts:
         return "no candidate was written for it"
-    return f"none of its {len(verdicts)} candidate(s) passed"
+    unchecked = [v for v in verdicts if v.unchecked is not None]
+    if not unchecked:
+        return f"none of its {len(verdicts)} candidate(s) passed"
+    why = f"never checked: {unchecked[-1].unchecked}"
+    if len(unchecked) == len(verdicts):
+        return f"its {len(verdicts)} candidate(s) were {why}"
+    return f"none of its {len(verdicts) - len(unchecked)} checked candidate(s) passed; {len(unchecked)} more {why}"
 
 
 def _accepted_line(sub: SubkernelRecord, verdicts: list[CandidateVerdict]) -> str:

@@ -196,6 +196,24 @@ def test_a_failing_subproblem_without_a_solution_says_why(run_dir, tmp_path):
     assert "mkevolve pack" not in steps and "mkevolve run --resume" in steps and "--model" in steps
 
 
+def test_a_subproblem_whose_last_candidates_were_never_checked_says_so(run_dir, tmp_path):
+    """A check the time budget left unstarted is no failure of the kernel: counted and shown apart."""
+    run = copy_run(run_dir, tmp_path)
+
+    def no_kernel(state):
+        state["history"][-1]["subkernels"]["linear"].update(status="failing", candidate=None, reason="")
+        state["beams"]["linear"]["exhausted"] = None
+    edit_state(run, no_kernel)
+    save_candidate(run, 2, "linear", "c0008", "incorrect", "output 0: worst error 310% of the tolerance", True)
+    save_candidate(run, 2, "linear", "c0009", "not_run", "the candidate process could not be run: the run's "
+                   "time budget was spent before a worker was free", True)
+
+    page = write_report(run).read_text()
+    (linear,) = [r for r in rows(section(page, "outcomes")) if r.startswith("<td>linear</td>")]
+    assert "checked candidate(s) passed; 1 more never checked: the run&#39;s time budget was spent" in linear
+    assert '<span class="muted">not_run</span>' in linear and '<span class="fail">incorrect</span>' in linear
+
+
 def test_an_end_to_end_check_that_did_not_run_says_so_and_why(run_dir, tmp_path):
     run = copy_run(run_dir, tmp_path)
 
