@@ -355,6 +355,47 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     assert all(plan.calls[i].timed and plan.calls[i].save is None for i in skipped)
 
 
+def _later_checked_calls(kept, writes_in: set[int], calls: int = 5) -> None:
+    """A config's first call and `calls - 1` later checked calls, each given a fresh copy holding its position;
+    the forward writes into its argument in the calls `writes_in`."""
+    given = [torch.zeros(4)]
+    for position in range(calls):
+        args = [given[0] + position]
+        if position in writes_in:
+            args[0].neg_()
+        kept.add(0, [given[0] + position], args, [], first=position == 0)
+
+
+def test_past_the_byte_budget_one_later_checked_call_per_config_is_still_compared(monkeypatch):
+    """A full-size set passes the budget at once: a forward writing into its argument from its second call on
+    was compared on its first call alone, and passed."""
+    from mkevolve.verify import harness
+
+    monkeypatch.setattr(harness, "_KEPT_ARGUMENT_BYTES", 0)
+    kept = harness._KeptArguments()
+    _later_checked_calls(kept, writes_in={1, 2, 3, 4})
+    assert len(kept.calls) == 2 and kept.changed() == [[0, 0]]     # the first call and one drawn later call
+
+    # the draw is a reservoir: the k-th later call replaces the kept one when the draw below k gives 0
+    for draw, caught in ((lambda n: 0, True), (lambda n: 1, False)):
+        monkeypatch.setattr(harness, "_draw_below", draw)
+        kept = harness._KeptArguments()
+        _later_checked_calls(kept, writes_in={4})                  # writes only in its last call
+        assert (kept.changed() == [[0, 0]]) is caught
+
+
+def test_the_later_call_kept_past_the_budget_is_drawn_uniformly(monkeypatch):
+    from mkevolve.verify import harness
+
+    monkeypatch.setattr(harness, "_KEPT_ARGUMENT_BYTES", 0)
+    counts = {position: 0 for position in range(1, 5)}
+    for _ in range(400):
+        kept = harness._KeptArguments()
+        _later_checked_calls(kept, writes_in=set())
+        counts[int(kept.calls[1].given[0][0])] += 1
+    assert all(50 <= n <= 150 for n in counts.values()), counts  # 100 expected each; 50 is 5.8 sd away
+
+
 # ---- the harness after the candidate's import: only what it bound before -----------------------------------
 
 def test_harness_copies_ignore_patched_tensor_methods_and_modes(monkeypatch):

@@ -45,6 +45,7 @@ _FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (6
 # Everything the harness calls after the candidate is imported, bound before (see the docstring).
 _perf_counter = time.perf_counter
 _wall_clock = time.time            # the process's start and exit as the trusted side profiles them
+_urandom = os.urandom              # C: the draw of a kept call cannot be steered by patching `random`
 _Tensor = torch.Tensor
 _TensorBase = torch._C.TensorBase          # an immutable type: its methods cannot be replaced
 _clone, _detach, _cpu, _zero_ = _TensorBase.clone, _TensorBase.detach, _TensorBase.cpu, _TensorBase.zero_
@@ -77,7 +78,7 @@ _SAVERS = 8  # threads that write kept outputs at once
 # past its 16 GB of host memory.
 _HOST_BATCH_BYTES = 4 << 30
 # Bytes of arguments of checked calls after each config's first kept for the input-state comparison (on the
-# device, until the profiler stops): all of them for most problems, none beyond the first for a full-size one.
+# device, until the profiler stops): all of them for most problems; past it, one drawn call per config.
 _KEPT_ARGUMENT_BYTES = 1 << 30
 
 
@@ -313,25 +314,46 @@ def _same_bits(after, before) -> bool:
 
 class _KeptArguments:
     """The arguments of every config's first call, and of its later checked calls (trials at random places)
-    while they add up to _KEPT_ARGUMENT_BYTES: a forward that writes into its argument from its second call on
-    is caught there. A full-size set (KernelBench level2/19: 2.2 GB) keeps its first call's alone."""
+    while they add up to _KEPT_ARGUMENT_BYTES. Past that, one later checked call per config is still kept,
+    drawn among them as they come (a reservoir of one: the k-th replaces the kept one with chance 1/k), so a
+    forward that writes into its argument from its second call on is caught whatever its size, and one that
+    writes in some calls only, as often as the draw falls on one of them. A full-size set (KernelBench
+    level2/19: 2.2 GB) keeps two calls' arguments on the device."""
 
     def __init__(self):
         self.calls: list[CalledArguments] = []
         self.later_bytes = 0
+        self._drawn: dict[int, tuple[int, int]] = {}   # config -> (its drawn call's index in calls, calls seen)
 
     def add(self, config: int, given: list, args: list, written: list[int], first: bool) -> None:
+        called = CalledArguments(config, given, args, written)
+        if first:
+            self.calls.append(called)
+            return
         size = sum(_numel(v) * _element_size(v) for v in args if type(v) is _Tensor)
-        if not first:
-            if self.later_bytes + size > _KEPT_ARGUMENT_BYTES:
-                return
+        if self.later_bytes + size <= _KEPT_ARGUMENT_BYTES:
             self.later_bytes += size
-        self.calls.append(CalledArguments(config, given, args, written))
+            self.calls.append(called)
+            return
+        drawn = self._drawn.get(config)
+        if drawn is None:
+            self._drawn[config] = (len(self.calls), 1)
+            self.calls.append(called)
+            return
+        index, seen = drawn[0], drawn[1] + 1
+        if _draw_below(seen) == 0:
+            self.calls[index] = called    # the call kept before is let go, and its copies with it
+        self._drawn[config] = (index, seen)
 
     def changed(self) -> list[list[int]]:
         """[config, position] of each argument written into where the reference leaves it, once each."""
         found = {(call.config, position): None for call in self.calls for position in call.changed()}
         return [list(key) for key in found]
+
+
+def _draw_below(n: int) -> int:
+    """A uniform draw from 0 .. n - 1 out of the OS's randomness (a 64-bit draw: its bias is negligible)."""
+    return int.from_bytes(_urandom(8), "little") % n
 
 
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
