@@ -347,7 +347,8 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     assert timed <= len(times) <= timed + 2 and timing_done(times)
     checked = {c.save for c in plan.checks}
     assert set(saved) == checked | {plan.state_name("first"), plan.state_name("last")}   # none skipped
-    assert len(kept.calls) == len(checked) and kept.changed() == []   # every checked call's arguments, left as given
+    # every checked call's arguments and one drawn among the others, left as given
+    assert len(kept.calls) == len(checked) + 1 and kept.changed() == []
     assert len(seen) == plan.length - (TIMED_RUNS - len(times))
     # the calls left out are reported by position, for the module state's replay: timed, nothing kept
     skipped = report["skipped"][0]
@@ -355,15 +356,15 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     assert all(plan.calls[i].timed and plan.calls[i].save is None for i in skipped)
 
 
-def _later_checked_calls(kept, writes_in: set[int], calls: int = 5) -> None:
-    """A config's first call and `calls - 1` later checked calls, each given a fresh copy holding its position;
-    the forward writes into its argument in the calls `writes_in`."""
+def _later_calls(kept, writes_in: set[int], calls: int = 5, checked: bool = True) -> None:
+    """A config's first call and `calls - 1` later calls (checked ones, or only timed), each given a fresh copy
+    holding its position; the forward writes into its argument in the calls `writes_in`."""
     given = [torch.zeros(4)]
     for position in range(calls):
         args = [given[0] + position]
         if position in writes_in:
             args[0].neg_()
-        kept.add(0, [given[0] + position], args, [], first=position == 0)
+        kept.add(0, [given[0] + position], args, [], first=position == 0, checked=checked)
 
 
 def test_past_the_byte_budget_one_later_checked_call_per_config_is_still_compared(monkeypatch):
@@ -373,15 +374,25 @@ def test_past_the_byte_budget_one_later_checked_call_per_config_is_still_compare
 
     monkeypatch.setattr(harness, "_KEPT_ARGUMENT_BYTES", 0)
     kept = harness._KeptArguments()
-    _later_checked_calls(kept, writes_in={1, 2, 3, 4})
+    _later_calls(kept, writes_in={1, 2, 3, 4})
     assert len(kept.calls) == 2 and kept.changed() == [[0, 0]]     # the first call and one drawn later call
 
     # the draw is a reservoir: the k-th later call replaces the kept one when the draw below k gives 0
     for draw, caught in ((lambda n: 0, True), (lambda n: 1, False)):
         monkeypatch.setattr(harness, "_draw_below", draw)
         kept = harness._KeptArguments()
-        _later_checked_calls(kept, writes_in={4})                  # writes only in its last call
+        _later_calls(kept, writes_in={4})                          # writes only in its last call
         assert (kept.changed() == [[0, 0]]) is caught
+
+
+def test_a_forward_that_writes_into_its_argument_only_in_unchecked_calls_is_caught():
+    """Which calls are checked can be read in the candidate's process; the drawn call cannot be known before
+    it ends. Within the budget, the checked calls are kept and one of the others is drawn."""
+    from mkevolve.verify import harness
+
+    kept = harness._KeptArguments()
+    _later_calls(kept, writes_in={1, 2, 3, 4}, checked=False)
+    assert len(kept.calls) == 2 and kept.changed() == [[0, 0]]
 
 
 def test_the_later_call_kept_past_the_budget_is_drawn_uniformly(monkeypatch):
@@ -391,7 +402,7 @@ def test_the_later_call_kept_past_the_budget_is_drawn_uniformly(monkeypatch):
     counts = {position: 0 for position in range(1, 5)}
     for _ in range(400):
         kept = harness._KeptArguments()
-        _later_checked_calls(kept, writes_in=set())
+        _later_calls(kept, writes_in=set())
         counts[int(kept.calls[1].given[0][0])] += 1
     assert all(50 <= n <= 150 for n in counts.values()), counts  # 100 expected each; 50 is 5.8 sd away
 

@@ -314,24 +314,26 @@ def _same_bits(after, before) -> bool:
 
 class _KeptArguments:
     """The arguments of every config's first call, and of its later checked calls (trials at random places)
-    while they add up to _KEPT_ARGUMENT_BYTES. Past that, one later checked call per config is still kept,
-    drawn among them as they come (a reservoir of one: the k-th replaces the kept one with chance 1/k), so a
-    forward that writes into its argument from its second call on is caught whatever its size, and one that
-    writes in some calls only, as often as the draw falls on one of them. A full-size set (KernelBench
-    level2/19: 2.2 GB) keeps two calls' arguments on the device."""
+    while they add up to _KEPT_ARGUMENT_BYTES; and of one more call per config, drawn among all its other calls
+    as they come (a reservoir of one: the k-th replaces the kept one with chance 1/k, drawn after the forward
+    returned). Which calls are checked is in this process, where a candidate can read it; which call is drawn
+    is not known to anyone before the call ends. So a forward that writes into its argument in the calls that
+    are only timed, or from its second call on in a full-size set (KernelBench level2/19: 2.2 GB, past the
+    budget at once), is caught as often as the draw falls on one of its writing calls: nearly always when it
+    writes in most of them. Two calls' arguments stay on the device at least."""
 
     def __init__(self):
         self.calls: list[CalledArguments] = []
         self.later_bytes = 0
         self._drawn: dict[int, tuple[int, int]] = {}   # config -> (its drawn call's index in calls, calls seen)
 
-    def add(self, config: int, given: list, args: list, written: list[int], first: bool) -> None:
+    def add(self, config: int, given: list, args: list, written: list[int], first: bool, checked: bool) -> None:
         called = CalledArguments(config, given, args, written)
         if first:
             self.calls.append(called)
             return
         size = sum(_numel(v) * _element_size(v) for v in args if type(v) is _Tensor)
-        if self.later_bytes + size <= _KEPT_ARGUMENT_BYTES:
+        if checked and self.later_bytes + size <= _KEPT_ARGUMENT_BYTES:
             self.later_bytes += size
             self.calls.append(called)
             return
@@ -412,8 +414,8 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
             # The arguments the reference writes into follow, as the trusted side's expected values do.
             saved[call.save] = (_snapshot(out, report, already_checked=call.guard)
                                 + _copies([args[i] for i in call.written]))
-        if position == 0 or call.save:   # the first call, and the checked ones (trials, at random places)
-            kept.add(len(report["times_ms"]) - 1, inputs[call.inputs], args, call.written, first=position == 0)
+        kept.add(len(report["times_ms"]) - 1, inputs[call.inputs], args, call.written, first=position == 0,
+                 checked=call.save is not None)
         if call.state:
             saved[call.state] = _copies(_module_buffers(model))
 
