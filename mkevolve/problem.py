@@ -171,7 +171,19 @@ def build_model(path: Path, cls: type[nn.Module], init_inputs: list, seed: int,
     return model.eval() if eval_mode else model
 
 
-def make_inputs(path: Path, config: InputConfig, seed: int, device: torch.device) -> list:
+def make_inputs(path: Path, config: InputConfig, seed: int, device: torch.device, made_there: bool = False) -> list:
+    """get_inputs() under `seed`, its tensors moved to `device`. With `made_there`, its tensor factories make
+    them on `device` itself: on a GPU a full-size set (2 GB) is drawn in milliseconds where the CPU took seconds,
+    with other values (the GPU's random stream), so only for checks that give two models the same inputs; on
+    the meta device, shapes and dtypes without values. A get_inputs that cannot run so (one that reads a value
+    back) runs as without it."""
+    if made_there and device.type != "cpu":
+        seed_everything(seed)
+        try:
+            with torch.device(device):
+                return to_device(call_inputs(path, config.get_inputs, "get_inputs"), device)
+        except Exception:  # noqa: BLE001  (only a shortcut: made on the CPU below, where an error is reported)
+            pass
     seed_everything(seed)
     return to_device(call_inputs(path, config.get_inputs, "get_inputs"), device)
 
@@ -185,7 +197,7 @@ def check_reference(problem: Problem, device: torch.device, eval_mode: bool, see
     for config in problem.configs:
         init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
         model = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode)
-        inputs = make_inputs(problem.path, config, seed + 1, device)
+        inputs = make_inputs(problem.path, config, seed + 1, device, made_there=True)
         try:
             with torch.no_grad():
                 first = flatten_outputs(model(*clone_values(inputs)))

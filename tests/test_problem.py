@@ -133,3 +133,23 @@ def test_input_configs(tmp_path):
 
 def test_read_source_returns_text(tmp_path):
     assert "class Model" in read_source(write(tmp_path, GOOD))
+
+
+def test_inputs_made_on_the_meta_device_have_shapes_without_values(tmp_path):
+    """The decomposition check's coverage compares shapes and dtypes only: a 64 GiB input costs nothing there."""
+    from mkevolve.problem import make_inputs
+
+    huge = GOOD.replace("return [torch.randn(2, 8)]", "return [torch.randn(1 << 34), torch.randint(0, 4, (3,)), 2.5]")
+    problem = load_problem(write(tmp_path, huge))
+    x, index, scale = make_inputs(problem.path, problem.configs[0], 1, torch.device("meta"), made_there=True)
+    assert x.is_meta and x.shape == (1 << 34,) and index.is_meta and index.dtype == torch.int64 and scale == 2.5
+
+
+def test_a_get_inputs_that_reads_a_value_back_is_made_on_the_cpu_instead(tmp_path):
+    from mkevolve.problem import make_inputs
+
+    reads = GOOD.replace("return [torch.randn(2, 8)]", "return [torch.randn(2, int(torch.randint(8, 9, ()).item()))]")
+    problem = load_problem(write(tmp_path, reads))
+    (on_meta,) = make_inputs(problem.path, problem.configs[0], 1, torch.device("meta"), made_there=True)
+    (on_cpu,) = make_inputs(problem.path, problem.configs[0], 1, torch.device("cpu"))
+    assert on_meta.is_meta and on_meta.shape == on_cpu.shape == (2, 8)     # drawn on the CPU, then moved

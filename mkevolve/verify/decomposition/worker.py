@@ -141,7 +141,8 @@ class _Run:
         configs = []
         for config in sub.configs:
             init = call_inputs(sub.path, config.get_init_inputs, "get_init_inputs")
-            inputs = make_inputs(sub.path, config, self.seed + 1, torch.device("cpu"))
+            # shapes and dtypes are all the coverage check compares: no values to draw
+            inputs = make_inputs(sub.path, config, self.seed + 1, torch.device("meta"), made_there=True)
             configs.append((bind(sub.model_cls.__init__, tuple(init), {}, skip_self=True),
                             bind(sub.model_cls.forward, tuple(inputs), {}, skip_self=True)))
         return SubproblemFacts(name, configs, hasattr(sub.module, "get_input_configs"))
@@ -156,7 +157,7 @@ class _Run:
             try:
                 init = call_inputs(sub.path, config.get_init_inputs, "get_init_inputs")
                 model = build_model(sub.path, sub.model_cls, init, self.seed, self.device, self.eval_mode)
-                inputs = make_inputs(sub.path, config, self.seed + 1, self.device)
+                inputs = make_inputs(sub.path, config, self.seed + 1, self.device, made_there=True)
                 with torch.no_grad():
                     for _ in range(2):
                         outputs.append(flatten_outputs(model(*clone_values(inputs))))
@@ -201,7 +202,7 @@ class _Run:
         new = self.instances[first:]
         self.runtime_impurities += structure_impurities(decomposed, new, classes)
         for trial in range(self.trials):
-            inputs = make_inputs(problem.path, config, self.seed + 1 + trial, self.device)
+            inputs = make_inputs(problem.path, config, self.seed + 1 + trial, self.device, made_there=True)
             # Each forward on its own copies, and what each leaves in its arguments compared too: an original
             # that writes into an argument (`x.mul_(2)`) is matched only by a decomposition that does as well.
             expected_args, actual_args = clone_values(inputs), clone_values(inputs)
