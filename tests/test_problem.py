@@ -153,3 +153,18 @@ def test_a_get_inputs_that_reads_a_value_back_is_made_on_the_cpu_instead(tmp_pat
     (on_meta,) = make_inputs(problem.path, problem.configs[0], 1, torch.device("meta"), made_there=True)
     (on_cpu,) = make_inputs(problem.path, problem.configs[0], 1, torch.device("cpu"))
     assert on_meta.is_meta and on_meta.shape == on_cpu.shape == (2, 8)     # drawn on the CPU, then moved
+
+
+@pytest.mark.gpu
+def test_inputs_made_on_the_gpu_are_drawn_there_and_the_same_for_the_same_seed(tmp_path):
+    """The decomposition check's runs on a GPU: each set drawn on the GPU, the same for the same seed (the
+    original and the top-level see one set), another for another seed (the trials differ)."""
+    from mkevolve.problem import make_inputs
+
+    problem = load_problem(write(tmp_path, GOOD.replace("torch.randn(2, 8)", "torch.randn(4096, 8)")))
+    gpu = torch.device("cuda")
+    first, again, other = (make_inputs(problem.path, problem.configs[0], seed, gpu, made_there=True)[0]
+                           for seed in (1, 1, 2))
+    assert first.is_cuda and first.shape == (4096, 8) and torch.equal(first, again) and not torch.equal(first, other)
+    on_cpu = make_inputs(problem.path, problem.configs[0], 1, gpu)[0]
+    assert on_cpu.is_cuda and not torch.equal(first, on_cpu)     # other values than the CPU's stream
