@@ -332,17 +332,18 @@ class _KeptArguments:
         if first:
             self.calls.append(called)
             return
-        size = sum(_numel(v) * _element_size(v) for v in args if type(v) is _Tensor)
-        if checked and self.later_bytes + size <= _KEPT_ARGUMENT_BYTES:
-            self.later_bytes += size
-            self.calls.append(called)
-            return
-        drawn = self._drawn.get(config)
-        if drawn is None:
+        if checked:   # sized only here: the timed-only calls, a hundred a config, go straight to the draw
+            size = sum(_numel(v) * _element_size(v) for v in args if type(v) is _Tensor)
+            if self.later_bytes + size <= _KEPT_ARGUMENT_BYTES:
+                self.later_bytes += size
+                self.calls.append(called)
+                return
+        if config not in self._drawn:
             self._drawn[config] = (len(self.calls), 1)
             self.calls.append(called)
             return
-        index, seen = drawn[0], drawn[1] + 1
+        index, seen = self._drawn[config]
+        seen += 1
         if _draw_below(seen) == 0:
             self.calls[index] = called    # the call kept before is let go, and its copies with it
         self._drawn[config] = (index, seen)
