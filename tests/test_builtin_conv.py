@@ -7,6 +7,7 @@ the reference within the verifier's default tolerance.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -43,6 +44,9 @@ CASES = {
     "convT2d_stride2": ("nn.ConvTranspose2d(8, 16, 3, stride=2, padding=1, output_padding=1)",
                         (2, 8, 4, 5), "torch.sigmoid(y)"),
     "convT2d_stride2_k4": ("nn.ConvTranspose2d(16, 16, 4, stride=2, padding=1)", (1, 16, 4, 4), "y"),
+    # a step per tap, and one phase's second tap past the 3-tap kernel: the step is masked whole
+    "convT2d_16ch_stride2_k3": ("nn.ConvTranspose2d(16, 16, 3, stride=2, padding=1, output_padding=1)",
+                                (1, 16, 3, 4), "y"),
     "convT3d_stride2": ("nn.ConvTranspose3d(4, 8, 3, stride=2, padding=1, output_padding=1)",
                         (1, 4, 3, 3, 4), "y"),
     "convT2d_stride3_dil2": ("nn.ConvTranspose2d(8, 8, 3, stride=3, dilation=2, padding=2)",
@@ -150,6 +154,52 @@ def test_transposed_convolution_walks_only_its_phase_taps(tmp_path):
     source = generate_kernel(_problem(tmp_path, "convT2d_stride2"), 0, TARGET).source
     assert "T0=2" in source and "T1=2" in source       # ceil(3 / 2) taps per dim, not 3
     assert "% STRIDE0 == 0" not in source               # no masking of taps off the phase
+
+
+def test_transposed_taps_are_masked_only_where_a_phase_walks_past_the_kernel(tmp_path):
+    overrun = generate_kernel(_problem(tmp_path, "convT2d_16ch_stride2_k3"), 0, TARGET).source
+    exact = generate_kernel(_problem(tmp_path, "convT2d_stride2_k4"), 0, TARGET).source
+    # constant along the step's lanes, so the loads stay vectorised; none at all when stride divides K
+    assert "k_ok = tl.full([BLOCK_K], 1, tl.int1) & (tap0 < K0) & (tap1 < K1)" in overrun
+    assert "k_ok" not in exact and "c < tl.where" not in exact
+
+
+def _reads_of_transposed(d_in, k, s, p, dil, out_pad):
+    """Every input coordinate the phase-split kernel reads for a real output row and tap, as it computes them."""
+    p_out = (d_in - 1) * s - 2 * p + dil * (k - 1) + out_pad + 1
+    inverse = pow(dil, -1, s) if s > 1 else 0
+    for r in range(s):
+        kf = ((r + p) * inverse) % s
+        for q in range(-(-p_out // s)):
+            if r + s * q >= p_out:
+                continue
+            base = q + (r + p - kf * dil) // s
+            for t in range(-(-k // s)):
+                if kf + s * t < k:
+                    yield base - dil * t
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_input_border_holds_every_coordinate_a_tap_reads(transposed):
+    from mkevolve.builtin.kernels.emit_conv import _input_border
+    from mkevolve.builtin.kernels.ir import Param
+    for d_in, k, s, p, dil, out_pad in [(7, 5, 1, 1, 1, 0), (5, 3, 2, 1, 1, 1), (4, 4, 2, 1, 1, 0), (4, 3, 3, 2, 2, 2),
+                                        (6, 3, 2, 0, 1, 0), (5, 1, 1, 0, 1, 0), (9, 3, 1, 4, 3, 0), (3, 5, 2, 4, 1, 1)]:
+        if not transposed and (out_pad or d_in + 2 * p < dil * (k - 1) + 1):
+            continue
+        if transposed and (out_pad >= max(s, dil) or math.gcd(s, dil) > 1):   # torch's rule; phases need gcd 1
+            continue
+        conv = Conv(shapes=((1, 8, 1),), w=Param(shapes=((8, 8, k),)), transposed=transposed, stride=(s,),
+                    padding=(p,), dilation=(dil,), output_padding=(out_pad,), groups=(1,))
+        (before, after), = _input_border(conv)
+        if transposed:
+            reads = list(_reads_of_transposed(d_in, k, s, p, dil, out_pad))
+        else:
+            reads = [o * s - p + t * dil for o in range((d_in + 2 * p - dil * (k - 1) - 1) // s + 1) for t in range(k)]
+        assert -int(before) <= min(reads) and max(reads) <= d_in - 1 + int(after), (d_in, k, s, p, dil, out_pad)
+        # and no wider than needed: the border's outermost coordinates are read
+        assert min(reads) == -int(before) or int(before) == 0 or not transposed
+        assert max(reads) == d_in - 1 + int(after) or int(after) == 0 or not transposed
 
 
 def _conv(c_in: int, c_out: int, kernel: int = 3) -> Conv:

@@ -388,16 +388,17 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
     step = "-DIL" if conv.transposed else "DIL"   # input coordinate moved per tap
     for d in dims:
         tap = f"kf{d} + STRIDE{d} * t{d}" if conv.transposed else f"t{d}"
-        lines += [f"    tap{d} = {tap}", f"    in{d} = base{d}[:, None] + ({step}{d} * t{d}){lane}"]
-        k_ok += [f"(tap{d} < K{d})"] if conv.transposed else []
+        lines += [f"    tap{d} = {tap}"]
+        k_ok += [f"(tap{d} < K{d})"] if _taps_overrun(conv, d) else []
     if k_ok and not lane:
-        # one tap for the whole step: its lanes are all real channels, or none when the tap falls
-        # outside the kernel (a lane vector: 0-d masks do not broadcast in Triton's interpreter)
-        lines.append(f"    k_ok = c < tl.where({' & '.join(k_ok)}, C_in_g, 0)")
+        # one tap for the whole step: its lanes are all real channels, or none when the tap falls outside
+        # the kernel. A splat, not `c < ...`: Triton then sees the mask constant along the step and loads
+        # 16 bytes at a time (a lane vector: 0-d masks do not broadcast in Triton's interpreter)
+        lines.append(f"    k_ok = tl.full([BLOCK_K], 1, tl.int1) & {' & '.join(k_ok)}")
     elif k_ok:
         lines.append(f"    k_ok = {' & '.join(k_ok)}")
-    in_bounds = [f"(in{d} >= 0) & (in{d} < D{d})" for d in dims]
-    a_mask = " & ".join(["m_ok[:, None]"] + in_bounds + (["k_ok[None, :]"] if k_ok else []))
+    # no bounds masks: x_cl's zero border holds every coordinate a real row's tap reads (`_input_border`)
+    a_mask = " & ".join(["m_ok[:, None]"] + (["k_ok[None, :]"] if k_ok else []))
     b_mask = " & ".join((["k_ok[:, None]"] if k_ok else []) + ["n_ok[None, :]"])
     x_lane = " + ".join(["c"] + [f"{step}{d} * t{d} * sx{d}" for d in dims])
     w_row = f"({_flat([f'tap{d}' for d in dims], [f'K{d}' for d in dims])}) * C_in_g + c"
@@ -406,6 +407,13 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
               f"mask={b_mask}, other=0.0)",
               f'    acc = tl.dot(a, b, acc, input_precision="{precision}")']
     return ["for k0 in range(0, K_TOTAL, BLOCK_K):"] + lines
+
+
+def _taps_overrun(conv: Conv, dim: int) -> bool:
+    """Whether a transposed convolution's phase can walk past the kernel along `dim`: its T = ceil(K / stride)
+    taps kf + stride * t reach K when stride does not divide K (a 3-tap kernel at stride 2: one phase has
+    taps 0 and 2, the other tap 1 and a tap 3 that does not exist). A forward convolution walks its K taps."""
+    return conv.transposed and any(w[2 + dim] % conv.stride[dim] for w in conv.w.shapes)
 
 
 def _rolled_tap_dims(conv: Conv) -> int:
@@ -478,7 +486,8 @@ _CONSTANT_DOCS = {"T": "kernel taps a program walks along spatial dim {d}", "GRO
 def _tiled_params(kernel: KernelPlan, dot: bool, operands, epilogue, indexer, scalars) -> list[KernelParam]:
     conv: Conv = kernel.anchor
     dims = range(len(conv.stride))
-    x_layout = f"channels-last [N, {_spatial('D', conv)}, C_in]" if dot else f"[N, C_in, {_spatial('D', conv)}]"
+    x_layout = (f"channels-last [N, {_spatial('D', conv)}, C_in] in a zero border" if dot
+                else f"[N, C_in, {_spatial('D', conv)}]")
     sizes = [KernelParam("M", "GEMM rows, images x output positions" + (" per phase" if conv.transposed else "")),
              KernelParam("C_in_g", "input channels per group", constexpr=not dot),
              KernelParam("C_out_g", "output channels per group"), KernelParam("C_out", "output channels")]
@@ -523,6 +532,35 @@ def _tiled_constants(conv: Conv, dot: bool) -> list[str]:
     return constants
 
 
+def _input_border(conv: Conv) -> list[tuple[str, str]]:
+    """Zero rows (before, after) per spatial dim that hold every input coordinate a real output row's taps
+    read, so the implicit GEMM loads them without bounds masks (13 % faster for level2/11's 5x5 transposed
+    convolution on the H200). A forward convolution reads from -padding to D - 1 + padding. A transposed one
+    reads in = (o + padding - tap * dilation) / stride for outputs o in [0, P): down to -floor(reach / stride)
+    and up to D - 1 + floor((reach + output_padding) / stride), reach = dilation * (K - 1) - padding."""
+    if not conv.transposed:
+        return [(p, p) for p in _geometry(conv)[1]]
+    border = []
+    for d, (k, s, p, dil) in enumerate(zip(conv.w.shapes[0][2:], conv.stride, conv.padding, conv.dilation)):
+        reach = dil * (k - 1) - p
+        border.append((str(max(0, reach // s)), str(max(0, (reach + conv.output_padding[d]) // s))))
+    return border
+
+
+def _bordered_input_lines(conv: Conv) -> list[str]:
+    """x_cl: the input channels-last (a pixel's channels adjacent) inside its zero border, as a view whose
+    (0, 0, ..) is the input's first pixel; the border lies at negative coordinates and past D."""
+    border = _input_border(conv)
+    if all(before == after == "0" for before, after in border):
+        return ["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"]
+    sizes = ", ".join(f"D{d} + {before} + {after}" for d, (before, after) in enumerate(border))
+    inside = ", ".join(f"{before}:{before} + D{d}" for d, (before, _) in enumerate(border))
+    origin = ", ".join(f"{before}:" for before, _ in border)
+    return [f"x_cl = x.new_zeros((x.shape[0], {sizes}, x.shape[1]))  # channels-last, in a zero border",
+            f"x_cl[:, {inside}] = x.movedim(1, -1)",
+            f"x_cl = x_cl[:, {origin}]  # (0, ..) is the input's first pixel"]
+
+
 def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, autotune: bool) -> list[str]:
     dims = range(len(conv.stride))
     rows = " * ".join((f"Q{d}" if conv.transposed else f"P{d}") for d in dims)
@@ -530,8 +568,7 @@ def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, auto
     # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
     to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
     lines = ([f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
-             + (["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"]
-                if dot else [])
+             + (_bordered_input_lines(conv) if dot else [])
              + [f"w_gemm = w.reshape(G, -1, *w.shape[1:]){to_gemm}.contiguous()",
                 f"M = x.shape[0] * {rows}"]
              + ([f"K_TOTAL = C_in_g * {' * '.join(_tap_exprs(conv))}"] if dot else []))
@@ -569,7 +606,8 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
         split = "; the grid's third axis is (output phase, group)" if conv.transposed else ""
         header = (f"# Implicit-GEMM {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one\n"
                   f"    # group per program, reducing over (kernel tap, input channel) BLOCK_K at a time{split}.\n"
-                  f"    # x is channels-last [N, D.., C_in]; w is [GROUPS, K.., C_in_g, C_out_g].")
+                  f"    # x is channels-last [N, D.., C_in] inside a zero border that every tap's coordinate\n"
+                  f"    # falls in (no bounds masks); w is [GROUPS, K.., C_in_g, C_out_g].")
     else:
         header = (f"# Outer-product {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one\n"
                   f"    # group per program; too few input channels for tl.dot, so each (kernel tap, input\n"
