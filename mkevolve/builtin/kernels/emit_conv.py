@@ -5,7 +5,8 @@ Three templates, chosen per instance shape (`instance_templates`).
 Implicit GEMM, on tensor cores through tl.dot: for one group, C[M, N] = A[M, K] @ B[K, N] with
 M = output positions (batch and spatial), N = output channels and K = (kernel tap, input channel).
 The launcher hands the kernel the input channels-last ([N, D.., C_in], a pixel's channels adjacent)
-and the weight as [groups, taps.., C_in_g, C_out_g], so both tiles are read along contiguous memory.
+inside a zero border as wide as any tap reaches past it (so no load needs a bounds mask), and the
+weight as [groups, taps.., C_in_g, C_out_g], so both tiles are read along contiguous memory.
 K is walked in BLOCK_K steps: when BLOCK_K divides the channels of a group each step stays inside
 one kernel tap (its masks are per output position); otherwise a step spans several taps. A transposed
 convolution is split by output phase (output coordinate mod stride): in one phase only every
