@@ -57,7 +57,7 @@ CUDA_VARIANTS = (
              MatmulTile(64, 128, 32, 4, 4)),
             # 256x64 for convolutions: tf32x3 holds a second accumulator per tile, and the tall narrow tile ran
             # level2/11's transposed conv (bordered input, H200) in 4.33 ms against 4.63 ms at 128x64 and 7.23 ms
-            # at 256x128 (scripts/results/bench_builtin_conv_border_h200_2026-12-04.json's note)
+            # at 256x128 (scripts/tf32x3_probe.py, scripts/results/tf32x3_probe_h200_2026-12-04.json)
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
             RowTiles(16384, 4096, 64, 1024, packed_block=4096), _CUDA_POOL),
     Variant("balanced", "ieee", True, _CUDA_POINTWISE,
