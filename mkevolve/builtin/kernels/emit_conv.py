@@ -210,10 +210,11 @@ def _tensor_params(kernel: KernelPlan, operands, x_layout: str, w_layout: str) -
             output_param(kernel, f"output [N, C_out, {_spatial('P', conv)}], contiguous")]
 
 
-def _size_params(conv: Conv, direct: bool) -> list[KernelParam]:
-    """Spatial sizes: input D, output P and, transposed, Q output positions per phase."""
+def _size_params(conv: Conv, direct: bool, bounded: bool = True) -> list[KernelParam]:
+    """Spatial sizes: input D (for kernels that mask taps by the input's bounds), output P and, transposed,
+    Q output positions per phase."""
     dims = range(len(conv.stride))
-    return ([KernelParam(f"D{d}", f"input size along spatial dim {d}") for d in dims]
+    return ([KernelParam(f"D{d}", f"input size along spatial dim {d}") for d in dims if bounded]
             + [KernelParam(f"P{d}", f"output size along spatial dim {d}") for d in dims]
             + ([KernelParam(f"Q{d}", f"output positions per phase along spatial dim {d}") for d in dims]
                if conv.transposed and not direct else []))
@@ -506,15 +507,16 @@ def _tiled_params(kernel: KernelPlan, dot: bool, operands, epilogue, indexer, sc
                constexpr("BLOCK_N", "output channels per program")]
               + ([constexpr("BLOCK_K", "GEMM depth per step")] if dot else []))
     return (_tensor_params(kernel, operands, x_layout, f"[GROUPS, {_spatial('K', conv)}, C_in_g, C_out_g]")
-            + [o.pointer("epilogue operand") for o in epilogue] + sizes + _size_params(conv, direct=False)
-            + strides
+            + [o.pointer("epilogue operand") for o in epilogue] + sizes
+            + _size_params(conv, direct=False, bounded=not dot) + strides
             + indexer.kernel_signature() + scalars.kernel_signature() + _geometry_params(conv) + constants + blocks)
 
 
 def _tiled_call(conv: Conv, dot: bool, epilogue, indexer, scalar_args) -> str:
     dims = range(len(conv.stride))
     x = "x_cl" if dot else "x"
-    sizes = (["M", "C_in_g", "C_out_g", "C_out"] + (["K_TOTAL"] if dot else []) + [f"D{d}" for d in dims]
+    # an implicit GEMM reads a bordered input without bounds masks: no input sizes
+    sizes = (["M", "C_in_g", "C_out_g", "C_out"] + (["K_TOTAL"] if dot else [f"D{d}" for d in dims])
              + [f"P{d}" for d in dims] + ([f"Q{d}" for d in dims] if conv.transposed else []))
     strides = ([f"{x}.stride(0)"] + ([] if dot else [f"{x}.stride(1)"])
                + [f"{x}.stride({(1 if dot else 2) + d})" for d in dims] + ["w_gemm.stride(0)"])
