@@ -19,6 +19,7 @@ written once) counted by hand per case.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import functools
 import json
@@ -215,6 +216,8 @@ class VariantResult:
     max_abs_err: float | None = None
     time: Timing | None = None
     error: str | None = None
+    error_vs_fp64: float | None = None         # max |output - the reference run in fp64|, first input config
+    eager_error_vs_fp64: float | None = None   # the same for the eager fp32 reference: the error to stay within
 
 
 @dataclass
@@ -265,6 +268,20 @@ def _compare(expected, actual) -> tuple[bool, float]:
     return ok, worst
 
 
+def _errors_vs_fp64(reference: torch.nn.Module, inputs: list, expected, actual) -> tuple[float, float]:
+    """(eager's, the candidate's) largest absolute error against the reference module run in fp64."""
+    reference64 = copy.deepcopy(reference).double()
+    inputs64 = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    with torch.no_grad():
+        exact = _outputs(reference64(*inputs64))
+    del reference64, inputs64
+
+    def worst(outputs) -> float:
+        return max((o.double() - e).abs().max().item() for o, e in zip(_outputs(outputs), exact))
+
+    return worst(expected), worst(actual)
+
+
 def _build(module, init: list, eval_mode: bool = False) -> torch.nn.Module:
     with torch.device("cuda"):
         torch.manual_seed(0)
@@ -302,6 +319,8 @@ def check_variant(problem_path: Path, variant: int, workdir: Path, with_timing: 
         if not ok:
             return result
         if with_timing and config_index == 0:
+            result.eager_error_vs_fp64, result.error_vs_fp64 = _errors_vs_fp64(reference, inputs, expected, actual)
+            del expected, actual
             result.time = time_forward(lambda: candidate(*inputs))
     result.correct = True
     return result
@@ -325,7 +344,9 @@ def run_case(case: Case, workdir: Path, variants: str) -> CaseResult:
         result.variants.append(outcome)
         torch.cuda.empty_cache()
         print(f"  {case.name} variant {variant}: "
-              + (f"{outcome.time.median_ms:.4f} ms" if outcome.correct else f"FAILED {outcome.error or ''}"
+              + (f"{outcome.time.median_ms:.4f} ms, error vs fp64 {outcome.error_vs_fp64:.3g} (eager "
+                 f"{outcome.eager_error_vs_fp64:.3g}) {outcome.description}" if outcome.correct
+                 else f"FAILED {outcome.error or ''}"
                  f" max_abs_err={outcome.max_abs_err}"), flush=True)
     timed = [v for v in result.variants if v.correct and v.time is not None]
     if not timed:

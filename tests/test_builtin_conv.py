@@ -53,6 +53,11 @@ CASES = {
                              (1, 8, 3, 4), "y"),
     "convT2d_grouped": ("nn.ConvTranspose2d(16, 32, 3, stride=2, groups=2)", (1, 16, 3, 3), "y"),
     "convT1d_stride1": ("nn.ConvTranspose1d(8, 16, 3, padding=1)", (2, 8, 9), "y"),
+    # stride 1, 16 channels or more, 3 or 5 taps along the last dim: Winograd variants (test_winograd.py)
+    "conv2d_16ch_k3_winograd": ("nn.Conv2d(16, 16, 3, padding=1)", (2, 16, 5, 7), "y * 2.0"),
+    "convT2d_16ch_k5_winograd": ("nn.ConvTranspose2d(16, 32, 5, padding=1)", (2, 16, 6, 7), "torch.tanh(y) + 1.0"),
+    "conv3d_16ch_k3_winograd": ("nn.Conv3d(16, 16, 3)", (1, 16, 4, 5, 6), "y"),
+    "conv1d_32ch_k5_winograd": ("nn.Conv1d(32, 16, 5, padding=2)", (2, 32, 9), "torch.relu(y)"),
     # shares a factor between dilation and stride: the direct kernel
     "convT2d_stride2_dil2": ("nn.ConvTranspose2d(8, 8, 3, stride=2, dilation=2)", (1, 8, 3, 3), "y"),
 }

@@ -8,6 +8,14 @@ first check is often the only one a time budget leaves a full-size subproblem (l
 its ieee variant 0 at 0.79x torch.compile, its tf32x3 variant never checked). The ieee variants follow as the
 fallback: a batched GEMM failed the tolerance under tf32x3 in the 2026-11-29 bench. Kernels without tl.dot
 skip tf32x3 (`variants_for`) and start with the balanced tiling.
+
+The second variant, for subproblems with a stride-1 convolution of Winograd's form only, is tf32x3 with those
+convolutions as Winograd GEMMs (emit_winograd.py). At KernelBench shapes on the H200 it took level2/11's 5x5
+transposed convolution from 4.79 to 2.94 ms and the 3x3 ones of 31/35 and 43 from 6.30 to 5.84 ms and 4.35 to
+3.96 ms, at an error against fp64 of 2.0e-06 for the 5x5 one (direct tf32x3 8.6e-07, cuDNN 6.5e-07) and 8.4e-07
+and 8.7e-07 for the 3x3 ones (direct 9.6e-07 and 1.1e-06, cuDNN 4.2e-06 and 5.2e-06)
+(scripts/results/bench_builtin_winograd_h200_2026-12-04.json): faster everywhere, less accurate than cuDNN
+on the 5x5 layer. The search keeps whichever passes the tolerance fastest.
 """
 
 from __future__ import annotations
@@ -46,25 +54,29 @@ class Variant:
     conv: tuple[MatmulTile, ...]
     rows: RowTiles
     pool: tuple[tuple[int, int], ...]
+    winograd: bool = False                       # stride-1 convolutions by Winograd transforms (emit_winograd.py)
 
 
 _CUDA_POINTWISE = ((1024, 4), (2048, 8), (4096, 8))
 _CUDA_POOL = ((256, 4), (512, 4), (1024, 8))
+_TF32X3_MATMUL = (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
+                  MatmulTile(64, 128, 32, 4, 4))
+# 256x64 for convolutions: tf32x3 holds a second accumulator per tile, and the tall narrow tile ran level2/11's
+# transposed conv (bordered input, H200) in 4.33 ms against 4.63 ms at 128x64 and 7.23 ms at 256x128
+# (scripts/tf32x3_probe.py, scripts/results/tf32x3_probe_h200_2026-12-04.json)
+_TF32X3_CONV = (MatmulTile(128, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3))
+_CUDA_ROWS = RowTiles(16384, 4096, 64, 1024, packed_block=4096)
 
 CUDA_VARIANTS = (
-    Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE,
-            (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 256, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4),
-             MatmulTile(64, 128, 32, 4, 4)),
-            # 256x64 for convolutions: tf32x3 holds a second accumulator per tile, and the tall narrow tile ran
-            # level2/11's transposed conv (bordered input, H200) in 4.33 ms against 4.63 ms at 128x64 and 7.23 ms
-            # at 256x128 (scripts/tf32x3_probe.py, scripts/results/tf32x3_probe_h200_2026-12-04.json)
-            (MatmulTile(128, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
-            RowTiles(16384, 4096, 64, 1024, packed_block=4096), _CUDA_POOL),
+    Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE, _TF32X3_MATMUL, _TF32X3_CONV, _CUDA_ROWS, _CUDA_POOL),
+    # the same, with stride-1 convolutions as Winograd GEMMs: only for subproblems that have one (`variants_for`)
+    Variant("tf32x3-winograd", "tf32x3", True, _CUDA_POINTWISE, _TF32X3_MATMUL, _TF32X3_CONV, _CUDA_ROWS,
+            _CUDA_POOL, winograd=True),
     Variant("balanced", "ieee", True, _CUDA_POINTWISE,
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(128, 64, 32, 4, 4), MatmulTile(64, 128, 32, 4, 4),
              MatmulTile(64, 64, 32, 4, 4)),
             (MatmulTile(128, 64, 32, 4, 3), MatmulTile(64, 64, 32, 4, 3), MatmulTile(128, 128, 32, 8, 3)),
-            RowTiles(16384, 4096, 64, 1024, packed_block=4096), _CUDA_POOL),
+            _CUDA_ROWS, _CUDA_POOL),
     Variant("wide", "ieee", True, ((2048, 4), (4096, 8), (8192, 16)),
             (MatmulTile(128, 256, 32, 8, 3), MatmulTile(256, 128, 32, 8, 3), MatmulTile(128, 128, 32, 8, 4)),
             (MatmulTile(128, 128, 32, 8, 3), MatmulTile(256, 64, 32, 8, 3)),
@@ -86,13 +98,17 @@ CPU_VARIANTS = (
             (MatmulTile(16, 32, 16),), RowTiles(8, 8, 4, 64), ((64, 4),)),
     Variant("cpu-tf32x3", "tf32x3", False, ((256, 4),), (MatmulTile(16, 32, 16),),
             (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),)),
+    Variant("cpu-winograd", "ieee", False, ((256, 4),), (MatmulTile(16, 16, 16),),
+            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),), winograd=True),
 )
 
 TARGETS = {"cuda": CUDA_VARIANTS, "cpu": CPU_VARIANTS}
 
 
-def variants_for(target: str, uses_dot: bool) -> tuple[Variant, ...]:
-    """The variants that differ for this subproblem: without tl.dot the precision switch changes nothing."""
+def variants_for(target: str, uses_dot: bool, winograd: bool = False) -> tuple[Variant, ...]:
+    """The variants that differ for this subproblem: without tl.dot the precision switch changes nothing, and
+    without a convolution of Winograd's form (`winograd`) the Winograd variants repeat another."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
-    return tuple(v for v in TARGETS[target] if uses_dot or v.precision == "ieee")
+    return tuple(v for v in TARGETS[target]
+                 if (uses_dot or v.precision == "ieee") and (winograd or not v.winograd))

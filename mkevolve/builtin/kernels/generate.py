@@ -42,6 +42,11 @@ class Analysis:
     def uses_dot(self) -> bool:
         return any(uses_dot(k) for p in self.plans.values() for k in p.kernels)
 
+    @property
+    def winograd(self) -> bool:
+        """A kernel has a Winograd form: the Winograd variants differ from the others."""
+        return any(kind_of(k).winograd(k.anchor) for p in self.plans.values() for k in p.kernels)
+
     def work(self) -> list[Work]:
         """The least work per input config, in the mode the self-check runs the module in: training, unless
         only eval mode gets kernels."""
@@ -86,7 +91,7 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
     analysis = analyse(problem_path)
     if mode in analysis.unsupported:
         raise UnsupportedSubproblem(analysis.unsupported[mode])
-    variants = variants_for(target, analysis.uses_dot)
+    variants = variants_for(target, analysis.uses_dot, analysis.winograd)
     if not 0 <= variant < len(variants):
         raise ValueError(f"variant {variant} out of range: this subproblem has {len(variants)} variants "
                          f"for target {target!r}")
@@ -130,7 +135,8 @@ def _named(kernel: KernelPlan, variant: Variant, plan_: Plan, sources: dict[str,
 
 
 def variant_total(problem_path: str | Path, target: str) -> int:
-    return len(variants_for(target, analyse(problem_path).uses_dot))
+    analysis = analyse(problem_path)
+    return len(variants_for(target, analysis.uses_dot, analysis.winograd))
 
 
 __all__ = ["GeneratedKernel", "UnsupportedSubproblem", "analyse", "generate", "variant_total"]

@@ -43,6 +43,7 @@ from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool
 from .emit_rows import emit_rows
+from .emit_winograd import emit_winograd, winograd_fits
 from .ir import AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pool, Program, Value
 from .kernel_plan import KernelPlan
 
@@ -61,6 +62,17 @@ def _no_flops(anchor: Value | None, config: int) -> int:
     return 0
 
 
+def _emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    """A Winograd variant's stride-1 convolutions by transforms; every other convolution by emit_conv."""
+    if variant.winograd and winograd_fits(kernel.anchor):
+        return emit_winograd(kernel, name, variant, program)
+    return emit_conv(kernel, name, variant, program)
+
+
+def _winograd_conv(anchor: Value | None) -> bool:
+    return isinstance(anchor, Conv) and winograd_fits(anchor)
+
+
 @dataclass(frozen=True)
 class KernelKind:
     """One kernel template and what the plan and the generator need to know about it."""
@@ -74,6 +86,7 @@ class KernelKind:
     uses_dot: Callable[[Value | None], bool] = _never    # the anchor's code calls tl.dot: precision variants
     flops: Callable[[Value | None, int], int] = _no_flops  # the anchor's FLOPs under input config c (2 per
                                                           # multiply-add); elementwise work is not counted
+    winograd: Callable[[Value | None], bool] = _never    # a Winograd variant emits the anchor otherwise
 
     def kernel_uses_dot(self, kernel: KernelPlan) -> bool:
         return self.uses_dot(kernel.anchor)
@@ -90,7 +103,8 @@ KINDS: tuple[KernelKind, ...] = (
     ROWS,
     KernelKind("matmul", emit_matmul, Matmul, takes_epilogue=True, uses_dot=_always, flops=matmul_flops),
     # the implicit-GEMM template calls tl.dot; direct and outer-product convolutions do not
-    KernelKind("conv", emit_conv, Conv, takes_epilogue=True, uses_dot=conv_uses_dot, flops=conv_flops),
+    KernelKind("conv", _emit_conv, Conv, takes_epilogue=True, uses_dot=conv_uses_dot, flops=conv_flops,
+               winograd=_winograd_conv),
     KernelKind("pool", emit_pool, Pool, takes_epilogue=True),
     KernelKind("adaptive_pool", emit_adaptive_pool, AdaptivePool, takes_epilogue=True),
     KernelKind("attention", emit_attention, Attention, uses_dot=_always, flops=attention_flops),

@@ -1,0 +1,110 @@
+"""Winograd's minimal filtering F(m, r) along one dim: m outputs of an r-tap correlation from m + r - 1 products.
+
+For a tile of alpha = m + r - 1 inputs d and the r taps g, y_i = sum_k d[i + k] g[k] (i < m) equals
+
+    y = AT @ ((G @ g) * (BT @ d))          AT [m, alpha], G [alpha, r], BT [alpha, alpha]
+
+so a convolution whose last spatial dim has r taps does alpha products per m outputs instead of m * r: each
+of the alpha points is a GEMM over the remaining taps and the input channels, on the transformed input
+BT @ d and the transformed weight G @ g. The matrices come from interpolating at alpha - 1 finite points and
+infinity (Toom-Cook); AT and G are written down from the points, BT solved for exactly so the identity above
+holds (`transform`), all in exact fractions.
+
+How many outputs per tile: larger tiles need fewer products but reach points whose powers grow, and fp32
+rounding of the transforms grows with them. Against an fp64 reference (64 -> 128 channels, 32x32 images, fp32
+transforms and GEMMs, weights of level2/11's scale), the error relative to the direct fp32 convolution's was,
+for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81, m = 3 1.16, m = 4 2.07.
+`OUTPUTS_PER_TILE` keeps the largest tile that stays within the direct convolution's error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+# taps r -> outputs m per tile (see the module docstring): r = 5 does 7 products per 3 outputs instead of 15,
+# r = 3 does 4 per 2 instead of 6
+OUTPUTS_PER_TILE = {3: 2, 5: 3}
+_POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2), Fraction(-1, 2))
+
+
+@dataclass(frozen=True)
+class WinogradTransform:
+    outputs: int                               # m
+    taps: int                                  # r
+    at: tuple[tuple[Fraction, ...], ...]       # [m, alpha]: outputs from the products
+    g: tuple[tuple[Fraction, ...], ...]        # [alpha, r]: transformed taps
+    bt: tuple[tuple[Fraction, ...], ...]       # [alpha, alpha]: transformed inputs
+
+    @property
+    def alpha(self) -> int:
+        """Inputs per tile, and products (GEMMs) per tile."""
+        return self.outputs + self.taps - 1
+
+
+def transform(outputs: int, taps: int) -> WinogradTransform:
+    alpha = outputs + taps - 1
+    if not 2 <= alpha <= len(_POINTS) + 1:
+        raise ValueError(f"F({outputs}, {taps}) needs {alpha - 1} finite points; {len(_POINTS)} are defined")
+    points = _POINTS[:alpha - 1]
+    # the point at infinity: the leading coefficient, which reaches only the last output through the last tap
+    at = [[p ** i for p in points] + [Fraction(int(i == outputs - 1))] for i in range(outputs)]
+    g = [[p ** k / _product(p - q for q in points if q != p) for k in range(taps)] for p in points]
+    g.append([Fraction(int(k == taps - 1)) for k in range(taps)])
+    # y_i = sum_j at[i][j] (g @ taps)_j (bt @ d)_j for every d and taps: for each input l, the products
+    # at[i][j] * g[j][k] weighted by bt[j][l] must pick out exactly the pairs with l = i + k
+    pairs = [[at[i][j] * g[j][k] for j in range(alpha)] for i in range(outputs) for k in range(taps)]
+    columns = [_solve(pairs, [Fraction(int(l == i + k)) for i in range(outputs) for k in range(taps)])
+               for l in range(alpha)]
+    bt = [[columns[l][j] for l in range(alpha)] for j in range(alpha)]
+    return WinogradTransform(outputs, taps, _frozen(at), _frozen(g), _frozen(bt))
+
+
+def _product(values) -> Fraction:
+    result = Fraction(1)
+    for v in values:
+        result *= v
+    return result
+
+
+def _frozen(rows: list[list[Fraction]]) -> tuple[tuple[Fraction, ...], ...]:
+    return tuple(tuple(row) for row in rows)
+
+
+def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+    """x with rows @ x = rhs, by Gauss-Jordan elimination in exact fractions; rows has full column rank and
+    the system is consistent (checked: the leftover equations must read 0 = 0)."""
+    n = len(rows[0])
+    system = [list(row) + [b] for row, b in zip(rows, rhs)]
+    for col in range(n):
+        pivot = next(i for i in range(col, len(system)) if system[i][col] != 0)
+        system[col], system[pivot] = system[pivot], system[col]
+        system[col] = [v / system[col][col] for v in system[col]]
+        for i, row in enumerate(system):
+            if i != col and row[col] != 0:
+                system[i] = [a - row[col] * b for a, b in zip(row, system[col])]
+    if any(v != 0 for row in system[n:] for v in row):
+        raise ArithmeticError("the Winograd identity has no solution for these points")
+    return [system[i][n] for i in range(n)]
+
+
+def combination(coefficients: tuple[Fraction, ...], names: list[str], exact: bool = False) -> str:
+    """Kernel code for sum(c * name), zero terms left out and +-1 written as a sign: "d1 - d3 + 0.5 * d5".
+    `exact` writes c as integers, "w1 * 2 / 45", for fp64 values: a float literal would be rounded to fp32."""
+    terms = []
+    for c, name in zip(coefficients, names):
+        if c == 0:
+            continue
+        if abs(c) == 1:
+            term = name
+        elif exact:
+            term = f"{name} * {abs(c.numerator)}" + (f" / {c.denominator}" if c.denominator != 1 else "")
+        elif Fraction(float(c)) == c:
+            term = f"{float(abs(c))!r} * {name}"
+        else:
+            raise ValueError(f"{c} has no exact float literal: write it exact=True, in fp64")
+        terms.append(("- " if c < 0 else "+ ") + term)
+    if not terms:
+        return "0.0"
+    text = " ".join(terms)
+    return text[2:] if text.startswith("+ ") else "-" + text[2:]
