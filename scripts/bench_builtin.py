@@ -5,7 +5,8 @@
     PYTHONPATH=. python3 scripts/bench_builtin.py --out checks.json --check tests/subproblems/*.py
 
 Each suite case is a KernelBench-form problem at a KernelBench-like size. For every generator variant the
-script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4) and times it the
+script checks the output against the eager reference (fp32, TF32 off, atol=rtol=1e-4), records its error and
+eager's against the reference module run in fp64 (the first input config), and times it the
 way the verifier does (`verify.timing.time_forward`: CUDA events, 10 warm-ups, 100 timed runs or at least 20 adding up to 1 s, L2 flushed
 before each, every stream joined, median). The fastest correct variant and torch.compile(Model) are then
 timed again in alternating rounds (PAIRED_ROUNDS), and each side's time is the median of its round

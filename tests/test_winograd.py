@@ -81,18 +81,23 @@ def test_the_winograd_variant_is_offered_only_where_it_differs(tmp_path):
     assert sum("Winograd F(2, 3)" in d for d in descriptions) == 1
 
 
+def _assigned(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AugAssign) else []
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
 def _loop_carried(function: ast.FunctionDef) -> set[str]:
     """Names assigned both before a loop and inside it."""
     before: set[str] = set()
     carried: set[str] = set()
     for statement in function.body:
         if isinstance(statement, ast.For):
-            inside = {t.id for node in ast.walk(statement) if isinstance(node, ast.Assign)
-                      for t in node.targets if isinstance(t, ast.Name)}
-            carried |= inside & before
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Assign):
-                before |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            carried |= _assigned(statement) & before
+        before |= _assigned(statement)
     return carried
 
 

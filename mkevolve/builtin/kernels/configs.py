@@ -11,11 +11,12 @@ skip tf32x3 (`variants_for`) and start with the balanced tiling.
 
 The second variant, for subproblems with a stride-1 convolution of Winograd's form only, is tf32x3 with those
 convolutions as Winograd GEMMs (emit_winograd.py). At KernelBench shapes on the H200 it took level2/11's 5x5
-transposed convolution from 4.79 to 2.94 ms and the 3x3 ones of 31/35 and 43 from 6.30 to 5.84 ms and 4.35 to
-3.96 ms, at an error against fp64 of 2.0e-06 for the 5x5 one (direct tf32x3 8.6e-07, cuDNN 6.5e-07) and 8.4e-07
+transposed convolution from 4.79 to 3.01 ms and the 3x3 ones of 31/35 and 43 from 6.30 to 5.95 ms and 4.35 to
+3.86 ms, at an error against fp64 of 2.0e-06 for the 5x5 one (direct tf32x3 8.6e-07, cuDNN 6.5e-07) and 8.4e-07
 and 8.7e-07 for the 3x3 ones (direct 9.6e-07 and 1.1e-06, cuDNN 4.2e-06 and 5.2e-06)
-(scripts/results/bench_builtin_winograd_h200_2026-12-04.json): faster everywhere, less accurate than cuDNN
-on the 5x5 layer. The search keeps whichever passes the tolerance fastest.
+(scripts/results/bench_builtin_winograd_h200_2026-12-04.json, bench_builtin_conv_fp64_errors_h200_2026-12-04.json):
+faster everywhere, less accurate than cuDNN on the 5x5 layer. The search keeps whichever passes the tolerance
+fastest.
 """
 
 from __future__ import annotations
