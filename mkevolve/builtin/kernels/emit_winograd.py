@@ -1,13 +1,13 @@
 """Stride-1 convolutions by Winograd's minimal filtering along the last spatial dim (`winograd.py`).
 
 With r taps along the last dim and m outputs per tile (alpha = m + r - 1 inputs), the convolution becomes
-three kernels:
+four kernels:
 
+    weight transform  U[p, taps.., c, co] = sum_k G[p, k] w[co, c, taps.., k]    (in fp64: G's fractions)
     input transform   V[p, n, h.., t, c]  = sum_j BT[p, j] x[n, c, h.. - pad, t * m + j - pad]   (zero outside)
     alpha GEMMs       X[p, (n, o.., t), co] = sum_{taps.., c} V[p, n, o.. + taps.., t, c] U[p, taps.., c, co]
     output transform  y[n, co, o.., t * m + i] = epilogue(sum_p AT[i, p] X[p, (n, o.., t), co])
 
-U = G @ w along the last kernel dim, computed by the launcher in fp64 (the fractions of G) and rounded once.
 The GEMMs are implicit GEMMs over the leading dims' taps, like the direct template's, on tensor cores (the
 variant's tl.dot precision), and do alpha / (m * r) of its multiply-adds: 7/15 for 5 taps, 4/6 for 3. A
 transposed convolution of stride 1 is the forward convolution of the flipped, transposed weight with padding
@@ -24,7 +24,7 @@ import math
 
 from .configs import MatmulTile, Variant
 from .emit_common import KernelSource, LauncherArg, describe_body, helper_sources, indent, make_operands, output_param
-from .emit_conv import _epilogue, _flat, _out_size_lines, conv_tiles
+from .emit_conv import _MIN_TILE, _epilogue, _flat, _out_size_lines, conv_tiles
 from .emit_matmul import tile_autotune
 from .indexing import Space
 from .ir import Conv, Program
@@ -32,7 +32,6 @@ from .kernel_plan import KernelPlan
 from .signature import KernelParam, constexpr, signature
 from .winograd import OUTPUTS_PER_TILE, WinogradTransform, combination, transform
 
-_MIN_CHANNELS = 16                 # a tl.dot step's depth: the GEMMs step through one tap's channels at a time
 _TRANSFORM_BLOCK = (32, 32, 4)     # rows, channels, warps of a program of the input and output transforms
 _WEIGHT_BLOCK = 256                # transformed weights per program of the weight transform
 
@@ -46,7 +45,8 @@ def winograd_fits(conv: Conv) -> bool:
     w = conv.w.shapes[0]
     c_in, c_out = (w[0], w[1]) if conv.transposed else (w[1], w[0])
     padding_fits = all(k - 1 - p >= 0 for k, p in zip(w[2:], conv.padding)) if conv.transposed else True
-    return w[-1] in OUTPUTS_PER_TILE and c_in % _MIN_CHANNELS == 0 and c_out >= _MIN_CHANNELS and padding_fits
+    # the GEMMs step through one tap's input channels a tl.dot step (at least 16 deep) at a time
+    return w[-1] in OUTPUTS_PER_TILE and c_in % _MIN_TILE == 0 and c_out >= _MIN_TILE and padding_fits
 
 
 def _geometry(conv: Conv) -> tuple[list[int], list[int]]:
@@ -73,6 +73,7 @@ def _input_transform(name: str, spatial: int, wt: WinogradTransform) -> str:
     params = ([KernelParam("x_ptr", f"input [N, C_in, {', '.join(f'D{d}' for d in range(spatial))}]"),
                KernelParam("v_ptr", "transformed input [ALPHA, R, C_in], R = (image, padded leading dims.., tile)"),
                KernelParam("R", "rows of the transformed input per point"),
+               KernelParam("plane", "elements of V per point, R x C_in"),
                KernelParam("C_in", "input channels"), KernelParam("T", "tiles along the last dim")]
               + [KernelParam(f"D{d}", f"input size along spatial dim {d}") for d in range(spatial)]
               + [KernelParam(f"HP{d}", f"padded input size along spatial dim {d}") for d in lead]
@@ -99,7 +100,8 @@ def _input_transform(name: str, spatial: int, wt: WinogradTransform) -> str:
                  f"mask=ok & ((col >= 0) & (col < D{last}))[:, None], other=0.0)"]
     body.append("v_tile = v_ptr + rr.to(tl.int64)[:, None] * C_in + cc[None, :]")
     for p, row in enumerate(wt.bt):
-        body.append(f"tl.store(v_tile + {p} * R * C_in, {combination(row, inputs)}, mask=store_ok)")
+        body.append(f"tl.store(v_tile, {combination(row, inputs)}, mask=store_ok)")
+        body += ["v_tile += plane  # the next point's V"] if p + 1 < wt.alpha else []
     return f'''@triton.jit
 {signature(f"{name}_input_transform", params)}
     # Winograd input transform: for each point p, V[p] = BT[p] @ (the tile's {wt.alpha} input columns along the
@@ -164,6 +166,7 @@ def _output_transform(name: str, spatial: int, wt: WinogradTransform, params_epi
     positions = " * ".join(f"P{d}" for d in range(spatial))
     params = ([KernelParam("x_ptr", "products [ALPHA, M, C_out]")] + params_epilogue
               + [KernelParam("M", "rows of the products: images x leading output positions x tiles"),
+                 KernelParam("plane", "products per point, M x C_out"),
                  KernelParam("C_out", "output channels"), KernelParam("T", "tiles along the last dim")]
               + [KernelParam(f"P{d}", f"output size along spatial dim {d}") for d in range(spatial)])
     products = [f"x{p}" for p in range(wt.alpha)]
@@ -172,7 +175,9 @@ def _output_transform(name: str, spatial: int, wt: WinogradTransform, params_epi
              "m_ok = rm < M",
              "tile_ok = m_ok[:, None] & (co < C_out)[None, :]",
              "x_tile = x_ptr + rm.to(tl.int64)[:, None] * C_out + co[None, :]"]
-            + [f"x{p} = tl.load(x_tile + {p} * M * C_out, mask=tile_ok, other=0.0)" for p in range(wt.alpha)]
+            + [line for p in range(wt.alpha)
+               for line in [f"x{p} = tl.load(x_tile, mask=tile_ok, other=0.0)"]
+               + (["x_tile += plane  # the next point's products"] if p + 1 < wt.alpha else [])]
             + _decode_lines("rm", [f"P{d}" for d in lead] + ["T"], [f"o{d}" for d in lead] + ["t"])
             + ["nb64 = nb.to(tl.int64)", "co64 = co.to(tl.int64)"])
     for i, row in enumerate(wt.at):   # output i of each tile: its own epilogue and store
@@ -277,7 +282,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
                 "dtype=torch.float32)",
                 "R = v[0].numel() // C_in_g",
                 f"{name}_input_transform[(_cdiv(R, {rows}), _cdiv(C_in_g, {channels}))]("
-                + ", ".join(["x", "v", "R", "C_in_g", "T"] + [f"D{d}" for d in range(spatial)] + padded
+                + ", ".join(["x", "v", "R", "R * C_in_g", "C_in_g", "T"] + [f"D{d}" for d in range(spatial)] + padded
                             + ["x.stride(0)", "x.stride(1)"] + [f"x.stride({2 + d})" for d in range(spatial)]
                             + [f"PAD{d}={padding[d]}" for d in range(spatial)]
                             + [f"M_OUT={wt.outputs}", f"BLOCK_R={rows}", f"BLOCK_C={channels}",
@@ -288,7 +293,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
              + _gemm_launch_lines(name, kernel_size, tiles, variant.autotune, wt.alpha)
              + [f"{name}_output_transform[(_cdiv(M, {rows}), _cdiv(C_out, {channels}), 1)]("
                 + ", ".join(["products", "out"] + [o.name for o in epilogue] + indexer.kernel_params()
-                            + [a.name for a in scalar_args] + ["M", "C_out", "T"]
+                            + [a.name for a in scalar_args] + ["M", "M * C_out", "C_out", "T"]
                             + [f"P{d}" for d in range(spatial)]
                             + [f"M_OUT={wt.outputs}", f"BLOCK_M={rows}", f"BLOCK_N={channels}",
                                f"num_warps={warps}"]) + ")"])
