@@ -631,16 +631,21 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
              + _tiled_launch_lines(conv, dot, name, call, tiles, variant.autotune))
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
-    t = tiles[0]
-    tile_text = (f"autotuned over {len(tiles)} tile configs" if variant.autotune else
-                 f"tile {t.block_m}x{t.block_n}" + (f"x{t.block_k}" if dot else ""))
     how = (f"{variant.precision} tl.dot{'' if _tap_per_block(conv) else ', steps spanning taps'}" if dot
            else "fp32 FMA")
     description = (f"{'implicit-GEMM' if dot else 'outer-product'} "
                    f"{'transposed convolution' if conv.transposed else 'convolution'}"
-                   f"{' + ' + ops if ops else ''} ({how}, {tile_text})")
+                   f"{' + ' + ops if ops else ''} ({how}, {tile_text(tiles, variant.autotune, dot)})")
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
                         helper_sources(emitter.helpers), description=description)
+
+
+def tile_text(tiles: tuple[MatmulTile, ...], autotune: bool, block_k: bool = True) -> str:
+    """The tiling a description names: the autotuned configs' count, or the one tile."""
+    if autotune:
+        return f"autotuned over {len(tiles)} tile configs"
+    t = tiles[0]
+    return f"tile {t.block_m}x{t.block_n}" + (f"x{t.block_k}" if block_k else "")
 
 
 # -- direct -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import math
 
 from .configs import MatmulTile, Variant
 from .emit_common import KernelSource, LauncherArg, describe_body, helper_sources, indent, make_operands, output_param
-from .emit_conv import _MIN_TILE, _epilogue, _flat, _out_size_lines, conv_tiles
+from .emit_conv import _MIN_TILE, _epilogue, _flat, _out_size_lines, conv_tiles, tile_text
 from .emit_matmul import tile_autotune
 from .indexing import Space
 from .ir import Conv, Program
@@ -301,11 +301,8 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
                f"{indent(lines + ['return out'], 4)}\n"
     ops = describe_body(kernel, program.values)
     kind = "transposed convolution" if conv.transposed else "convolution"
-    t = tiles[0]
-    tile_text = (f"autotuned over {len(tiles)} tile configs" if variant.autotune
-                 else f"tile {t.block_m}x{t.block_n}x{t.block_k}")
     description = (f"Winograd F({wt.outputs}, {wt.taps}) {kind}{' + ' + ops if ops else ''} "
-                   f"({wt.alpha} {variant.precision} tl.dot GEMMs, {tile_text})")
+                   f"({wt.alpha} {variant.precision} tl.dot GEMMs, {tile_text(tiles, variant.autotune)})")
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
                         helper_sources(emitter.helpers), description=description)
 

@@ -11,10 +11,14 @@ infinity (Toom-Cook); AT and G are written down from the points, BT solved for e
 holds (`transform`), all in exact fractions.
 
 How many outputs per tile: larger tiles need fewer products but reach points whose powers grow, and fp32
-rounding of the transforms grows with them. Against an fp64 reference (64 -> 128 channels, 32x32 images, fp32
-transforms and GEMMs, weights of level2/11's scale), the error relative to the direct fp32 convolution's was,
-for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81, m = 3 1.16, m = 4 2.07.
-`OUTPUTS_PER_TILE` keeps the largest tile that stays within the direct convolution's error.
+rounding grows with them. Against an fp64 reference on a CPU (64 -> 128 channels, 4 images of 32x32, fp32
+transforms and GEMMs, weights of level2/11's scale), the error relative to PyTorch's CPU fp32 convolution's was,
+for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81, m = 3 1.16, m = 4 2.07, and
+`OUTPUTS_PER_TILE` keeps, for each r, the tile with the least error there. On the H200 the direct tf32x3
+convolution is more accurate than that CPU one, and the comparison changes for 5 taps: level2/11's 5x5 layer had
+2.0e-06 with F(3, 5) against 8.6e-07 direct and cuDNN's 6.5e-07, while the 3x3 layers had 8.4e-07 and 8.7e-07
+with F(2, 3) against 9.6e-07 and 1.1e-06 direct (scripts/results/bench_builtin_winograd_h200_2026-12-04.json).
+The GEMMs' fp32 accumulation, amplified by AT's coefficients, makes most of F(3, 5)'s error.
 """
 
 from __future__ import annotations
