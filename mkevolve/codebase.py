@@ -91,6 +91,7 @@ class SubproblemSpec:
     source: str
     instances: int = 1
     configs: list[InstanceConfig] = field(default_factory=list)
+    input_shapes: list[str] = field(default_factory=list)  # how the checks saw the file called, for prompts
 
     @property
     def path(self) -> str:
@@ -125,10 +126,13 @@ class Decomposition:
         files.update({spec.path: spec.source for spec in self.subproblems})
         return files
 
-    def with_configs(self, observed: dict[str, list[InstanceConfig]]) -> Decomposition:
-        """A copy whose instance counts and configs are the ones the checks observed."""
+    def with_configs(self, observed: dict[str, list[InstanceConfig]],
+                     input_shapes: dict[str, list[str]] | None = None) -> Decomposition:
+        """A copy whose instance counts, configs and input shapes are the ones the checks observed."""
+        input_shapes = input_shapes or {}
         specs = [replace(s, instances=len(observed.get(s.name, [])) or s.instances,
-                         configs=list(observed.get(s.name, s.configs))) for s in self.subproblems]
+                         configs=list(observed.get(s.name, s.configs)),
+                         input_shapes=list(input_shapes.get(s.name, s.input_shapes))) for s in self.subproblems]
         return replace(self, subproblems=specs)
 
     def write(self, folder: str | Path) -> None:

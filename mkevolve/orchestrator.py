@@ -218,6 +218,7 @@ class Orchestrator:
         decomposition, report = decompose_agent.decompose(self.problem_path, **self._agent_args(),
                                                           speculate=self._prepare_subproblems_ahead)
         decomposition.write(iteration_dir(self.run_dir, 0))
+        self._reconcile_beams(decomposition)  # the beams keep what the check saw (input shapes) past a resume
         how = "fallback (the original module as one subproblem)" if decomposition.fallback else "passed every check"
         self.display.log(f"decomposed into {len(decomposition.names)} subproblem(s), {how}: "
                          f"{', '.join(decomposition.names)}")
@@ -291,6 +292,10 @@ class Orchestrator:
                 beams[spec.name] = self.state.beams[spec.name]
             else:
                 beams[spec.name] = Beam(width=self.config.beam_width)
+            if beams[spec.name].input_shapes is None and spec.input_shapes:
+                # as the decomposition check saw the file called: the first prompt needs no job for them (a job
+                # would wait for a worker behind checks and preparations, 20 to 35 s at KernelBench size)
+                beams[spec.name].input_shapes = list(spec.input_shapes)
             sources[spec.name] = digest
         self.state.beams, self.state.beam_sources = beams, sources
 

@@ -155,6 +155,29 @@ def call_inputs(path: Path, fn: Callable[[], Any], what: str) -> list:
     return list(value)
 
 
+def describe_inputs(problem: Problem) -> list[str]:
+    """How the problem is called, for prompts: per input config, its forward inputs and constructor arguments
+    as dtype[shape] (other values by repr), drawn on the meta device so no (possibly huge) tensor is made."""
+    lines = []
+    for index, config in enumerate(problem.configs):
+        with torch.device("meta"):
+            init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+            inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
+        prefix = f"config {index}: " if len(problem.configs) > 1 else ""
+        lines.append(f"{prefix}forward({_describe(inputs)}), constructed with ({_describe(init)})")
+    return lines
+
+
+def _describe(values: list) -> str:
+    parts = []
+    for value in values:
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            parts.append(f"{str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}]")
+        else:
+            parts.append(repr(value)[:60])
+    return ", ".join(parts)
+
+
 def to_device(values: list, device: torch.device) -> list:
     return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from mkevolve.agents.evolve import input_shapes_job
 from mkevolve.codebase import Decomposition
 from mkevolve.config import RunConfig
 from mkevolve.verify.decomposition.orchestration import check_decomposition, report_from_outcome
@@ -37,11 +38,23 @@ def test_the_good_decomposition_passes_every_check_and_reports_its_instances():
     assert report.instances["scale"][0].inputs == ("x=float32[2, 8]",)
 
 
+def test_the_report_says_how_each_subproblem_file_is_called_as_the_first_prompt_shows_it():
+    report = _checks("good")
+    folder = FIXTURES / "good" / "subkernel_problems"
+    assert report.inputs == {name: input_shapes_job(str(folder / f"{name}.py")) for name in ("linear_relu", "scale")}
+    assert report.inputs["linear_relu"] == ["config 0: forward(float32[2, 8]), constructed with (8, 8)",
+                                            "config 1: forward(float32[2, 8]), constructed with (8, 8)"]
+    decomposition = Decomposition.read(FIXTURES / "good").with_configs(report.instances, report.inputs)
+    assert decomposition.subproblem("scale").input_shapes == report.inputs["scale"]
+
+
 def test_the_report_says_where_the_checks_time_went():
     report = _checks("good")
-    assert set(report.phases) == {"load", "standalone", "import", "equivalence", "coverage"}
+    parts = {"equivalence.build", "equivalence.trials"}   # within "equivalence"
+    assert set(report.phases) == {"load", "standalone", "import", "equivalence", "coverage"} | parts
     assert all(seconds >= 0 for seconds in report.phases.values())
-    assert sum(report.phases.values()) <= report.wall_s
+    assert sum(v for k, v in report.phases.items() if k not in parts) <= report.wall_s
+    assert sum(report.phases[k] for k in parts) <= report.phases["equivalence"]
     assert report.to_dict()["phases"].keys() == report.phases.keys()
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from mkevolve.agents.evolve import KernelAgent
 from mkevolve.busy import BusyClock
 from mkevolve.cli import main
 from mkevolve.config import RunConfig
@@ -99,6 +100,9 @@ def test_a_provider_error_while_decomposing_leaves_no_fallback(tmp_path, capsys)
 # -- a bad reply is a failed candidate, and its reason is told -----------------------------------------------
 
 
+SHAPE_JOBS: list[str] = []  # subproblems whose input shapes garbage_run's prompts asked a worker for
+
+
 @pytest.fixture(scope="module")
 def garbage_run(tmp_path_factory) -> tuple[Path, int, str]:
     tmp_path = tmp_path_factory.mktemp("garbage")
@@ -108,6 +112,7 @@ def garbage_run(tmp_path_factory) -> tuple[Path, int, str]:
     capture = pytest.MonkeyPatch()  # capsys is per test; the run is made once for the module
     buffer = io.StringIO()
     capture.setattr("sys.stdout", buffer)
+    capture.setattr(KernelAgent, "_input_shapes", lambda agent: SHAPE_JOBS.append(agent.subproblem) or ["?"])
     try:
         code = run(tmp_path / "out", replies, "--iterations", "1", "--budget", "2")
     finally:
@@ -121,6 +126,14 @@ def test_a_garbage_reply_is_a_failed_candidate_not_a_fatal_error(garbage_run):
     candidate = json.loads((run_dir / "iterations" / "iter_01" / "candidates" / "scale" / "c0000.json").read_text())
     assert candidate["result"]["status"] == "compile_error" and "lorem ipsum" in candidate["result"]["reason"]
     assert events(run_dir, "provider_error") == []
+
+
+def test_prompts_take_input_shapes_from_the_decomposition_check_not_from_a_job(garbage_run):
+    run_dir, _, _ = garbage_run
+    assert SHAPE_JOBS == []
+    beams = RunState.load(run_dir).beams
+    assert beams["scale"].input_shapes == beams["squash_halve"].input_shapes == [
+        "forward(float32[8, 64]), constructed with ()"]
 
 
 def test_every_subproblem_outcome_is_in_state_events_and_summary(garbage_run):

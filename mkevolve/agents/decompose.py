@@ -63,12 +63,12 @@ def decompose(problem_path: str | Path, config: RunConfig, client: LLMClient, po
 
     winner = loop.run(requests, Decomposition.from_files, lambda decomposition, report: [])
     if winner is not None:
-        result = winner.decomposition.with_configs(winner.report.instances)
+        result = winner.decomposition.with_configs(winner.report.instances, winner.report.inputs)
         emit_result(events, "decompose", "passed", result)
         return result, winner.report
     fallback = wrap_original(problem_path.stem, read_source(problem_path))
     report = check_decomposition(problem_path, fallback, pool, config)
-    fallback = fallback.with_configs(report.instances)
+    fallback = fallback.with_configs(report.instances, report.inputs)
     emit_result(events, "decompose", "fallback" if report.passed else "failed", fallback)
     return fallback, report
 

@@ -22,7 +22,7 @@ from mkevolve.llm.client import LLMClient
 from mkevolve.llm.providers import LLMCallError
 from mkevolve.llm.parse import ReplyFormatError, extract_code
 from mkevolve.llm.types import LLMRequest, LLMResponse, Repertoire
-from mkevolve.problem import ProblemError, read_source
+from mkevolve.problem import ProblemError, describe_inputs, load_problem, read_source
 from mkevolve.prompts import render
 from mkevolve.search.beam import (Beam, Candidate, CandidateRecord, Exhausted, PromptKind, beam_search,
                                   candidate_id)
@@ -186,34 +186,11 @@ def _code_or_failure(response: LLMResponse) -> tuple[str, EvalResult | None]:
 
 
 def input_shapes_job(problem_path: str) -> list[str]:
-    """Runs in a worker: each input config's init arguments and forward inputs, built on the meta device."""
-    import torch
-
-    from mkevolve.problem import call_inputs, load_problem
-
+    """Runs in a worker: how the problem file is called (problem.describe_inputs), or why that is unknown."""
     try:
-        problem = load_problem(problem_path)
-        lines = []
-        for index, config in enumerate(problem.configs):
-            # The meta device gives shapes and dtypes without allocating the (possibly huge) tensors.
-            with torch.device("meta"):
-                init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-                inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
-            prefix = f"config {index}: " if len(problem.configs) > 1 else ""
-            lines.append(f"{prefix}forward({_describe(inputs)}), constructed with ({_describe(init)})")
-        return lines
+        return describe_inputs(load_problem(problem_path))
     except ProblemError as err:
         return [f"unknown ({err.reason}); read get_inputs() in the source"]
-
-
-def _describe(values: list) -> str:
-    parts = []
-    for value in values:
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            parts.append(f"{str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}]")
-        else:
-            parts.append(repr(value)[:60])
-    return ", ".join(parts)
 
 
 class KernelAgent:

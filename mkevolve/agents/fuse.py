@@ -85,7 +85,7 @@ def total_fuse(problem_path: str | Path, decomposition: Decomposition, config: R
     report = check_decomposition(problem_path, fallback, pool, config)
     if not report.passed:
         return decomposition
-    fallback = fallback.with_configs(report.instances)
+    fallback = fallback.with_configs(report.instances, report.inputs)
     emit_result(events, "total_fuse", "fallback", fallback)
     return fallback
 
@@ -96,6 +96,6 @@ def _refine(agent, problem_path, decomposition, requests, validate, config, clie
     if winner is None:
         emit_result(events, agent, "unchanged", decomposition)
         return decomposition
-    result = winner.decomposition.with_configs(winner.report.instances)
+    result = winner.decomposition.with_configs(winner.report.instances, winner.report.inputs)
     emit_result(events, agent, "passed", result)
     return result

@@ -57,7 +57,7 @@ def split(problem_path: str | Path, decomposition: Decomposition, failing: list[
     if winner is None:
         emit_result(events, "split", "unchanged", decomposition)
         return decomposition
-    result = winner.decomposition.with_configs(winner.report.instances)
+    result = winner.decomposition.with_configs(winner.report.instances, winner.report.inputs)
     emit_result(events, "split", "passed", result)
     return result
 

@@ -20,7 +20,8 @@ class CheckResult:
 
 @dataclass
 class CheckReport:
-    """Every check's verdict, and the subproblem instances the top-level made (name -> instances)."""
+    """Every check's verdict, the subproblem instances the top-level made (name -> instances), and how each
+    loaded subproblem file is called (name -> problem.describe_inputs lines, for prompts)."""
 
     passed: bool
     checks: list[CheckResult]
@@ -28,15 +29,17 @@ class CheckReport:
     wall_s: float = 0.0
     # Seconds per part of the run in the worker: "load" (each subproblem imported, its inputs drawn on the
     # CPU), "standalone" (each built and called twice), "import" (the top-level), "equivalence" (original and
-    # top-level built and compared over the trials), "coverage": where a full-size check spends its time
-    # (level2/19: 38 s on the H200, not yet split).
+    # top-level built, "equivalence.build", and compared over the trials, "equivalence.trials"), "coverage":
+    # where a full-size check spends its time (level2/19: 38 s on the H200).
     phases: dict[str, float] = field(default_factory=dict)
+    inputs: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_checks(cls, checks: list[CheckResult], instances: dict[str, list[InstanceConfig]] | None = None,
-                    wall_s: float = 0.0, phases: dict[str, float] | None = None) -> CheckReport:
+                    wall_s: float = 0.0, phases: dict[str, float] | None = None,
+                    inputs: dict[str, list[str]] | None = None) -> CheckReport:
         return cls(passed=all(c.passed for c in checks), checks=checks, instances=instances or {},
-                   wall_s=wall_s, phases=phases or {})
+                   wall_s=wall_s, phases=phases or {}, inputs=inputs or {})
 
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if not c.passed]

@@ -15,6 +15,7 @@ from mkevolve.problem import (
     build_model,
     call_inputs,
     clone_values,
+    describe_inputs,
     flatten_outputs,
     fp32_strict,
     import_file,
@@ -71,7 +72,7 @@ def run_checks(problem_path: str, folder: str, seed: int = 0, trials: int = 3,
     run = _Run(Path(problem_path), folder_path, seed, trials, eval_mode)
     checks = run.all_checks(top_level_violations(files[PROBLEM_FILE]))
     return CheckReport.from_checks(checks, run.instance_configs(), wall_s=time.monotonic() - start,
-                                   phases=run.phases)
+                                   phases=run.phases, inputs=run.inputs)
 
 
 def _read(path: Path) -> str:
@@ -92,6 +93,7 @@ class _Run:
         self.top_level_ops: list[str] = []
         self.runtime_impurities: list[str] = []
         self.phases: dict[str, float] = {}     # CheckReport.phases
+        self.inputs: dict[str, list[str]] = {}  # CheckReport.inputs
         fp32_strict()
 
     def all_checks(self, static_impurities: list[str]) -> list[CheckResult]:
@@ -126,6 +128,7 @@ class _Run:
                 with timed_phase(self.phases, "load"):
                     sub = load_problem(path)
                     facts[name] = self._facts(name, sub)
+                    self.inputs[name] = describe_inputs(sub)
             except ProblemError as err:
                 failures.append(f"{name}: {err.reason}")
                 continue
@@ -190,17 +193,22 @@ class _Run:
         return CheckResult(EQUIVALENCE, True)
 
     def _compare_config(self, problem, top, classes: dict, init: list, config) -> str | None:
-
-        reference = build_model(problem.path, problem.model_cls, init, self.seed, self.device, self.eval_mode)
-        first = len(self.instances)
-        with RecordConstruction(classes, self.instances):
-            try:
-                decomposed = build_model(self.folder / PROBLEM_FILE, top.Model, init, self.seed, self.device,
-                                         self.eval_mode, what="top-level Model")
-            except ProblemError as err:
-                return err.reason
+        # the equivalence phase's two parts: building both models (on the CPU, then moved), and the trials
+        with timed_phase(self.phases, "equivalence.build"):
+            reference = build_model(problem.path, problem.model_cls, init, self.seed, self.device, self.eval_mode)
+            first = len(self.instances)
+            with RecordConstruction(classes, self.instances):
+                try:
+                    decomposed = build_model(self.folder / PROBLEM_FILE, top.Model, init, self.seed, self.device,
+                                             self.eval_mode, what="top-level Model")
+                except ProblemError as err:
+                    return err.reason
         new = self.instances[first:]
         self.runtime_impurities += structure_impurities(decomposed, new, classes)
+        with timed_phase(self.phases, "equivalence.trials"):
+            return self._trials(problem, config, reference, decomposed, new)
+
+    def _trials(self, problem, config, reference, decomposed, new: list[Instance]) -> str | None:
         for trial in range(self.trials):
             inputs = make_inputs(problem.path, config, self.seed + 1 + trial, self.device, made_there=True)
             # Each forward on its own copies, and what each leaves in its arguments compared too: an original
