@@ -329,6 +329,41 @@ def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_
     assert prepared[0]["phases"] == {"reference": 1.5, "baseline": 4.0} and prepared[0]["error"] == ""
 
 
+class _StartingExecutor(_RecordingExecutor):
+    """Holds the zygote-start jobs until `release` is set; answers prepare jobs at once."""
+
+    size = 2
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def run_many(self, jobs):
+        from mkevolve.verify.correctness import Preparation
+
+        self.jobs += jobs
+        if all(job.fn.endswith(":start_zygote_early") for job in jobs):
+            self.release.wait(30)
+        return [JobOutcome(value=Preparation({}, "")) for _ in jobs]
+
+
+def test_preparations_wait_until_every_worker_has_been_sent_its_zygote_start(tmp_path):
+    """A preparation that took a worker before that worker's zygote start would leave it without standby
+    processes when its first candidate comes: the starts are sent first, one per worker."""
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = executor = _StartingExecutor()
+    verifier._device_name = "NVIDIA H200"
+    verifier.start_candidate_processes()
+    verifier.prepare([tmp_path / "a.py"])
+    time.sleep(0.5)
+    assert [job.fn for job in executor.jobs] == ["mkevolve.verify.candidate_run:start_zygote_early"] * 2
+    executor.release.set()
+    verifier.close()
+    assert [job.fn.rpartition(":")[2] for job in executor.jobs] == [
+        "start_zygote_early", "start_zygote_early", "prepare_problem"]
+
+
 def test_sources_prepared_ahead_are_not_prepared_again_where_the_run_writes_them(tmp_path):
     """prepare_sources writes text to a scratch folder and prepares it there; the caches are keyed by source,
     so the same source at its run path later is not sent again, while a new one is. close() removes the

@@ -138,6 +138,12 @@ class Verifier:
     def _prepare(self, problem_paths: list[Path], grace_s: float) -> None:
         if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
             return                                             # at the same cost
+        # Every worker's zygote start goes first. A preparation sent beside them could take a slot before one of
+        # them; that start then went to a worker whose zygote had already started (a freed slot is handed out
+        # again), and the preparing worker's first candidate had to wait for a standby (8 to 12 s on the H200).
+        warming = self._warming
+        if warming is not None and warming is not threading.current_thread():
+            warming.join()
         jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
                     timeout=self._worker_timeout, start_by=self.candidates_start_by,
                     end_by=self.candidates_end_by, priority=PREPARE_PRIORITY)
