@@ -119,6 +119,7 @@ class _RecordingExecutor:
 
     size = 1
     shares_caches = True
+    on_gpus = None          # asks a worker (Verifier.device_name), as a Ray executor does
 
     def __init__(self):
         self.jobs = []
@@ -179,6 +180,7 @@ class _SlowStartingPool:
     """Workers that take until `ready` is set to start, on a GPU."""
 
     size = 2
+    on_gpus = None
 
     def __init__(self):
         self.ready, self.asked, self.closed_after = threading.Event(), [], None
@@ -206,6 +208,25 @@ def test_workers_and_zygotes_start_in_the_background_while_the_run_decomposes():
     verifier.close()
     # close waits for the starts, so no worker starts after the pool has stopped them
     assert pool.closed_after == ["device_name", "start_zygote_early", "start_zygote_early"]
+
+
+def test_a_pool_that_knows_its_gpus_starts_every_worker_at_once_without_asking_one_first():
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = pool = _SlowStartingPool()
+    pool.on_gpus = True
+    verifier.start_candidate_processes()
+    pool.ready.set()
+    verifier.close()
+    assert pool.closed_after == ["start_zygote_early", "start_zygote_early"]
+    pool.on_gpus = False
+    verifier = Verifier(RunConfig(workers=2))
+    verifier.executor.close()
+    verifier.executor = pool
+    pool.asked = []
+    verifier.start_candidate_processes()
+    verifier.close()
+    assert pool.closed_after == []      # no zygote ahead without a GPU, and no worker asked
 
 
 DICT_PROBLEM = '''import torch

@@ -74,16 +74,22 @@ class Verifier:
         return self.device_name not in ("cpu", "unknown")
 
     def start_candidate_processes(self) -> None:
-        """In the background, start a worker to ask for the device and, on a GPU, every worker with its zygote,
-        rather than when the first candidates come: the workers' imports and CUDA contexts, then the zygotes'
+        """In the background, on a GPU, start every worker with its zygote (asking a worker for the device first
+        where the executor cannot tell), rather than when the first candidates come: the workers' imports and CUDA contexts, then the zygotes'
         standby children (10 s on the H200), happen while the run decomposes. Waiting for them first held a
         full-size GEMM's decomposition back by 10 s on an H200 with 4 workers."""
         self._warming = threading.Thread(target=self._start_workers, name="start-workers", daemon=True)
         self._warming.start()
 
     def _start_workers(self) -> None:
-        """Worker starts that fail here fail again, and are reported, at the first job that needs them."""
-        if self.on_gpu:
+        """Worker starts that fail here fail again, and are reported, at the first job that needs them. Where
+        the executor knows its GPUs, every worker starts at once: asking one worker for the device first held the
+        others back by that worker's start (its imports), and with them the decomposition check and the standbys
+        (level2/63 alone: the check began 5 s after the decomposition was written, H200)."""
+        on_gpus = self.executor.on_gpus
+        if on_gpus is None:
+            on_gpus = self.on_gpu
+        if on_gpus:
             self.run_jobs([Job("mkevolve.verify.candidate_run:start_zygote_early", timeout=self.config.timeout)
                            for _ in range(self.executor.size)])
 

@@ -15,6 +15,9 @@ class Executor(Protocol):
     # Its jobs run on this machine and share its reference and baseline caches, so work one job leaves in
     # them (Verifier.prepare) spares the next
     shares_caches: bool
+    # Whether its workers run on GPUs, where it knows without asking one (a local pool over the visible GPUs);
+    # None where only a worker can tell (Verifier.device_name asks one)
+    on_gpus: bool | None
 
     def run(self, job: Job) -> JobOutcome: ...
 
@@ -54,6 +57,7 @@ class LocalExecutor:
         gpus = visible_gpus()
         self.pool = WorkerPool(size=workers or len(gpus) or CPU_WORKERS_DEFAULT, gpus=gpus)
         self.size = self.pool.size
+        self.on_gpus = bool(gpus)
 
     def run(self, job: Job) -> JobOutcome:
         return self.pool.run(job)
@@ -78,6 +82,7 @@ class RayExecutor:
     """Ray tasks with one GPU each; the cluster is the one `ray.init()` finds (RAY_ADDRESS)."""
 
     shares_caches = False    # a task lands on any node, with that node's caches
+    on_gpus = None           # the node a task lands on tells
 
     def __init__(self):
         import ray
