@@ -47,6 +47,19 @@ class AloneRun:
     gpu_mean_utilisation: float | None = None
     last_line: str = ""
     phases: dict[str, float] = field(default_factory=dict)   # median seconds per phase of its evaluations
+    milestones: dict[str, float] = field(default_factory=dict)    # seconds after run_started (MILESTONES)
+    check_phases: dict[str, float] = field(default_factory=dict)  # the first decomposition check's phases
+
+
+# When a run reaches each step, by the first event that marks it: its decomposition checked (the budget of the
+# search is set), its first kernel reply, its first verdict, its searches done, its end.
+MILESTONES = {
+    "decomposed": lambda e: e.get("kind") == "budget",
+    "first_reply": lambda e: e.get("kind") == "llm_call" and e.get("agent") == "generate",
+    "first_verdict": lambda e: e.get("kind") == "verdict",
+    "searched": lambda e: e.get("kind") == "checkpoint" and e.get("step") == "evolved",
+    "finished": lambda e: e.get("kind") == "run_finished",
+}
 
 
 def cache_env(root: Path) -> dict[str, str]:
@@ -85,6 +98,14 @@ def read_events(run: AloneRun, path: Path) -> None:
     run.verdicts = len(verdicts)
     run.phases = {row.phase: round(row.median_s, 3) for row in profile.rows}
     run.median_evaluation_s = round(profile.wall_median_s, 3) if profile.evaluations else None
+    started = next((e["t"] for e in events if e.get("kind") == "run_started"), None)
+    if started is not None:
+        for name, marks in MILESTONES.items():
+            at = next((e["t"] for e in events if marks(e) and "t" in e), None)
+            if at is not None:
+                run.milestones[name] = round(at - started, 1)
+    check = next((e["checks"] for e in events if e.get("kind") == "decomposition" and "checks" in e), {})
+    run.check_phases = dict(check.get("phases", {}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"workers {workers}, {caches} caches: {run.process_s:.1f} s (exit {run.exit_code}), startup "
                   f"{run.startup_s} s, closing {run.closing_s} s, {run.verdicts} verdicts at "
                   f"{run.median_evaluation_s} s median, GPU busy {run.gpu_busy_share}; {run.last_line}")
+            print("    after the start (s): " + ", ".join(f"{k} {v}" for k, v in run.milestones.items()))
     record = {**environment(), "problem": str(args.problem), "run_args": args.run_args,
               "target_s": throughput.MEDIAN_RUN_TARGET_S, "runs": [asdict(r) for r in runs]}
     if args.json:

@@ -264,6 +264,22 @@ def test_a_run_alone_reads_its_startup_closing_and_evaluations(tmp_path):
     assert run.median_evaluation_s == 7.0 and run.phases["candidate.first_call"] == 2.5
 
 
+def test_a_run_alone_says_when_it_reached_each_step_and_where_its_decomposition_check_went(tmp_path):
+    check = {"passed": True, "wall_s": 7.2, "phases": {"equivalence.trials": 5.0, "equivalence": 6.2}}
+    events = write_events(tmp_path / "events.jsonl", [
+        {"t": 100.0, "kind": "run_started", "startup_s": 6.0},
+        {"t": 105.0, "kind": "llm_call", "agent": "decompose"},
+        {"t": 112.0, "kind": "decomposition", "iteration": 0, "checks": check},
+        {"t": 112.5, "kind": "budget"}, {"t": 112.6, "kind": "llm_call", "agent": "generate"},
+        {**FIRST, "t": 130.0}, {**SECOND, "t": 135.0}, {"t": 135.1, "kind": "checkpoint", "step": "evolved"},
+        {"t": 142.0, "kind": "run_finished", "closing_s": 1.0}])
+    run = run_alone.AloneRun(workers=4, caches="warm", exit_code=0, process_s=49.0)
+    run_alone.read_events(run, events)
+    assert run.milestones == {"decomposed": 12.5, "first_reply": 12.6, "first_verdict": 30.0, "searched": 35.1,
+                              "finished": 42.0}
+    assert run.check_phases == check["phases"]
+
+
 def test_a_run_alone_keeps_every_cache_under_its_own_folder(tmp_path):
     env = run_alone.cache_env(tmp_path / "caches")
     assert set(env) == {"MKEVOLVE_CACHE", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}
