@@ -75,9 +75,9 @@ class Verifier:
 
     def start_candidate_processes(self) -> None:
         """In the background, on a GPU, start every worker with its zygote (asking a worker for the device first
-        where the executor cannot tell), rather than when the first candidates come: the workers' imports and CUDA contexts, then the zygotes'
-        standby children (10 s on the H200), happen while the run decomposes. Waiting for them first held a
-        full-size GEMM's decomposition back by 10 s on an H200 with 4 workers."""
+        where the executor cannot tell), rather than when the first candidates come: the workers' imports and
+        CUDA contexts, then the zygotes' standby children (10 s on the H200), happen while the run decomposes.
+        Waiting for them first held a full-size GEMM's decomposition back by 10 s on an H200 with 4 workers."""
         self._warming = threading.Thread(target=self._start_workers, name="start-workers", daemon=True)
         self._warming.start()
 
@@ -146,7 +146,7 @@ class Verifier:
             return                                             # at the same cost
         # Every worker's zygote start goes first. A preparation sent beside them could take a slot before one of
         # them; that start then went to a worker whose zygote had already started (a freed slot is handed out
-        # again), and the preparing worker's first candidate had to wait for a standby (8 to 12 s on the H200).
+        # again), and the preparing worker's first candidate had to wait for a standby (7.7 to 12.1 s on the H200).
         warming = self._warming
         if warming is not None and warming is not threading.current_thread():
             warming.join()
