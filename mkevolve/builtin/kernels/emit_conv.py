@@ -58,7 +58,7 @@ from .signature import KernelParam, constexpr, signature
 
 _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mostly padding
 _MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
-_MIN_TILE = 16       # smallest tl.dot tile side
+MIN_TILE = 16       # smallest tl.dot tile side
 _MAX_BLOCK_K = 64
 # (tap, channel) steps an outer-product kernel unrolls inside its rolled tap loops. Unrolling all 216 steps
 # of a 3x3x3 conv3d of 8 channels took 40 s to compile for sm_90 per tile config on a 2-core CPU; with at
@@ -143,9 +143,9 @@ def _instance_template(c_in_g: int, c_out_g: int, reduction: int) -> ConvTemplat
     writes the same rule into a launcher: keep the two together."""
     if c_out_g < _MIN_DOT_N or reduction < _MIN_DOT_K:
         return ConvTemplate.DIRECT
-    if c_in_g < _MIN_TILE:
+    if c_in_g < MIN_TILE:
         return ConvTemplate.OUTER_PRODUCT
-    return ConvTemplate.IMPLICIT_GEMM if c_in_g % _MIN_TILE == 0 else ConvTemplate.IMPLICIT_GEMM_SPANNING
+    return ConvTemplate.IMPLICIT_GEMM if c_in_g % MIN_TILE == 0 else ConvTemplate.IMPLICIT_GEMM_SPANNING
 
 
 def _transposed_template(conv: Conv) -> ConvTemplate:
@@ -257,12 +257,13 @@ def _position_lines(spatial: int, flat: str, size: str = "P", coordinate: str = 
     return lines
 
 
-def _flat(names: list[str], sizes: list[str]) -> str:
+def flat_index(names: list[str], sizes: list[str]) -> str:
     """Row-major flat index of coordinates `names` over `sizes`."""
     return " + ".join(n + "".join(f" * {s}" for s in sizes[i + 1:]) for i, n in enumerate(names))
 
 
-def _out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
+def out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
+    """Launcher lines from input `x` and weight `w`: sizes D*, output sizes P*, groups, channels, `out`."""
     spatial = len(conv.stride)
     lines = [f"D{d} = {x}.shape[{2 + d}]" for d in range(spatial)]
     strides, paddings, dilations = _geometry(conv)
@@ -288,7 +289,9 @@ def _out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
     return lines
 
 
-def _epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict[int, str], mask: str):
+def conv_epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict[int, str], mask: str):
+    """The pointwise chain after the convolution, applied to its tile `acc`: (epilogue operands, indexer,
+    runtime scalars, emitter, the lines that compute it, the expression of its result)."""
     leaves = body_leaves(kernel, program)
     epilogue = [operands[v.id] for v in leaves]
     indexer = Indexer(kernel.root.shapes, spaces, epilogue)
@@ -305,7 +308,7 @@ def _epilogue(kernel: KernelPlan, program: Program, operands, spaces, flat: dict
 
 def _tap_per_block(conv: Conv) -> bool:
     """Every group has a multiple of 16 input channels: a BLOCK_K step then stays inside one tap."""
-    return all(c % _MIN_TILE == 0 for c in _group_channels(conv)[0])
+    return all(c % MIN_TILE == 0 for c in _group_channels(conv)[0])
 
 
 def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> tuple[MatmulTile, ...]:
@@ -313,13 +316,13 @@ def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> t
     BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap.
     Outer products have no BLOCK_K: tiles that differ only there are one."""
     _, c_out = _group_channels(conv)
-    n_cap = max(_MIN_TILE, 1 << (max(c_out) - 1).bit_length())
+    n_cap = max(MIN_TILE, 1 << (max(c_out) - 1).bit_length())
     if not dot:
-        k_cap = _MIN_TILE
+        k_cap = MIN_TILE
     elif _tap_per_block(conv):
         k_cap = _per_tap_block_k(conv)
     else:
-        k_cap = max(_MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
+        k_cap = max(MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
     cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
     return tuple(dict.fromkeys(cut))
 
@@ -356,7 +359,7 @@ def _row_lines(conv: Conv) -> list[str]:
     if not conv.transposed:
         return (lines + _position_lines(spatial, "rm")
                 + [f"base{d} = p{d} * STRIDE{d} - PAD{d}" for d in dims]
-                + [f"pos = {_flat([f'p{d}' for d in dims], [f'P{d}' for d in dims])}"])
+                + [f"pos = {flat_index([f'p{d}' for d in dims], [f'P{d}' for d in dims])}"])
     # phase r = output coordinate mod STRIDE; rows are (batch, q0, q1, ..) with output o = r + STRIDE * q
     lines += ["phase = tl.program_id(2) // GROUPS"]
     for d in reversed(dims):
@@ -367,7 +370,7 @@ def _row_lines(conv: Conv) -> list[str]:
                   f"m_ok = m_ok & (o{d} < P{d})",
                   f"kf{d} = ((r{d} + PAD{d}) * INV{d}) % STRIDE{d}  # first kernel tap landing on this phase",
                   f"base{d} = q{d} + (r{d} + PAD{d} - kf{d} * DIL{d}) // STRIDE{d}  # an exact division"]
-    return lines + [f"pos = {_flat([f'o{d}' for d in dims], [f'P{d}' for d in dims])}"]
+    return lines + [f"pos = {flat_index([f'o{d}' for d in dims], [f'P{d}' for d in dims])}"]
 
 
 def _reduction_lines(conv: Conv, precision: str) -> list[str]:
@@ -403,7 +406,7 @@ def _reduction_lines(conv: Conv, precision: str) -> list[str]:
     a_mask = " & ".join(["m_ok[:, None]"] + (["k_ok[None, :]"] if k_ok else []))
     b_mask = " & ".join((["k_ok[:, None]"] if k_ok else []) + ["n_ok[None, :]"])
     x_lane = " + ".join(["c"] + [f"{step}{d} * t{d} * sx{d}" for d in dims])
-    w_row = f"({_flat([f'tap{d}' for d in dims], [f'K{d}' for d in dims])}) * C_in_g + c"
+    w_row = f"({flat_index([f'tap{d}' for d in dims], [f'K{d}' for d in dims])}) * C_in_g + c"
     lines += [f"    a = tl.load(x_ptr + x_rows[:, None] + ({x_lane})[None, :], mask={a_mask}, other=0.0)",
               f"    b = tl.load(w_ptr + w_group + ({w_row})[:, None] * C_out_g + rn[None, :], "
               f"mask={b_mask}, other=0.0)",
@@ -448,7 +451,7 @@ def _outer_product_lines(conv: Conv) -> list[str]:
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
         mask = f"ok{d}"
     inner = "    " * len(dims)
-    tap = _flat([f"k{d}" for d in dims], [f"K{d}" for d in dims])
+    tap = flat_index([f"k{d}" for d in dims], [f"K{d}" for d in dims])
     return lines + [
         f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
         f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
@@ -598,7 +601,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     operands = make_operands(kernel.leaves)
     x, w = operands[conv.x.id].name, operands[conv.w.id].name
     spaces = [Space("positions", (0,) + tuple(range(2, conv.rank))), Space("channels", (1,))]
-    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
+    epilogue, indexer, scalars, emitter, epi_lines, result = conv_epilogue(
         kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
     ops = describe_body(kernel, program.values)
     params = _tiled_params(kernel, dot, operands, epilogue, indexer, scalars)
@@ -626,7 +629,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     call = _tiled_call(conv, dot, epilogue, indexer, scalar_args)
     scalar_args += _geometry_launcher_args(conv)
-    lines = ([f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w")
+    lines = ([f"x, w = {x}, {w}"] + out_size_lines(conv, "x", "w")
              + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
              + _tiled_launch_lines(conv, dot, name, call, tiles, variant.autotune))
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
@@ -701,7 +704,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     operands = make_operands(kernel.leaves)
     x, w = operands[conv.x.id].name, operands[conv.w.id].name
     spaces = [Space("flat", tuple(range(conv.rank)))]
-    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
+    epilogue, indexer, scalars, emitter, epi_lines, result = conv_epilogue(
         kernel, program, operands, spaces, {0: "offs"}, "mask")
     ops = describe_body(kernel, program.values)
     positions = [f"p{d}" for d in range(spatial)]
@@ -744,7 +747,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     call = ", ".join(["x", "w", "out"] + [o.name for o in epilogue] + ["numel", "C_in_g", "C_out_g", "C_out"]
                      + size_params + _stride_args(conv, "x", "w") + indexer.kernel_params()
                      + [a.name for a in scalar_args] + _geometry_args(conv))
-    lines = [f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w") + _direct_weight_strides(conv, "w") + \
+    lines = [f"x, w = {x}, {w}"] + out_size_lines(conv, "x", "w") + _direct_weight_strides(conv, "w") + \
         ["numel = out.numel()"] + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
     if autotune:
         lines += ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', f"{name}[grid]({call})"]
@@ -789,9 +792,9 @@ def _dispatch_test(template: ConvTemplate, conv: Conv) -> str:
     over the launcher's C_in_g, C_out_g and taps, tested in `_SUFFIXES` order. The per-tap implicit GEMM
     asks for channels that its deepest BLOCK_K divides, which every instance it was made for has."""
     return {ConvTemplate.DIRECT: f"C_out_g < {_MIN_DOT_N} or C_in_g * taps < {_MIN_DOT_K}",
-            ConvTemplate.OUTER_PRODUCT: f"C_in_g < {_MIN_TILE}",
+            ConvTemplate.OUTER_PRODUCT: f"C_in_g < {MIN_TILE}",
             ConvTemplate.IMPLICIT_GEMM: f"C_in_g % {_per_tap_block_k(conv)} == 0",
-            ConvTemplate.IMPLICIT_GEMM_SPANNING: f"C_in_g >= {_MIN_TILE}"}[template]
+            ConvTemplate.IMPLICIT_GEMM_SPANNING: f"C_in_g >= {MIN_TILE}"}[template]
 
 
 def _emit_dispatch(kernel: KernelPlan, name: str, variant: Variant, program: Program,

@@ -24,7 +24,7 @@ import math
 
 from .configs import MatmulTile, Variant
 from .emit_common import KernelSource, LauncherArg, describe_body, helper_sources, indent, make_operands, output_param
-from .emit_conv import _MIN_TILE, _epilogue, _flat, _out_size_lines, conv_tiles, tile_text
+from .emit_conv import MIN_TILE, conv_epilogue, conv_tiles, flat_index, out_size_lines, tile_text
 from .emit_matmul import tile_autotune
 from .indexing import Space
 from .ir import Conv, Program
@@ -46,7 +46,7 @@ def winograd_fits(conv: Conv) -> bool:
     c_in, c_out = (w[0], w[1]) if conv.transposed else (w[1], w[0])
     padding_fits = all(k - 1 - p >= 0 for k, p in zip(w[2:], conv.padding)) if conv.transposed else True
     # the GEMMs step through one tap's input channels a tl.dot step (at least 16 deep) at a time
-    return w[-1] in OUTPUTS_PER_TILE and c_in % _MIN_TILE == 0 and c_out >= _MIN_TILE and padding_fits
+    return w[-1] in OUTPUTS_PER_TILE and c_in % MIN_TILE == 0 and c_out >= MIN_TILE and padding_fits
 
 
 def _geometry(conv: Conv) -> tuple[list[int], list[int]]:
@@ -125,7 +125,7 @@ def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...]
               + [constexpr(f"K{d}", f"kernel size along spatial dim {d}") for d in lead]
               + [constexpr("BLOCK_M", "GEMM rows per program"), constexpr("BLOCK_N", "output channels per program"),
                  constexpr("BLOCK_K", "GEMM depth per step, a divisor of C_in")])
-    taps = _flat([f"j{d}" for d in lead], [f"HP{d}" for d in lead]) if spatial > 1 else "0"
+    taps = flat_index([f"j{d}" for d in lead], [f"HP{d}" for d in lead]) if spatial > 1 else "0"
     body = (["point = tl.program_id(2)",
              "rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
              "rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
@@ -133,8 +133,8 @@ def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...]
              "n_ok = rn < C_out",
              "row = tl.where(m_ok, rm, 0)  # rows past M read row 0 and are not stored: no load mask"]
             + _decode_lines("row", [f"P{d}" for d in lead] + ["T"], [f"o{d}" for d in lead] + ["t"])
-            + [f"v_row = {_flat(['nb'] + [f'o{d}' for d in lead] + ['t'], ['N'] + [f'HP{d}' for d in lead] + ['T'])}"
-               "  # the row tap (0, ..) reads",
+            + ["v_row = " + flat_index(["nb", *[f"o{d}" for d in lead], "t"], ["N", *[f"HP{d}" for d in lead], "T"])
+               + "  # the row tap (0, ..) reads",
                "a_rows = point.to(tl.int64) * R * C_in + v_row.to(tl.int64) * C_in",
                "b_point = point.to(tl.int64) * K_TOTAL * C_out",
                "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
@@ -185,7 +185,7 @@ def _output_transform(name: str, spatial: int, wt: WinogradTransform, params_epi
                  f"acc = {combination(row, products)}",
                  f"o{last} = t * M_OUT + {i}",
                  f"mask = tile_ok & (o{last} < P{last})[:, None]",
-                 f"pos64 = ({_flat([f'o{d}' for d in range(spatial)], [f'P{d}' for d in range(spatial)])})"
+                 f"pos64 = ({flat_index([f'o{d}' for d in range(spatial)], [f'P{d}' for d in range(spatial)])})"
                  ".to(tl.int64)",
                  f"ro64 = nb64 * ({positions}) + pos64"]
         body += epi_lines
@@ -252,7 +252,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
     operands = make_operands(kernel.leaves)
     x, w = operands[conv.x.id].name, operands[conv.w.id].name
     spaces = [Space("positions", (0,) + tuple(range(2, conv.rank))), Space("channels", (1,))]
-    epilogue, indexer, scalars, emitter, epi_lines, result = _epilogue(
+    epilogue, indexer, scalars, emitter, epi_lines, result = conv_epilogue(
         kernel, program, operands, spaces, {0: "ro64[:, None]", 1: "co64[None, :]"}, "mask")
     epilogue_params = ([output_param(kernel, f"output [N, C_out, {', '.join(f'P{d}' for d in range(spatial))}]")]
                        + [o.pointer("epilogue operand") for o in epilogue] + indexer.kernel_signature()
@@ -266,7 +266,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
     rows, channels, warps = _TRANSFORM_BLOCK
     padded = [f"HP{d}" for d in lead]
     lead_outputs = [f"P{d}" for d in lead]
-    lines = ([f"x, w = {x}, {w}"] + _out_size_lines(conv, "x", "w")
+    lines = ([f"x, w = {x}, {w}"] + out_size_lines(conv, "x", "w")
              + indexer.wrapper_lines("shape", {o.name: o.name for o in epilogue})
              + [f"u = torch.empty(({', '.join([str(wt.alpha)] + [str(k) for k in kernel_size[:-1]])}, C_in_g, C_out), "
                 "device=x.device, dtype=torch.float32)",
