@@ -158,14 +158,19 @@ def call_inputs(path: Path, fn: Callable[[], Any], what: str) -> list:
 def describe_inputs(problem: Problem) -> list[str]:
     """How the problem is called, for prompts: per input config, its forward inputs and constructor arguments
     as dtype[shape] (other values by repr), drawn on the meta device so no (possibly huge) tensor is made."""
-    lines = []
-    for index, config in enumerate(problem.configs):
+    calls = []
+    for config in problem.configs:
         with torch.device("meta"):
-            init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-            inputs = call_inputs(problem.path, config.get_inputs, "get_inputs")
-        prefix = f"config {index}: " if len(problem.configs) > 1 else ""
-        lines.append(f"{prefix}forward({_describe(inputs)}), constructed with ({_describe(init)})")
-    return lines
+            calls.append((call_inputs(problem.path, config.get_inputs, "get_inputs"),
+                          call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")))
+    return describe_calls(calls)
+
+
+def describe_calls(calls: list[tuple[list, list]]) -> list[str]:
+    """describe_inputs' lines from (forward inputs, constructor arguments) already made, one pair per config."""
+    prefixes = [f"config {index}: " if len(calls) > 1 else "" for index in range(len(calls))]
+    return [f"{prefix}forward({_describe(inputs)}), constructed with ({_describe(init)})"
+            for prefix, (inputs, init) in zip(prefixes, calls)]
 
 
 def _describe(values: list) -> str:

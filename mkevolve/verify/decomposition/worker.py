@@ -15,7 +15,7 @@ from mkevolve.problem import (
     build_model,
     call_inputs,
     clone_values,
-    describe_inputs,
+    describe_calls,
     flatten_outputs,
     fp32_strict,
     import_file,
@@ -131,10 +131,6 @@ class _Run:
             except ProblemError as err:
                 failures.append(f"{name}: {err.reason}")
                 continue
-            try:   # for prompts only: a file whose inputs cannot be described fails no check for it
-                self.inputs[name] = describe_inputs(sub)
-            except ProblemError:
-                pass   # its first prompt asks a worker instead (evolve.input_shapes_job), which says why
             with timed_phase(self.phases, STANDALONE):
                 failure = self._run_standalone(sub)
             if failure:
@@ -144,13 +140,16 @@ class _Run:
         return facts, CheckResult(STANDALONE, True)
 
     def _facts(self, name: str, sub) -> SubproblemFacts:
-        configs = []
+        """What the coverage checks compare, and (self.inputs) how the file is called, for prompts."""
+        configs, calls = [], []
         for config in sub.configs:
             init = call_inputs(sub.path, config.get_init_inputs, "get_init_inputs")
             # shapes and dtypes are all the coverage check compares: no values to draw
             inputs = make_inputs(sub.path, config, self.seed + 1, torch.device("meta"), made_there=True)
             configs.append((bind(sub.model_cls.__init__, tuple(init), {}, skip_self=True),
                             bind(sub.model_cls.forward, tuple(inputs), {}, skip_self=True)))
+            calls.append((inputs, init))
+        self.inputs[name] = describe_calls(calls)
         return SubproblemFacts(name, configs, hasattr(sub.module, "get_input_configs"))
 
     def _run_standalone(self, sub) -> str | None:
