@@ -6,6 +6,8 @@ import json
 import os
 import random
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -273,6 +275,36 @@ def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch)
     finally:
         candidate_run._zygote.close()
         candidate_run._zygote = None
+
+
+_FIRST_USE_PROBE = """
+import json, sys
+from pathlib import Path
+from mkevolve.verify import candidate_run
+
+candidate_run.start_zygote_early()
+for thread in candidate_run._warming:
+    thread.join()
+worker = {name: name in sys.modules for name in candidate_run.FIRST_USE_IMPORTS}
+out = Path(sys.argv[1])
+request = json.dumps({"out": str(out / "child.json"), "modules": list(candidate_run.FIRST_USE_IMPORTS)})
+exit = candidate_run._running_zygote().run("tests.zygote_entries:report_modules", request, out / "child.log", 60, 4096)
+print(json.dumps({"worker": worker, "child": json.loads((out / "child.json").read_text()), "code": exit.code}))
+candidate_run._running_zygote().close()
+"""
+
+
+@pytest.mark.slow
+def test_workers_and_candidate_processes_have_torchs_first_use_imports_done_before_a_job_needs_them(tmp_path):
+    """torch imports torch._dynamo on first use of a dispatch mode or the profiler (4.7 s on the H200): the
+    worker's warm-up imports it, and each candidate process finds it imported by the zygote."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_USE_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          env=_env(), timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 0
+    assert seen["worker"] == {"torch._dynamo": True}
+    assert seen["child"] == {"torch._dynamo": True}
 
 
 # ---- the call plan ---------------------------------------------------------------------------------------------

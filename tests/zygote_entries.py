@@ -48,3 +48,13 @@ def report_state(out_path: str, state=None) -> int:
     with open(out_path, "w") as out:
         json.dump({"state": state, "pid": os.getpid(), "sid": os.getsid(0), "at": time.time()}, out)
     return 0
+
+
+def report_modules(request: str, state=None) -> int:
+    """`request`: JSON {"out": path, "modules": [...]}; writes which of the modules the child already has."""
+    import sys
+
+    asked = json.loads(request)
+    with open(asked["out"], "w") as out:
+        json.dump({name: name in sys.modules for name in asked["modules"]}, out)
+    return 0

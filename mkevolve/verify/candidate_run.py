@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import os
 import random
 import secrets
@@ -44,6 +45,10 @@ _LOG_FILE = "candidate.log"
 # takes 0.06 s. Below this much free memory there, the system's temporary folder is used instead.
 _MEMORY_FS = Path("/dev/shm")
 _MEMORY_FS_MIN_FREE = 8 << 30
+# Modules torch imports on first use of a dispatch mode (the runtime guard, the decomposition check's recording),
+# of the profiler (every standby child) or of torch.compile (baselines): 4.7 s on the H200, once per process.
+# The zygote imports them before it forks, so no candidate process pays; a worker imports them while it waits.
+FIRST_USE_IMPORTS = ("torch._dynamo",)
 _READERS = 8  # threads that read and hash a candidate's outputs (0.15 s per 224 MB each otherwise)
 
 
@@ -336,8 +341,8 @@ def _running_zygote() -> Zygote:
     global _zygote
     with _zygote_lock:
         if _zygote is None or not _zygote.alive:
-            _zygote = Zygote(("mkevolve.verify.harness", "mkevolve.verify.triton_warm"), _zygote_env(),
-                             zygote_log_path(), standby="mkevolve.verify.harness:standby")
+            _zygote = Zygote((*FIRST_USE_IMPORTS, "mkevolve.verify.harness", "mkevolve.verify.triton_warm"),
+                             _zygote_env(), zygote_log_path(), standby="mkevolve.verify.harness:standby")
         return _zygote
 
 
@@ -348,22 +353,34 @@ def zygote_log_path() -> Path:
     return Path(folder) / f"mkevolve-zygote-{os.getpid()}.log"
 
 
+_warming: list[threading.Thread] = []   # start_zygote_early's threads (tests wait for them)
+
+
 def start_zygote_early() -> None:
     """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
     decomposing, so the first candidate does not wait for the zygote's imports and its standby child's
     CUDA context (10 s on the H200). A zygote that fails to start here is started again, and the failure
-    reported, by the first candidate that needs it. Then the worker's own CUDA context and cuBLAS handle,
-    which its first reference or decomposition check would open."""
-    def start() -> None:
+    reported, by the first candidate that needs it. Meanwhile a second thread opens the worker's own CUDA
+    context and cuBLAS handle and imports FIRST_USE_IMPORTS, which its first reference, decomposition check or
+    baseline would otherwise wait for (the check's trials took 5 to 6.5 s on the H200, 4.3 s of it importing
+    torch._dynamo)."""
+    def start_zygote() -> None:
         try:
             _running_zygote()
         except ZygoteError:
             pass  # reported by start_candidate, which tries again
+
+    def warm_worker() -> None:
         if torch.cuda.is_available():
             ones = torch.ones(8, 8, device="cuda")
             (ones @ ones).sum().item()
+        for name in FIRST_USE_IMPORTS:
+            importlib.import_module(name)
 
-    threading.Thread(target=start, name="zygote-start", daemon=True).start()
+    for name, target in (("zygote-start", start_zygote), ("worker-warm", warm_worker)):
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        _warming.append(thread)
 
 
 def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, timeout_s: float,

@@ -148,7 +148,8 @@ class Standby:
 def standby() -> Standby:
     """Run by the zygote's next child while the previous candidate still runs: on an H200 a CUDA context
     takes 0.3 s, warming Triton about 1 s and starting the profiler 3.6 to 3.8 s, time no candidate
-    should wait for."""
+    should wait for. (Those were measured before the zygote imported torch._dynamo, which the profiler's
+    first start imports, 4.7 s on its own: candidate_run.FIRST_USE_IMPORTS.)"""
     if not triton_warm.gpu_process():
         return Standby()
     began = _wall_clock()
