@@ -10,7 +10,8 @@ import sys
 
 from mkevolve.config import ConfigError, add_config_flags
 from mkevolve.exit_codes import ExitCode
-from mkevolve.problem import ProblemError
+from mkevolve.problem_error import ProblemError
+from mkevolve.workers.prestart import prestarted_workers
 
 VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "atol", "rtol", "workers", "seed"]
 SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_parallel", "llm_timeout"]
@@ -143,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # argparse exits 2 on usage errors, 0 on --help
         return int(stop.code or 0)
+    with prestarted_workers(args):   # before the handler's imports, which its workers' then overlap
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     module_name, _, func = args.handler.partition(":")
     handler = getattr(importlib.import_module(module_name), func)
     try:

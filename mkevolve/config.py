@@ -27,10 +27,13 @@ def _opt(default, help: str, **meta):
     return field(default=default, metadata={"help": help, **meta})
 
 
+BUILTIN_MODEL = "builtin"   # the model string of the deterministic offline agent
+
+
 @dataclass
 class RunConfig:
     # The agent that writes decompositions and kernels.
-    model: str = _opt("builtin", "LLM model string for litellm, 'builtin', 'replay:FILE' or 'exchange:DIR'")
+    model: str = _opt(BUILTIN_MODEL, "LLM model string for litellm, 'builtin', 'replay:FILE' or 'exchange:DIR'")
     api_base: str | None = _opt(None, "base URL of the model's API (else the provider's default)")
     # Off when empty. The judge can only take acceptance away from a kernel every hard check passed.
     judge: str = _opt("", "LLM model (litellm string, 'replay:FILE' or 'exchange:DIR') that reads each accepted "
@@ -165,7 +168,7 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("config: 'workers' and 'retries' must be >= 0")
     if not 0 < config.tau <= 10:
         raise ConfigError(f"config: 'tau' must be in (0, 10], got {config.tau}")
-    if config.judge == "builtin":
+    if config.judge == BUILTIN_MODEL:
         # The offline agent writes template kernels; it has no opinion of someone else's.
         raise ConfigError("config: 'judge' cannot be the builtin agent: name an LLM model, replay:FILE or "
                           "exchange:DIR")

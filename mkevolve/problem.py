@@ -16,16 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mkevolve.problem_error import ProblemError  # noqa: F401  (raised here; imported from here by most)
 from mkevolve.pysource import parse_python
-
-
-class ProblemError(ValueError):
-    """A problem (or solution) file that cannot be used, with the file and the reason in one line."""
-
-    def __init__(self, path: str | Path, reason: str):
-        self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,15 @@ from typing import Protocol
 
 import yaml
 
-from mkevolve.config import ConfigError
+from mkevolve.config import BUILTIN_MODEL, ConfigError
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.tokens import estimate_usage
 from mkevolve.llm.types import (BuiltinTask, LimitedTask, LLMRequest, LLMResponse, Repertoire, TextSink,
                                 TokenUsage)
 from mkevolve.prompts import render
 from mkevolve.text import first_line
-from mkevolve.workers.pool import Job, WorkerPool
+from mkevolve.workers.pool import Job, WorkerPool, take_pool
+from mkevolve.workers.prestart import BUILTIN_AGENT_WORKERS
 
 # A key that overrides the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY, ...), and an API
 # base used when the config names none.
@@ -88,21 +89,30 @@ class BuiltinProvider:
     resumed with another model, say), so it happens in a worker subprocess like every evaluation.
     """
 
-    name = "builtin"
+    name = BUILTIN_MODEL
     cacheable = False  # free, and its reply depends on the task object, which the cache key leaves out
     in_call_order = False
 
     def __init__(self):
-        self._workers = WorkerPool(size=1)  # no GPU: tracing runs on the meta device
-        weakref.finalize(self, self._workers.close)
+        self._workers: WorkerPool | None = None   # taken on the first call: a provider made only to check
+        self._workers_lock = threading.Lock()      # the configuration leaves a prestarted pool to the run's
 
     def check(self) -> None:
         return None
 
+    def _pool(self) -> WorkerPool:
+        """The agent's one worker, without a GPU (tracing runs on the CPU): the pool the command started ahead
+        (workers/prestart.py), or a new one."""
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = take_pool(BUILTIN_AGENT_WORKERS)
+                weakref.finalize(self, self._workers.close)
+            return self._workers
+
     def call(self, request: LLMRequest, timeout: float, on_text: TextSink | None = None) -> LLMResponse:
         if request.task is None:
             raise ValueError(f"builtin provider: the '{request.agent}' request carries no task to answer")
-        outcome = self._workers.run(Job("mkevolve.llm.providers:answer_task", {"task": request.task}, timeout))
+        outcome = self._pool().run(Job("mkevolve.llm.providers:answer_task", {"task": request.task}, timeout))
         if not outcome.ok:
             raise LLMCallError(f"builtin agent: {outcome.reason}")
         return LLMResponse(text=outcome.value)
@@ -111,7 +121,7 @@ class BuiltinProvider:
         """The task's count of builtin answers, found in the worker like the answers themselves."""
         if not isinstance(request.task, LimitedTask):
             return None
-        outcome = self._workers.run(Job("mkevolve.llm.providers:task_repertoire", {"task": request.task}, timeout))
+        outcome = self._pool().run(Job("mkevolve.llm.providers:task_repertoire", {"task": request.task}, timeout))
         if not outcome.ok:
             raise LLMCallError(f"builtin agent: {outcome.reason}")
         return outcome.value
@@ -463,7 +473,7 @@ def _usage(usage) -> TokenUsage:
 
 def make_provider(model: str, api_base: str | None = None) -> Provider:
     """'builtin', 'replay:FILE', 'exchange:DIR', or a litellm model string."""
-    if model == "builtin":
+    if model == BUILTIN_MODEL:
         return BuiltinProvider()
     if model.startswith("replay:"):
         return ReplayProvider(model.removeprefix("replay:"))

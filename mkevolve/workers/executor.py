@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Protocol
 
-from mkevolve.workers.pool import Job, JobFailure, JobOutcome, WorkerPool
+from mkevolve.workers.pool import Job, JobFailure, JobOutcome, WorkerPool, prestart_pool, take_pool
 
 
 class Executor(Protocol):
@@ -45,6 +45,11 @@ def visible_gpus() -> list[int]:
 CPU_WORKERS_DEFAULT = 2
 
 
+def local_size(workers: int, gpus: list[int]) -> int:
+    """A local pool's worker count: `workers`, else one per GPU, else CPU_WORKERS_DEFAULT."""
+    return workers or len(gpus) or CPU_WORKERS_DEFAULT
+
+
 class LocalExecutor:
     """`workers` worker subprocesses over the visible GPUs, or interpreter workers on a machine without one.
 
@@ -55,7 +60,7 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 0):
         gpus = visible_gpus()
-        self.pool = WorkerPool(size=workers or len(gpus) or CPU_WORKERS_DEFAULT, gpus=gpus)
+        self.pool = take_pool(local_size(workers, gpus), gpus)   # started ahead by prestart_executor, if it was
         self.size = self.pool.size
         self.on_gpus = bool(gpus)
 
@@ -108,6 +113,13 @@ class RayExecutor:
 
     def close(self) -> None:
         """The cluster outlives a run; nothing to release here."""
+
+
+def prestart_executor(kind: str, workers: int) -> None:
+    """Start the workers make_executor(kind, workers) will use, now (a local pool's; Ray's are the cluster's)."""
+    if kind != "ray":
+        gpus = visible_gpus()
+        prestart_pool(local_size(workers, gpus), gpus)
 
 
 def make_executor(kind: str, workers: int) -> Executor:

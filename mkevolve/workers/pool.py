@@ -143,10 +143,13 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             env=env, start_new_session=True,
         )
+        self.ready = False
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Block until the worker has imported its preloads and said so; raises WorkerStartError (and kills
-        it) when it dies first or takes longer than `timeout` seconds."""
+        """Block until the worker has imported its preloads and said so (at once when it has); raises
+        WorkerStartError (and kills it) when it dies first or takes longer than `timeout` seconds."""
+        if self.ready:
+            return
         try:
             message = receive_message(self.proc.stdout.fileno(), time.monotonic() + timeout)
         except TimeoutError:
@@ -161,6 +164,7 @@ class Worker:
             self.kill()
             last = (message.get("error") or "").strip().splitlines()[-1:] or ["no reason given"]
             raise WorkerStartError(f"its preload failed: {last[0]}")
+        self.ready = True
 
     def run(self, job: Job) -> JobOutcome:
         start = time.monotonic()
@@ -343,24 +347,37 @@ class WorkerPool:
         with ThreadPoolExecutor(max_workers=self.size) as pool:
             return list(pool.map(self.run, jobs))
 
+    def start(self) -> None:
+        """Start every slot's worker process now, without waiting for any: their imports (torch, 2.7 s on the
+        H200) then overlap whatever the caller does before its first job."""
+        for slot in range(self.size):
+            self._started_worker(slot)
+
     def _healthy_worker(self, slot: int) -> tuple[Worker, float]:
-        worker = self._workers[slot]
-        if worker is not None and worker.alive:
+        """The slot's worker, ready for a job (started or replaced first where it is not running), and the
+        seconds waited for it."""
+        worker = self._started_worker(slot)
+        if worker.ready:
             return worker, 0.0
-        if worker is not None:
-            worker.kill()
         start = time.monotonic()
-        device = self.device_of(slot)
-        sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
-        with self._lock:
-            if self._log_dir is None:
-                self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
-        env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload), LOG_DIR_ENV: str(self._log_dir)}
-        worker = Worker(env, self._log_dir)
-        with self._lock:
-            self._workers[slot] = worker
         worker.wait_ready()
         return worker, time.monotonic() - start
+
+    def _started_worker(self, slot: int) -> Worker:
+        with self._lock:
+            worker = self._workers[slot]
+            if worker is not None and worker.alive:
+                return worker
+            if worker is not None:
+                worker.kill()
+            if self._log_dir is None:
+                self._log_dir = Path(tempfile.mkdtemp(prefix="mkevolve-workers-"))
+            device = self.device_of(slot)
+            sharers = sum(1 for other in range(self.size) if self.device_of(other) == device)
+            env = {**worker_env(device, sharers), PRELOAD_ENV: ",".join(self.preload),
+                   LOG_DIR_ENV: str(self._log_dir)}
+            self._workers[slot] = Worker(env, self._log_dir)
+            return self._workers[slot]
 
     def device_of(self, slot: int) -> int | None:
         return self.gpus[slot % len(self.gpus)] if self.gpus else None
@@ -385,3 +402,38 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- pools started ahead of their owners (workers/prestart.py) ----------------------------------------------
+
+_prestarted: dict[tuple, list[WorkerPool]] = {}   # by (size, GPUs, preloads): pools of one key are alike
+_prestarted_lock = threading.Lock()
+
+
+def _pool_key(size: int, gpus: list[int] | None, preload: tuple[str, ...]) -> tuple:
+    return max(1, size), tuple(gpus or ()), tuple(preload)
+
+
+def prestart_pool(size: int, gpus: list[int] | None = None, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+    """Start a pool's workers now, for the owner that later asks take_pool for a pool like it."""
+    pool = WorkerPool(size, gpus, preload)
+    pool.start()
+    with _prestarted_lock:
+        _prestarted.setdefault(_pool_key(size, gpus, preload), []).append(pool)
+
+
+def take_pool(size: int, gpus: list[int] | None = None, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> WorkerPool:
+    """A pool prestart_pool started with these arguments, the caller's to close from now on; else a new one."""
+    with _prestarted_lock:
+        waiting = _prestarted.get(_pool_key(size, gpus, preload))
+        pool = waiting.pop(0) if waiting else None
+    return pool or WorkerPool(size, gpus, preload)
+
+
+def close_prestarted() -> None:
+    """Stop the prestarted pools no owner took (the command ended before it needed them)."""
+    with _prestarted_lock:
+        pools = [pool for waiting in _prestarted.values() for pool in waiting]
+        _prestarted.clear()
+    for pool in pools:
+        pool.close()
