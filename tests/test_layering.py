@@ -23,7 +23,7 @@ PACKAGE = "mkevolve"
 LAYERS: list[tuple[str, list[str]]] = [
     # What everything reads and writes: the config, problem, codebase and solution files, the run folder,
     # the worker processes, and helpers that import nothing above them.
-    ("base", ["mkevolve.config", "mkevolve.problem", "mkevolve.codebase", "mkevolve.solution",
+    ("base", ["mkevolve.config", "mkevolve.problem", "mkevolve.problem_error", "mkevolve.codebase", "mkevolve.solution",
               "mkevolve.run_layout", "mkevolve.workers", "mkevolve.matching",
               "mkevolve.budget", "mkevolve.busy", "mkevolve.display", "mkevolve.events", "mkevolve.event_records",
               "mkevolve.exit_codes", "mkevolve.fsutil", "mkevolve.gpu_peaks", "mkevolve.pysource",
