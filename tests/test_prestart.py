@@ -120,3 +120,22 @@ def test_a_run_on_ray_starts_no_local_workers(monkeypatch):
                                   ["run", "p.py", "--config", "missing.yaml"]])
 def test_resumes_other_commands_and_bad_settings_start_nothing_here(monkeypatch, argv):
     assert _started_by(monkeypatch, argv) == []
+
+
+def test_a_run_that_fails_on_bad_input_leaves_no_prestarted_worker_running(monkeypatch, tmp_path, capsys):
+    from mkevolve.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    started = []
+    real_start = WorkerPool.start
+
+    def recording_start(pool):
+        real_start(pool)
+        started.extend(w for w in pool._workers.values() if w is not None)
+
+    monkeypatch.setattr(WorkerPool, "start", recording_start)
+    missing = tmp_path / "missing.py"
+    assert main(["run", str(missing), "--out", str(tmp_path / "out"), "--workers", "1"]) == 2
+    assert "missing.py" in capsys.readouterr().err
+    assert len(started) == 2                                  # the verifier's worker and the builtin agent's
+    assert not any(w.alive for w in started) and not any(pool_module._prestarted.values())
