@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +116,14 @@ class Orchestrator:
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
         if self.deadline is not None:  # and checks still queued for a worker then are not started
             verifier.candidates_start_by = time.time() + config.time_budget
+        self.interrupted = threading.Event()  # interrupt(): searches ask for no further batch
+
+    def interrupt(self) -> None:
+        """The user stopped the run (Ctrl-C, SIGTERM): searches ask for nothing more and the running checks stop
+        now, their candidates without a verdict, so the run unwinds in seconds to its last checkpoint rather
+        than after every running evaluation (minutes at full size) and further LLM calls."""
+        self.interrupted.set()
+        self.verifier.abort()
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -395,7 +405,9 @@ class Orchestrator:
         before = self._beam(name)
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
                              self.client, self.config, folder / "candidates", context, progress=self._progress,
-                             judge=self.judge, deadline=self.deadline)
+                             judge=self.judge, deadline=self.deadline, interrupted=self.interrupted)
+        if self.interrupted.is_set():
+            return  # stopped mid-search, its last checks unfinished: a resumed run searches this subproblem again
         with self._state_lock:  # other subproblems' searches end at the same time
             self.state.beams[name] = beam
             self.state.evolved.append(name)
@@ -774,6 +786,27 @@ def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition
     return run_dir, state
 
 
+@contextlib.contextmanager
+def _interrupted_by_signals(interrupt):
+    """Inside the block, Ctrl-C (SIGINT) and SIGTERM call `interrupt` and then raise KeyboardInterrupt. Raised
+    alone, it waited for every running evaluation: the searches' thread pools join their threads on the way
+    out, and those threads wait on the workers. Signals reach the main thread only; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        interrupt()
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
 def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: RunState) -> tuple[RunOutcome, int]:
     """Run (or resume) to the end with a live display; returns the outcome and the LLM calls it paid for."""
     from mkevolve.llm.client import make_client
@@ -788,7 +821,9 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     display.console.print(f"run directory: {run_dir}")
     try:
         with Verifier(config, events) as verifier, display:
-            outcome = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge).run()
+            orchestrator = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge)
+            with _interrupted_by_signals(orchestrator.interrupt):
+                outcome = orchestrator.run()
             ended = time.time()
     except KeyboardInterrupt:
         display.console.print(f"interrupted; best/ is consistent. Continue with: "

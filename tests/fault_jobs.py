@@ -39,3 +39,23 @@ def zygote_log() -> str:
     from mkevolve.verify.candidate_run import zygote_log_path
 
     return str(zygote_log_path())
+
+
+def hang_in_a_zygote_child(report_path: str) -> None:
+    """Start a zygote whose child hangs, write both pids to `report_path`, then wait on the child."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from mkevolve.workers.zygote import Zygote
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    zygote = Zygote(("tests.zygote_entries",), env=env, log_path=Path(report_path + ".log"))
+    original_watch = zygote._watch
+
+    def watch(pid, deadline, limit):
+        Path(report_path).write_text(json.dumps({"zygote": zygote.proc.pid, "child": pid}))
+        return original_watch(pid, deadline, limit)
+
+    zygote._watch = watch
+    zygote.run("tests.zygote_entries:hang", "", Path(report_path + ".child.log"), 600, 4096)

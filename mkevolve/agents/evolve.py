@@ -399,7 +399,8 @@ class KernelAgent:
 def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: int, verifier: KernelVerifier,
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
                   context: RefineContext | None = None, progress: ProgressHook | None = None,
-                  judge: Judge | None = None, deadline: float | None = None) -> Beam:
+                  judge: Judge | None = None, deadline: float | None = None,
+                  interrupted: threading.Event | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`), parallel
@@ -407,7 +408,8 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     the best `width` of everything made). Candidates are saved under `candidates_dir/<subproblem_name>/`.
     Where kernels are not timed (no GPU), beam search and MCTS stop at the first passing kernel. `progress` hears
     of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
-    Past `deadline` (time.monotonic(); None: none) no further batch is asked for: the run's time budget.
+    Past `deadline` (time.monotonic(); None: none) no further batch is asked for: the run's time budget; nor
+    once `interrupted` is set (the user stopped the run).
     Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
     evolved = beam.copy()
@@ -416,7 +418,10 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    if budget <= 0 or out_of_time():
+    def stopped() -> bool:
+        return out_of_time() or (interrupted is not None and interrupted.is_set())
+
+    if budget <= 0 or stopped():
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
                         Path(candidates_dir), context, judge)
@@ -425,7 +430,7 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
 
     def settled(searched: Beam) -> bool:
-        return agent.settled(searched) or out_of_time()
+        return agent.settled(searched) or stopped()
 
     if calls > 0 and config.search == "parallel":
         parallel_sampling(evolved, calls, propose)

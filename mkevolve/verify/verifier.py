@@ -155,7 +155,7 @@ class Verifier:
                     end_by=self.candidates_end_by, priority=PREPARE_PRIORITY)
                 for path in problem_paths]
         for path, outcome in zip(problem_paths, self.executor.run_many(jobs)):
-            if outcome.failure is JobFailure.NOT_STARTED:
+            if outcome.failure in (JobFailure.NOT_STARTED, JobFailure.INTERRUPTED):
                 continue
             prepared = outcome.value if outcome.ok else Preparation({}, outcome.reason)
             self.events.emit("prepared", problem=str(path), wall_s=round(outcome.wall_s, 3),
@@ -275,6 +275,12 @@ class Verifier:
             atol=self.config.atol, rtol=self.config.rtol,
         )
 
+    def abort(self) -> None:
+        """The run is interrupted: its jobs stop now (their candidates get no verdict: NOT_RUN) and none
+        starts; close() follows as the run unwinds."""
+        self._closing.set()
+        self.executor.abort()
+
     def close(self) -> None:
         # No worker may start after the pool has stopped them all: jobs still waiting end at once, and the
         # threads that sent them finish before the workers are stopped (a running job first completes).
@@ -342,6 +348,9 @@ def declared_pytorch_fallback(source: str) -> EvalResult | None:
 
 
 def _to_result(outcome: JobOutcome) -> EvalResult:
+    if outcome.failure is JobFailure.INTERRUPTED:  # no verdict: a resumed run checks it again
+        return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the run was interrupted",
+                          wall_s=outcome.wall_s)
     if outcome.failure is JobFailure.NOT_STARTED:  # no verdict on the candidate: a resumed run checks it again
         return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
                                                         f"spent before a worker was free")

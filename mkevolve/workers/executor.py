@@ -25,6 +25,8 @@ class Executor(Protocol):
 
     def refuse_new_jobs(self) -> None: ...
 
+    def abort(self) -> None: ...   # interrupted: running jobs stop now where they can, none starts
+
     def close(self) -> None: ...
 
 
@@ -73,6 +75,9 @@ class LocalExecutor:
     def refuse_new_jobs(self) -> None:
         self.pool.refuse_new_jobs()
 
+    def abort(self) -> None:
+        self.pool.abort()
+
     def close(self) -> None:
         self.pool.close()
 
@@ -110,6 +115,10 @@ class RayExecutor:
 
     def refuse_new_jobs(self) -> None:
         self._refusing = True
+
+    def abort(self) -> None:
+        """Tasks already sent run to their end on the cluster; no new one is sent."""
+        self.refuse_new_jobs()
 
     def close(self) -> None:
         """The cluster outlives a run; nothing to release here."""

@@ -52,13 +52,15 @@ def priority_now(priority: Priority) -> int:
 
 class JobFailure(str, Enum):
     """Why a worker gave no value; the values are the verifier's status names for the same events, but for
-    NOT_STARTED: the job waited for a worker past its `start_by` and never ran; and STOPPED: it was still
-    running at its `end_by`, and its worker was killed."""
+    NOT_STARTED: the job waited for a worker past its `start_by` and never ran; STOPPED: it was still
+    running at its `end_by`, and its worker was killed; and INTERRUPTED: the run was interrupted (abort())
+    before the job ended."""
 
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     NOT_STARTED = "not_started"
     STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,14 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def signal_group(self, signum: int) -> None:
+        """Send `signum` to the worker's process group, leaving its pipes to whoever reads them (kill() closes
+        them, which a thread still reading would trip over)."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass  # already gone
+
     def kill(self) -> None:
         """Stop the worker's whole process group and release its pipes and log; safe to repeat."""
         if self.proc.stdin.closed:
@@ -322,9 +332,12 @@ class WorkerPool:
         self._slots = _Slots(range(self.size))
         self._workers: dict[int, Worker | None] = {slot: None for slot in range(self.size)}
         self._lock = threading.Lock()
+        self._aborted = False   # abort(): running jobs end INTERRUPTED, no new job starts
 
     def run(self, job: Job) -> JobOutcome:
         slot = self._slots.take(job.priority)
+        if slot is None and self._aborted:
+            return JobOutcome(failure=JobFailure.INTERRUPTED, reason="the run was interrupted")
         if slot is None:
             return JobOutcome(failure=JobFailure.NOT_STARTED, reason="the worker pool is closing")
         try:
@@ -337,6 +350,9 @@ class WorkerPool:
                 return JobOutcome(failure=JobFailure.CRASHED, reason=f"worker did not start: {err}")
             outcome = worker.run(job)
             outcome.worker_start_s = start_s
+            if self._aborted:   # its worker was stopped under it, or it finished as the run stopped: no verdict
+                return JobOutcome(failure=JobFailure.INTERRUPTED, wall_s=outcome.wall_s,
+                                  reason="the run was interrupted; its worker was stopped")
             return outcome
         finally:
             self._slots.give_back(slot)
@@ -386,6 +402,17 @@ class WorkerPool:
         """Jobs waiting for a worker, and any submitted later, end NOT_STARTED; running jobs go on. Before
         close(), so that no job waiting in another thread starts a worker after close() stopped them all."""
         self._slots.refuse()
+
+    def abort(self) -> None:
+        """The run is interrupted: no job starts from now on, and every worker stops at once rather than after
+        its job (SIGTERM: it stops its zygote and candidate first), so the threads waiting on them return (their
+        jobs end STOPPED). close() still follows, and kills what did not stop."""
+        self._aborted = True
+        self.refuse_new_jobs()
+        with self._lock:
+            workers = [w for w in self._workers.values() if w is not None]
+        for worker in workers:
+            worker.signal_group(signal.SIGTERM)
 
     def close(self) -> None:
         """Stop every worker and remove the pool's log folder (each worker's kill removed its own log)."""

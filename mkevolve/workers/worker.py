@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import traceback
 
@@ -65,10 +66,20 @@ def _preload(out, send_message) -> bool:
     return True
 
 
+def _stop(signum, frame) -> None:
+    """SIGTERM (pool.abort: the run was interrupted): the zygote and the candidate it runs are in sessions of
+    their own, so this worker takes them down before it goes, rather than leave them running orphaned."""
+    from mkevolve.workers.zygote import close_all_zygotes
+
+    close_all_zygotes()
+    os._exit(128 + signum)
+
+
 def main() -> None:
     from mkevolve.workers.gpu_share import job_on_gpu
     from mkevolve.workers.pool import receive_message, send_message
 
+    signal.signal(signal.SIGTERM, _stop)
     stdin, out = _protocol_streams()
     if not _preload(out, send_message):
         return

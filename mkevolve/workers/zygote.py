@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +69,15 @@ class ZygoteError(RuntimeError):
     """The zygote itself failed (died, or answered off-protocol); the pool replaces it."""
 
 
+_zygotes: weakref.WeakSet = weakref.WeakSet()   # this process's zygotes, for close_all_zygotes
+
+
 class Zygote:
     """The parent's handle on one zygote process; runs one child at a time."""
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], log_path: Path,
                  standby: str | None = None):
+        self._child: int | None = None   # the running child's pid (its own session)
         self._log = open(log_path, "ab")
         standby_args = ["--standby", standby] if standby else []
         self.proc = subprocess.Popen(
@@ -81,6 +86,7 @@ class Zygote:
             start_new_session=True,
         )
         self._buffer = b""
+        _zygotes.add(self)
         if self._read_line(time.monotonic() + 300) != {"ready": True}:
             raise ZygoteError("the zygote did not start")
 
@@ -95,9 +101,11 @@ class Zygote:
         pid = self._read_line(start + 60).get("pid")
         if not isinstance(pid, int):
             raise ZygoteError("the zygote did not report a child")
+        self._child = pid
         timed_out, over_memory, peak = self._watch(pid, start + timeout, memory_limit_mb)
         status = self._read_line(time.monotonic() + 60).get("status")
         _kill_group(pid)  # anything the child left in its session goes with it
+        self._child = None
         if not isinstance(status, int):
             raise ZygoteError("the zygote did not report the child's exit")
         code = os.waitstatus_to_exitcode(status)
@@ -144,11 +152,20 @@ class Zygote:
         return json.loads(line)
 
     def close(self) -> None:
+        """Stop the zygote with its waiting children and the running child, whose session is its own."""
+        if self._child is not None:
+            _kill_group(self._child)
         if self.alive:
             _kill_group(self.proc.pid)
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout, self._log):
             stream.close()
+
+
+def close_all_zygotes() -> None:
+    """Stop every zygote this process started, and their children (a worker told to stop: pool.abort)."""
+    for zygote in list(_zygotes):
+        zygote.close()
 
 
 def _kill_group(pid: int) -> None:

@@ -1,0 +1,88 @@
+"""Ctrl-C or SIGTERM stops a run in seconds: the workers stop their zygotes and candidates, running and waiting
+jobs end INTERRUPTED (their candidates get no verdict), searches ask for nothing more, and the subproblem a search
+was on is searched again when the run resumes."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from mkevolve.orchestrator import _interrupted_by_signals
+from mkevolve.verify.result import Status
+from mkevolve.verify.verifier import _to_result
+from mkevolve.workers.pool import Job, JobFailure, WorkerPool
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] == "Z"   # a zombie has stopped running
+    except FileNotFoundError:
+        return True
+
+
+def _wait_for(condition, seconds: float = 30.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_abort_ends_running_and_waiting_jobs_at_once_and_stops_the_workers_zygote_and_candidate(tmp_path):
+    report = tmp_path / "pids.json"
+    with WorkerPool(size=1, preload=()) as pool:
+        outcomes = {}
+        running = threading.Thread(target=lambda: outcomes.update(
+            running=pool.run(Job("tests.fault_jobs:hang_in_a_zygote_child", {"report_path": str(report)}, 600))))
+        running.start()
+        assert _wait_for(report.exists), "the job never started its zygote's child"
+        waiting = threading.Thread(target=lambda: outcomes.update(waiting=pool.run(Job("tests.fault_jobs:pid"))))
+        waiting.start()
+        pids = json.loads(report.read_text())
+        started = time.monotonic()
+        pool.abort()
+        running.join(30)
+        waiting.join(30)
+        took = time.monotonic() - started
+    assert outcomes["running"].failure is JobFailure.INTERRUPTED
+    assert outcomes["waiting"].failure is JobFailure.INTERRUPTED
+    assert took < 10
+    assert _wait_for(lambda: _gone(pids["child"]) and _gone(pids["zygote"]), 10)
+
+
+def test_an_interrupted_check_is_no_verdict_on_its_candidate():
+    from mkevolve.workers.pool import JobOutcome
+
+    result = _to_result(JobOutcome(failure=JobFailure.INTERRUPTED, reason="the run was interrupted"))
+    assert result.status is Status.NOT_RUN and "interrupted" in result.reason
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_a_run_interrupts_it_first_then_raises_keyboard_interrupt(signum):
+    calls = []
+    before = signal.getsignal(signum)
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupted_by_signals(lambda: calls.append("interrupt")):
+            os.kill(os.getpid(), signum)
+            time.sleep(5)     # the handler runs here, in the main thread
+    assert calls == ["interrupt"]
+    assert signal.getsignal(signum) is before
+
+
+def test_an_interrupted_search_asks_for_nothing(tmp_path):
+    from mkevolve.agents.evolve import evolve_kernel
+    from mkevolve.config import RunConfig
+    from mkevolve.search.beam import Beam
+
+    interrupted = threading.Event()
+    interrupted.set()
+    beam = Beam(width=2)
+    # No client and no verifier: any call to either would fail the test.
+    evolved = evolve_kernel("sub", tmp_path / "sub.py", beam, 8, None, None, RunConfig(), tmp_path,
+                            interrupted=interrupted)
+    assert evolved.next_seq == beam.next_seq and evolved.members == []
