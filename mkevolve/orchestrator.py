@@ -787,7 +787,7 @@ def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition
 
 
 @contextlib.contextmanager
-def _interrupted_by_signals(interrupt):
+def interrupted_by_signals(interrupt):
     """Inside the block, Ctrl-C (SIGINT) and SIGTERM call `interrupt` and then raise KeyboardInterrupt. Raised
     alone, it waited for every running evaluation: the searches' thread pools join their threads on the way
     out, and those threads wait on the workers. Signals reach the main thread only; elsewhere nothing changes."""
@@ -822,7 +822,7 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     try:
         with Verifier(config, events) as verifier, display:
             orchestrator = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge)
-            with _interrupted_by_signals(orchestrator.interrupt):
+            with interrupted_by_signals(orchestrator.interrupt):
                 outcome = orchestrator.run()
             ended = time.time()
     except KeyboardInterrupt:

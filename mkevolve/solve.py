@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.client import LLMClient, make_client
 from mkevolve.llm.tokens import TokenReport
+from mkevolve.orchestrator import interrupted_by_signals
 from mkevolve.problem import ProblemError, read_source
 from mkevolve.search.beam import Beam, Candidate
 from mkevolve.verify.result import Status
@@ -59,7 +61,14 @@ def solve(problem_path: Path, config: RunConfig, out_dir: Path, verifier: Kernel
         beam = _search(problem_path, config, out_dir, verifier, client)
     else:
         with Verifier(config, events) as own_verifier:
-            beam = _search(problem_path, config, out_dir, own_verifier, client)
+            interrupted = threading.Event()
+
+            def interrupt() -> None:   # Ctrl-C, SIGTERM: no further batch, running checks stopped now
+                interrupted.set()
+                own_verifier.abort()
+
+            with interrupted_by_signals(interrupt):
+                beam = _search(problem_path, config, out_dir, own_verifier, client, interrupted)
     _reject_bad_problem(problem_path, beam)
     outcome = SolveOutcome(out_dir=out_dir, beam=beam, best=beam.best, tokens=client.emit_totals())
     _write_outputs(outcome)
@@ -67,9 +76,9 @@ def solve(problem_path: Path, config: RunConfig, out_dir: Path, verifier: Kernel
 
 
 def _search(problem_path: Path, config: RunConfig, out_dir: Path, verifier: KernelVerifier,
-            client: LLMClient) -> Beam:
+            client: LLMClient, interrupted: threading.Event | None = None) -> Beam:
     return evolve_kernel(problem_path.stem, problem_path, Beam(width=config.beam_width), config.budget,
-                         verifier, client, config, out_dir / "candidates")
+                         verifier, client, config, out_dir / "candidates", interrupted=interrupted)
 
 
 def _reject_bad_problem(problem_path: Path, beam: Beam) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mkevolve.orchestrator import _interrupted_by_signals
+from mkevolve.orchestrator import interrupted_by_signals
 from mkevolve.verify.result import Status
 from mkevolve.verify.verifier import _to_result
 from mkevolve.workers.pool import Job, JobFailure, WorkerPool
@@ -67,7 +67,7 @@ def test_a_signal_in_a_run_interrupts_it_first_then_raises_keyboard_interrupt(si
     calls = []
     before = signal.getsignal(signum)
     with pytest.raises(KeyboardInterrupt):
-        with _interrupted_by_signals(lambda: calls.append("interrupt")):
+        with interrupted_by_signals(lambda: calls.append("interrupt")):
             os.kill(os.getpid(), signum)
             time.sleep(5)     # the handler runs here, in the main thread
     assert calls == ["interrupt"]
@@ -86,3 +86,45 @@ def test_an_interrupted_search_asks_for_nothing(tmp_path):
     evolved = evolve_kernel("sub", tmp_path / "sub.py", beam, 8, None, None, RunConfig(), tmp_path,
                             interrupted=interrupted)
     assert evolved.next_seq == beam.next_seq and evolved.members == []
+
+
+def test_solve_wires_a_signal_to_its_search_and_its_verifier(monkeypatch, tmp_path):
+    """`mkevolve solve` has the same loop as `run`: a signal must stop its search and abort its checks."""
+    import contextlib
+
+    from mkevolve import solve as solve_module
+    from mkevolve.config import RunConfig
+    from mkevolve.search.beam import Beam
+
+    seen = {}
+
+    class FakeVerifier:
+        def __init__(self, config, events):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def abort(self):
+            seen["aborted"] = True
+
+    @contextlib.contextmanager
+    def signal_arrives(interrupt):
+        interrupt()     # as the handler would, before the search returns
+        yield
+
+    def search(problem_path, config, out_dir, verifier, client, interrupted=None):
+        seen["interrupted"] = interrupted is not None and interrupted.is_set()
+        return Beam(width=1)
+
+    monkeypatch.setattr(solve_module, "Verifier", FakeVerifier)
+    monkeypatch.setattr(solve_module, "interrupted_by_signals", signal_arrives)
+    monkeypatch.setattr(solve_module, "_search", search)
+    monkeypatch.setattr(solve_module, "_write_outputs", lambda outcome: None)
+    problem = tmp_path / "p.py"
+    problem.write_text("x = 1\n")
+    solve_module.solve(problem, RunConfig(), tmp_path / "out", client=type("C", (), {"emit_totals": lambda s: None})())
+    assert seen == {"aborted": True, "interrupted": True}
