@@ -213,10 +213,7 @@ class Worker:
         if self.proc.stdin.closed:
             return
         if self.alive:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone between poll and kill
+            self.signal_group(signal.SIGKILL)
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             stream.close()
@@ -406,7 +403,7 @@ class WorkerPool:
     def abort(self) -> None:
         """The run is interrupted: no job starts from now on, and every worker stops at once rather than after
         its job (SIGTERM: it stops its zygote and candidate first), so the threads waiting on them return (their
-        jobs end STOPPED). close() still follows, and kills what did not stop."""
+        jobs end INTERRUPTED). close() still follows, and kills what did not stop."""
         self._aborted = True
         self.refuse_new_jobs()
         with self._lock:
