@@ -116,14 +116,7 @@ class Orchestrator:
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
         if self.deadline is not None:  # and checks still queued for a worker then are not started
             verifier.candidates_start_by = time.time() + config.time_budget
-        self.interrupted = threading.Event()  # interrupt(): searches ask for no further batch
-
-    def interrupt(self) -> None:
-        """The user stopped the run (Ctrl-C, SIGTERM): searches ask for nothing more and the running checks stop
-        now, their candidates without a verdict, so the run unwinds in seconds to its last checkpoint rather
-        than after every running evaluation (minutes at full size) and further LLM calls."""
-        self.interrupted.set()
-        self.verifier.abort()
+        self.interrupted = threading.Event()  # set by interrupted_by_signals: searches ask for no further batch
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -787,16 +780,20 @@ def seed_run(problem_path: Path, config: RunConfig, decomposition: Decomposition
 
 
 @contextlib.contextmanager
-def interrupted_by_signals(interrupt):
-    """Inside the block, Ctrl-C (SIGINT) and SIGTERM call `interrupt` and then raise KeyboardInterrupt. Raised
-    alone, it waited for every running evaluation: the searches' thread pools join their threads on the way
-    out, and those threads wait on the workers. Signals reach the main thread only; elsewhere nothing changes."""
+def interrupted_by_signals(verifier, interrupted: threading.Event):
+    """Inside the block, Ctrl-C (SIGINT) and SIGTERM set `interrupted`, so that searches ask for nothing more,
+    abort the verifier's checks (their candidates get no verdict), and then raise KeyboardInterrupt: the command
+    unwinds in seconds to its last checkpoint. Raised alone, KeyboardInterrupt waited for every running
+    evaluation (minutes at full size) while the searches went on: their thread pools join their threads on the
+    way out, and those threads wait on the workers. Signals reach the main thread only; elsewhere nothing
+    changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        interrupt()
+        interrupted.set()
+        verifier.abort()
         raise KeyboardInterrupt
 
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -822,7 +819,7 @@ def execute_run(problem_path: Path, config: RunConfig, run_dir: Path, state: Run
     try:
         with Verifier(config, events) as verifier, display:
             orchestrator = Orchestrator(problem_path, config, run_dir, state, client, verifier, display, judge)
-            with interrupted_by_signals(orchestrator.interrupt):
+            with interrupted_by_signals(verifier, orchestrator.interrupted):
                 outcome = orchestrator.run()
             ended = time.time()
     except KeyboardInterrupt:

@@ -62,12 +62,7 @@ def solve(problem_path: Path, config: RunConfig, out_dir: Path, verifier: Kernel
     else:
         with Verifier(config, events) as own_verifier:
             interrupted = threading.Event()
-
-            def interrupt() -> None:   # Ctrl-C, SIGTERM: no further batch, running checks stopped now
-                interrupted.set()
-                own_verifier.abort()
-
-            with interrupted_by_signals(interrupt):
+            with interrupted_by_signals(own_verifier, interrupted):
                 beam = _search(problem_path, config, out_dir, own_verifier, client, interrupted)
     _reject_bad_problem(problem_path, beam)
     outcome = SolveOutcome(out_dir=out_dir, beam=beam, best=beam.best, tokens=client.emit_totals())

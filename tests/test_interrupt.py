@@ -62,15 +62,24 @@ def test_an_interrupted_check_is_no_verdict_on_its_candidate():
     assert result.status is Status.NOT_RUN and "interrupted" in result.reason
 
 
+class _AbortRecorder:
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def abort(self):
+        self.calls.append("abort")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_in_a_run_interrupts_it_first_then_raises_keyboard_interrupt(signum):
     calls = []
+    interrupted = threading.Event()
     before = signal.getsignal(signum)
     with pytest.raises(KeyboardInterrupt):
-        with interrupted_by_signals(lambda: calls.append("interrupt")):
+        with interrupted_by_signals(_AbortRecorder(calls), interrupted):
             os.kill(os.getpid(), signum)
             time.sleep(5)     # the handler runs here, in the main thread
-    assert calls == ["interrupt"]
+    assert calls == ["abort"] and interrupted.is_set()
     assert signal.getsignal(signum) is before
 
 
@@ -112,8 +121,9 @@ def test_solve_wires_a_signal_to_its_search_and_its_verifier(monkeypatch, tmp_pa
             seen["aborted"] = True
 
     @contextlib.contextmanager
-    def signal_arrives(interrupt):
-        interrupt()     # as the handler would, before the search returns
+    def signal_arrives(verifier, interrupted):
+        interrupted.set()     # as the handler does, before the search returns
+        verifier.abort()
         yield
 
     def search(problem_path, config, out_dir, verifier, client, interrupted=None):
