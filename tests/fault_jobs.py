@@ -36,7 +36,7 @@ def interpreter_flag() -> str:
 
 
 def zygote_log() -> str:
-    from mkevolve.verify.candidate_run import zygote_log_path
+    from mkevolve.verify.candidate_zygote import zygote_log_path
 
     return str(zygote_log_path())
 

@@ -254,43 +254,43 @@ def test_a_request_right_after_another_finds_a_child_prepared_before_either(tmp_
 def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch):
     """start_zygote_early returns before the zygote is up; whoever asks next waits for that same zygote
     rather than starting a second one."""
-    from mkevolve.verify import candidate_run
+    from mkevolve.verify import candidate_run, candidate_zygote
 
-    monkeypatch.setattr(candidate_run, "_zygote", None)
+    monkeypatch.setattr(candidate_zygote, "_zygote", None)
     started = []
-    real = candidate_run.Zygote
+    real = candidate_zygote.Zygote
 
     def counting(*args, **kwargs):
         started.append(time.monotonic())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(candidate_run, "Zygote", counting)
+    monkeypatch.setattr(candidate_zygote, "Zygote", counting)
     before = time.monotonic()
     candidate_run.start_zygote_early()
     returned = time.monotonic()
     try:
-        zygote = candidate_run._running_zygote()
-        assert zygote.alive and candidate_run._running_zygote() is zygote
+        zygote = candidate_zygote.running_zygote()
+        assert zygote.alive and candidate_zygote.running_zygote() is zygote
         assert len(started) == 1 and returned - before < 0.5   # the zygote's imports alone take seconds
     finally:
-        candidate_run._zygote.close()
-        candidate_run._zygote = None
+        candidate_zygote.forget_zygote()
 
 
 _FIRST_USE_PROBE = """
 import json, sys
 from pathlib import Path
-from mkevolve.verify import candidate_run
+from mkevolve.verify import candidate_run, candidate_zygote
 
 candidate_run.start_zygote_early()
-for thread in candidate_run._warming:
+for thread in candidate_zygote.warming:
     thread.join()
-worker = {name: name in sys.modules for name in candidate_run.FIRST_USE_IMPORTS}
+worker = {name: name in sys.modules for name in candidate_zygote.FIRST_USE_IMPORTS}
 out = Path(sys.argv[1])
-request = json.dumps({"out": str(out / "child.json"), "modules": list(candidate_run.FIRST_USE_IMPORTS)})
-exit = candidate_run._running_zygote().run("tests.zygote_entries:report_modules", request, out / "child.log", 60, 4096)
+request = json.dumps({"out": str(out / "child.json"), "modules": list(candidate_zygote.FIRST_USE_IMPORTS)})
+zygote = candidate_zygote.running_zygote()
+exit = zygote.run("tests.zygote_entries:report_modules", request, out / "child.log", 60, 4096)
 print(json.dumps({"worker": worker, "child": json.loads((out / "child.json").read_text()), "code": exit.code}))
-candidate_run._running_zygote().close()
+candidate_zygote.forget_zygote()
 """
 
 

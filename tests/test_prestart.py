@@ -1,7 +1,11 @@
 """Workers started ahead of their pools' owners: WorkerPool.start, prestart_pool / take_pool, and what
 `mkevolve run` starts before its own imports (workers/prestart.py)."""
 
+import importlib
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +13,7 @@ from mkevolve.cli import build_parser
 from mkevolve.config import RunConfig
 from mkevolve.llm.providers import BuiltinProvider
 from mkevolve.workers import pool as pool_module
-from mkevolve.workers.executor import CPU_WORKERS_DEFAULT, LocalExecutor, prestart_executor
+from mkevolve.workers.executor import CPU_WORKERS_DEFAULT, LocalExecutor, prestart_executor, verifier_preload
 from mkevolve.workers.pool import Job, WorkerPool, close_prestarted, prestart_pool, take_pool
 from mkevolve.workers.prestart import BUILTIN_AGENT_WORKERS, prestarted_workers
 
@@ -39,6 +43,26 @@ def test_a_started_pool_runs_its_first_job_in_the_worker_it_started_without_wait
     assert outcome.ok and outcome.value == first_pid
     assert outcome.worker_start_s < 1.0
     assert cold.ok and cold.worker_start_s >= 2.0
+
+
+def test_a_preload_named_module_colon_function_is_called_before_the_worker_says_ready():
+    with WorkerPool(size=1, preload=("tests.worker_preloads:mark_started",)) as pool:
+        outcome = pool.run(Job("tests.worker_preloads:started_marks", {}, 30))
+    assert outcome.ok and outcome.value == ["mark_started"]
+
+
+def test_a_gpu_verifier_worker_starts_its_zygote_before_importing_torch():
+    """Its preloads are names a worker resolves: a renamed function would fail every GPU worker's start, which
+    this machine (no GPU) would never see. The zygote's module must not import torch, or nothing is gained."""
+    preload = verifier_preload([0])
+    assert preload[0] == "mkevolve.verify.candidate_zygote:start_in_background" and "torch" in preload[1:]
+    for name in preload:
+        module, _, function = name.partition(":")
+        assert not function or callable(getattr(importlib.import_module(module), function))
+    assert verifier_preload([]) == pool_module.DEFAULT_PRELOAD
+    probe = "import sys, mkevolve.verify.candidate_zygote; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1]).stdout.strip() == "False"
 
 
 def test_a_started_worker_that_died_before_its_first_job_is_replaced():

@@ -7,3 +7,15 @@ import time
 time.sleep(float(os.environ.get("SLOW_PRELOAD_S", "0")))
 if os.environ.get("BROKEN_PRELOAD"):
     raise ImportError("this preload is broken on purpose")
+
+started: list[str] = []   # the preload functions this worker called, in order
+
+
+def mark_started() -> None:
+    """A "module:function" preload: called once this module is imported."""
+    started.append("mark_started")
+
+
+def started_marks() -> list[str]:
+    """A job: what the preloads left."""
+    return list(started)

@@ -15,7 +15,6 @@ import os
 import random
 import secrets
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -24,17 +23,19 @@ from pathlib import Path
 import torch
 
 from mkevolve.pysource import parse_python
+from mkevolve.verify.candidate_zygote import (FIRST_USE_IMPORTS, forget_zygote, in_background, running_zygote,
+                                               start_in_background, warm_dir)
 from mkevolve.verify.cheating import Rule, Violation
-from mkevolve.verify import triton_warm
+from mkevolve.verify import autotune_memory, triton_warm
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
 from mkevolve.verify.reference import FIRST_SET, ReferenceSet
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
-from mkevolve.workers import gpu_share, harden, wire
-from mkevolve.workers.pool import LOG_DIR_ENV, log_tail
-from mkevolve.workers.zygote import ChildExit, Zygote, ZygoteError
+from mkevolve.workers import gpu_share, wire
+from mkevolve.workers.pool import log_tail
+from mkevolve.workers.zygote import ChildExit, ZygoteError
 
 TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
 LATE_CALLS_UNTIMED = 2                      # checked calls after the trials where nothing is timed (CPU)
@@ -45,10 +46,6 @@ _LOG_FILE = "candidate.log"
 # takes 0.06 s. Below this much free memory there, the system's temporary folder is used instead.
 _MEMORY_FS = Path("/dev/shm")
 _MEMORY_FS_MIN_FREE = 8 << 30
-# Modules torch imports on first use of a dispatch mode (the runtime guard, the decomposition check's recording),
-# of the profiler (every standby child) or of torch.compile (baselines): 4.7 s on the H200, once per process.
-# The zygote imports them before it forks, so no candidate process pays; a worker imports them while it waits.
-FIRST_USE_IMPORTS = ("torch._dynamo",)
 _READERS = 8  # threads that read and hash a candidate's outputs (0.15 s per 224 MB each otherwise)
 
 
@@ -151,6 +148,7 @@ class CandidateReport:
     standby_clock: tuple[float, float] | None = None  # time.time() as its standby's preparation began and ended
     peak_rss_mb: float = 0.0                                  # seen from outside, by the memory watch
     launcher_signatures: list[str] = field(default_factory=list)  # Triton launchers it built (triton_warm)
+    autotune_choices: dict[str, int] = field(default_factory=dict)  # its autotuners' choices (autotune_memory)
     # (config index, argument position): arguments the first call wrote into that the reference leaves alone
     changed_inputs: list[tuple[int, int]] = field(default_factory=list)
     _verified: dict[str, bytearray | None] | None = field(default=None, repr=False)
@@ -238,6 +236,7 @@ def parse_report(body: dict) -> CandidateReport:
             skipped=[[int(position) for position in config] for config in body["skipped"]],
             phases={str(k): float(v) for k, v in body.get("phases", {}).items()},
             launcher_signatures=triton_warm.valid_signatures(body.get("launcher_signatures")),
+            autotune_choices=autotune_memory.valid_choices(body.get("autotune_choices")),
             clock=_clock(body.get("clock")),
             standby_clock=_clock(body.get("standby_clock")),
             changed_inputs=[(int(index), int(position)) for index, position in body["changed_inputs"]],
@@ -320,8 +319,14 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
     report.peak_rss_mb = ended.peak_rss_mb
     report.add_process_phases(called_at, ended_at)
     if device.type == "cuda":
-        triton_warm.learn(report.launcher_signatures, _warm_dir())
+        triton_warm.learn(report.launcher_signatures, warm_dir())
     return report
+
+
+def remember_autotune_choices(report: CandidateReport) -> None:
+    """Keep the autotune choices of a candidate that passed every check, for later processes that run the
+    same kernels (autotune_memory)."""
+    autotune_memory.learn(report.autotune_choices, warm_dir())
 
 
 def read_signed_report(scratch: Path, key: bytes) -> dict:
@@ -332,44 +337,13 @@ def read_signed_report(scratch: Path, key: bytes) -> dict:
         raise _forged(str(err)) from None
 
 
-_zygote: Zygote | None = None
-_zygote_lock = threading.Lock()  # one zygote per worker, started by whichever thread asks first
-
-
-def _running_zygote() -> Zygote:
-    """This worker's zygote: started on first use, replaced when it died."""
-    global _zygote
-    with _zygote_lock:
-        if _zygote is None or not _zygote.alive:
-            _zygote = Zygote((*FIRST_USE_IMPORTS, "mkevolve.verify.harness", "mkevolve.verify.triton_warm"),
-                             _zygote_env(), zygote_log_path(), standby="mkevolve.verify.harness:standby")
-        return _zygote
-
-
-def zygote_log_path() -> Path:
-    """Where this process's zygote writes its errors: in a worker, its pool's log folder, which the pool
-    removes when it closes; elsewhere (a check run in-process) the temporary folder."""
-    folder = os.environ.get(LOG_DIR_ENV) or tempfile.gettempdir()
-    return Path(folder) / f"mkevolve-zygote-{os.getpid()}.log"
-
-
-_warming: list[threading.Thread] = []   # start_zygote_early's threads (tests wait for them)
-
-
 def start_zygote_early() -> None:
-    """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
-    decomposing, so the first candidate does not wait for the zygote's imports and its standby child's
-    CUDA context (10 s on the H200). A zygote that fails to start here is started again, and the failure
-    reported, by the first candidate that needs it. Meanwhile a second thread opens the worker's own CUDA
-    context and cuBLAS handle and imports FIRST_USE_IMPORTS, which its first reference, decomposition check or
-    baseline would otherwise wait for (the check's trials took 5 to 6.5 s on the H200, 4.3 s of it importing
-    torch._dynamo)."""
-    def start_zygote() -> None:
-        try:
-            _running_zygote()
-        except ZygoteError:
-            pass  # reported by start_candidate, which tries again
-
+    """Worker job, and on a GPU a worker's last preload: start this worker's zygote in the background and
+    return at once. A run asks for it before decomposing, so the first candidate does not wait for the zygote's
+    imports and its standby child's CUDA context (10 s on the H200). Meanwhile a second thread opens the
+    worker's own CUDA context and cuBLAS handle and imports FIRST_USE_IMPORTS, which its first reference,
+    decomposition check or baseline would otherwise wait for (the check's trials took 5 to 6.5 s on the H200,
+    4.3 s of it importing torch._dynamo)."""
     def warm_worker() -> None:
         if torch.cuda.is_available():
             ones = torch.ones(8, 8, device="cuda")
@@ -377,24 +351,19 @@ def start_zygote_early() -> None:
         for name in FIRST_USE_IMPORTS:
             importlib.import_module(name)
 
-    for name, target in (("zygote-start", start_zygote), ("worker-warm", warm_worker)):
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        _warming.append(thread)
+    start_in_background()
+    in_background("worker-warm", warm_worker)
 
 
 def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, timeout_s: float,
                     memory_limit_mb: float = 16 * 1024) -> ChildExit:
     """Fork the candidate from this worker's zygote (started on first use, replaced when it dies)."""
-    global _zygote
     try:
-        zygote = _running_zygote()
+        zygote = running_zygote()
         with gpu_share.gpu_lent():
             return zygote.run(entry, candidate.to_json(), scratch / _LOG_FILE, timeout_s, memory_limit_mb)
     except ZygoteError as err:
-        if _zygote is not None:
-            _zygote.close()
-        _zygote = None
+        forget_zygote()
         raise Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: {err}") from None
 
 
@@ -416,26 +385,6 @@ def candidate_triton_cache(scratch: Path) -> Path:
     """Triton's cache for one candidate process, fresh: every compiled IR in it is that candidate's own, so
     the precision check reads exactly what it compiled; trusted processes never load from it."""
     return scratch / "triton"
-
-
-def _zygote_env() -> dict[str, str]:
-    env = harden.candidate_env(os.environ, Path(tempfile.gettempdir()))
-    for name in (gpu_share.LOCK_ENV, "PYTHONPATH"):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    env[triton_warm.WARM_DIR_ENV] = str(_warm_dir())
-    return env
-
-
-_warm: Path | None = None
-
-
-def _warm_dir() -> Path:
-    """The warm Triton cache of this worker's candidate processes (chosen once per worker)."""
-    global _warm
-    if _warm is None:
-        _warm = triton_warm.warm_dir()
-    return _warm
 
 
 def gpu_accounting(activities: list[DeviceActivity], code_files, scratch: Path,

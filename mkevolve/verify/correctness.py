@@ -21,7 +21,8 @@ import torch
 from mkevolve.config import TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
-                                           plan_calls, run_candidate_process, scratch_folder)
+                                           plan_calls, remember_autotune_choices, run_candidate_process,
+                                           scratch_folder)
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
@@ -131,6 +132,8 @@ def _judge(problem: Problem, request: KernelEvalRequest, errors: _Errors) -> Eva
             errors.phases.update({f"candidate.{name}": seconds for name, seconds in report.phases.items()})
             with _phase(errors, "judge"):
                 result = _verdict(problem, request, references, plans, report, Path(scratch), errors)
+            if result.passed:
+                remember_autotune_choices(report)
         if result.passed and timed:
             _add_timing(references, report, result, timed_configs, baselines)
     return result

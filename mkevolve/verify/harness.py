@@ -34,7 +34,7 @@ import torch
 
 from mkevolve.problem import ProblemError, fp32_strict, import_file, seed_everything
 from mkevolve.verify.cheating import RuntimeGuard, Rule, Violation, output_violations
-from mkevolve.verify import triton_warm
+from mkevolve.verify import autotune_memory, triton_warm
 from mkevolve.verify.kernel_audit import ActivityRecorder
 from mkevolve.verify.timing import timing_done
 from mkevolve.workers import gpu_share, harden, wire
@@ -149,7 +149,7 @@ def standby() -> Standby:
     """Run by the zygote's next child while the previous candidate still runs: on an H200 a CUDA context
     takes 0.3 s, warming Triton about 1 s and starting the profiler 3.6 to 3.8 s, time no candidate
     should wait for. (Those were measured before the zygote imported torch._dynamo, which the profiler's
-    first start imports, 4.7 s on its own: candidate_run.FIRST_USE_IMPORTS.)"""
+    first start imports, 4.7 s on its own: candidate_zygote.FIRST_USE_IMPORTS.)"""
     if not triton_warm.gpu_process():
         return Standby()
     began = _wall_clock()
@@ -176,6 +176,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         fp32_strict()  # as the reference ran: PyTorch code a solution keeps must not run in TF32
         strict = _precision_state()
         launchers = triton_warm.record_launchers() if request.device == "cuda" else []
+        autotuned = autotune_memory.use_choices(autotune_memory.known_choices(), request.device)
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
     saved: dict[str, list] = {}
@@ -198,6 +199,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()
     report["launcher_signatures"] = list(launchers)
+    report["autotune_choices"] = list(autotuned)
     report["clock"] = [started_at, _wall_clock()]
     report["standby_clock"] = list(prepared.clock) if prepared.clock else None
     write_report(request, report, key)

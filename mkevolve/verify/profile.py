@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mkevolve.problem import load_problem
-from mkevolve.verify import harness
+from mkevolve.verify import autotune_memory, harness
 from mkevolve.verify.candidate_run import (candidate_triton_cache, read_signed_report, scratch_folder,
                                           start_candidate)
 from mkevolve.verify.reference import ReferenceSet, cache_root, reference_set
@@ -84,6 +84,7 @@ def profile_in_candidate(payload: str, prepared: harness.Standby | None = None) 
     request.key = ""
     config = request.configs[0]
     init, inputs = harness.load_config(config, request.device)
+    autotune_memory.use_choices(autotune_memory.known_choices(), request.device)   # tuned by the checks
     harness.prepare_and_confine(request)
     body: dict = {"runtime_ms": {}}
     try:

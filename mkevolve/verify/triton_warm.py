@@ -28,8 +28,11 @@ from pathlib import Path
 
 WARM_DIR_ENV = "MKEVOLVE_TRITON_WARM"   # where the warm cache is, set by the trusted worker for its zygote
 SIGNATURES_FILE = "launcher-signatures.json"
+CHOICES_FILE = "autotune-choices.json"     # autotune_memory's store
 MAX_SIGNATURES = 64                      # kept in the store, most recent first
 MAX_REPORTED = 16                        # taken from one candidate's report
+# The trusted stores in the warm folder and their temporaries while written: never copied into a candidate's cache
+_STORES = (SIGNATURES_FILE, f".{SIGNATURES_FILE}.*", CHOICES_FILE, f".{CHOICES_FILE}.*")
 # A signature as the harness records it: Triton's type names ("*fp32", "i32", "constexpr"), comma-joined.
 _SIGNATURE = re.compile(r"[*a-z][a-z0-9]{0,15}(,[*a-z][a-z0-9]{0,15}){0,127}")
 _TRITON_TEMP = "tmp.*"                   # Triton writes an entry in such a folder, then renames it
@@ -177,7 +180,7 @@ def copy_warm_cache(triton_cache: Path) -> None:
     if warm and Path(warm).is_dir():
         try:
             shutil.copytree(warm, triton_cache, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns(_TRITON_TEMP, SIGNATURES_FILE, f".{SIGNATURES_FILE}.*"))
+                            ignore=shutil.ignore_patterns(_TRITON_TEMP, *_STORES))
         except shutil.Error as err:  # a temporary file renamed away mid-copy
             print(f"Triton warm cache copied in part: {str(err)[:300]}", file=sys.stderr)
     triton_cache.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ import shutil
 import subprocess
 from typing import Protocol
 
-from mkevolve.workers.pool import Job, JobFailure, JobOutcome, WorkerPool, prestart_pool, take_pool
+from mkevolve.workers.pool import (DEFAULT_PRELOAD, Job, JobFailure, JobOutcome, WorkerPool, prestart_pool,
+                                   take_pool)
 
 
 class Executor(Protocol):
@@ -46,6 +47,17 @@ def visible_gpus() -> list[int]:
 
 CPU_WORKERS_DEFAULT = 2
 
+# On GPUs, a verifier worker starts its zygote first (no torch needed), then imports torch, then opens its CUDA
+# context: started by prestart_executor before the command's own imports, the zygote's imports and first standby
+# (about 10 s on the H200) no longer wait for the verifier's first job to reach the worker.
+_GPU_VERIFIER_PRELOAD = ("mkevolve.verify.candidate_zygote:start_in_background", *DEFAULT_PRELOAD,
+                         "mkevolve.verify.candidate_run:start_zygote_early")
+
+
+def verifier_preload(gpus: list[int]) -> tuple[str, ...]:
+    """What a local verifier pool's workers load as they start (pool.PRELOAD_ENV)."""
+    return _GPU_VERIFIER_PRELOAD if gpus else DEFAULT_PRELOAD
+
 
 def local_size(workers: int, gpus: list[int]) -> int:
     """A local pool's worker count: `workers`, else one per GPU, else CPU_WORKERS_DEFAULT."""
@@ -62,7 +74,8 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 0):
         gpus = visible_gpus()
-        self.pool = take_pool(local_size(workers, gpus), gpus)   # started ahead by prestart_executor, if it was
+        # started ahead by prestart_executor, if it was
+        self.pool = take_pool(local_size(workers, gpus), gpus, verifier_preload(gpus))
         self.size = self.pool.size
         self.on_gpus = bool(gpus)
 
@@ -128,7 +141,7 @@ def prestart_executor(kind: str, workers: int) -> None:
     """Start the workers make_executor(kind, workers) will use, now (a local pool's; Ray's are the cluster's)."""
     if kind != "ray":
         gpus = visible_gpus()
-        prestart_pool(local_size(workers, gpus), gpus)
+        prestart_pool(local_size(workers, gpus), gpus, verifier_preload(gpus))
 
 
 def make_executor(kind: str, workers: int) -> Executor:

@@ -53,12 +53,17 @@ def _resolve(spec: str):
 
 
 def _preload(out, send_message) -> bool:
-    """Import the pool's preloads, then say ready (or why not): start-up stays out of the first job's time."""
+    """Import the pool's preloads, in order, then say ready (or why not): start-up stays out of the first job's
+    time. A "module:function" preload is called too, with no arguments: work the worker starts in the
+    background (it must return at once), such as its zygote."""
     from mkevolve.workers.pool import PRELOAD_ENV
 
     try:
         for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
-            importlib.import_module(name)
+            if ":" in name:
+                _resolve(name)()
+            else:
+                importlib.import_module(name)
     except Exception:
         send_message(out, {"ready": False, "error": traceback.format_exc()})
         return False
