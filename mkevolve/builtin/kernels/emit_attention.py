@@ -10,6 +10,7 @@ from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, Scalar
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Attention, IndexMask, Pointwise, Program, Value
 from .kernel_plan import KernelPlan
+from .pointwise_ops import divide
 from .signature import KernelParam, constexpr, signature
 
 
@@ -206,7 +207,7 @@ def _update(anchor: Attention, logits: str, precision: str) -> list[str]:
 
 
 def _finish(anchor: Attention) -> list[str]:
-    return ["acc = acc / l_i[:, None]"] if anchor.normalize == "softmax" else []
+    return [f"acc = {divide('acc', 'l_i[:, None]')}"] if anchor.normalize == "softmax" else []
 
 
 def _tiles(variant: Variant) -> list[tuple[int, int, int]]:

@@ -20,6 +20,7 @@ from .emit_rows import ROW_WARPS_HELPER, split_lines
 from .indexing import GroupIndices, Indexer, Space
 from .ir import BatchStats, Program
 from .kernel_plan import KernelPlan
+from .pointwise_ops import as_float, divide
 from .signature import KernelParam, constexpr, shape_text, signature
 
 
@@ -64,12 +65,12 @@ def emit_batch_stats(kernel: KernelPlan, name: str, variant: Variant, program: P
     acc = tl.zeros([BLOCK_R], tl.float32)
 {indent(_pass(indexer, x, "a", ["acc += v"]), 4)}
     count = (r_end - r_begin).to(tl.float32)
-    mean = tl.sum(acc, axis=0) / count
+    mean = {divide('tl.sum(acc, axis=0)', 'count')}
     acc = tl.zeros([BLOCK_R], tl.float32)
 {indent(_pass(indexer, x, "b", ["d = tl.where(mask, v - mean, 0.0)", "acc += d * d"]), 4)}
     m2 = tl.sum(acc, axis=0)
     if FINAL:
-        var = m2 / count
+        var = {divide('m2', 'count')}
 {indent(epilogue, 8)}
     else:
         tl.store(part_ptr + c * SPLIT + s, mean)
@@ -85,9 +86,9 @@ def emit_batch_stats(kernel: KernelPlan, name: str, variant: Variant, program: P
     n = tl.where(smask, tl.minimum(CHUNK, R - s * CHUNK), 0).to(tl.float32)
     means = tl.load(part_ptr + c * SPLIT + s, mask=smask, other=0.0)
     m2s = tl.load(part_ptr + (C + c) * SPLIT + s, mask=smask, other=0.0)
-    mean = tl.sum(n * means, axis=0) / R
+    mean = {divide('tl.sum(n * means, axis=0)', as_float('R'))}
     d = means - mean
-    var = (tl.sum(m2s, axis=0) + tl.sum(n * d * d, axis=0)) / R
+    var = {divide('tl.sum(m2s, axis=0) + tl.sum(n * d * d, axis=0)', as_float('R'))}
 {indent(epilogue, 4)}
 """
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]

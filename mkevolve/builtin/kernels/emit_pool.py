@@ -20,6 +20,7 @@ from .emit_common import (
 from .indexing import GroupIndices, Indexer, Space
 from .ir import AdaptivePool, Pool, Program
 from .kernel_plan import KernelPlan
+from .pointwise_ops import divide
 from .signature import KernelParam, constexpr, signature
 
 
@@ -61,7 +62,7 @@ def _fixed_window(pool: Pool) -> list[str]:
 def _avg_divisor(pool: Pool) -> list[str]:
     """torch's divisor: the override, else the window clipped to the padded (or, without pads, real) input."""
     if pool.divisor is not None:
-        return [f"acc = acc / {float(pool.divisor)!r}"]
+        return [f"acc = {divide('acc', repr(float(pool.divisor)))}"]
     spatial = len(pool.kernel)
     lines = []
     for d in range(spatial):
@@ -72,7 +73,7 @@ def _avg_divisor(pool: Pool) -> list[str]:
         else:
             lines += [f"size{d} = end{d} - start{d}"]
     count = " * ".join(f"size{d}" for d in range(spatial))
-    return lines + [f"acc = acc / ({count}).to(tl.float32)"]
+    return lines + [f"acc = {divide('acc', f'({count}).to(tl.float32)')}"]
 
 
 def _adaptive_window(pool: AdaptivePool, spatial: int) -> list[str]:
@@ -89,7 +90,7 @@ def _adaptive_window(pool: AdaptivePool, spatial: int) -> list[str]:
     lines += _accumulate(pool.kind, spatial, mask)
     if pool.kind != "max":
         count = " * ".join(f"(end{d} - start{d})" for d in range(spatial))
-        lines.append(f"acc = acc / ({count}).to(tl.float32)")
+        lines.append(f"acc = {divide('acc', f'({count}).to(tl.float32)')}")
     return lines
 
 

@@ -32,6 +32,7 @@ from .emit_common import (
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program, Reduce, Value
 from .kernel_plan import KernelPlan
+from .pointwise_ops import as_float, divide
 from .signature import KernelParam, constexpr, signature
 
 _INIT = {"sum": "0.0", "mean": "0.0", "amax": '-float("inf")', "amin": 'float("inf")'}
@@ -253,8 +254,8 @@ class _BodyWriter:
         for k, reduction in enumerate(self.kernel.reductions):
             value = self.emitter.value(reduction.base, full)
             neutral = _INIT[reduction.kind]
-            lines.append(f"red{k} = {_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), "
-                         f"axis={self.layout.axis()}){_mean_scale(reduction)}")
+            total = f"{_FINAL[reduction.kind]}(tl.where(mask, {value}, {neutral}), axis={self.layout.axis()})"
+            lines.append(f"red{k} = {_scaled(reduction, total)}")
             self.per_row.bound[reduction.id] = f"red{k}"
         if self.kernel.full_space:
             result = self.emitter.value(self.kernel.root, full)
@@ -267,7 +268,7 @@ class _BodyWriter:
         body: list[str] = []
         for k, reduction in enumerate(self.kernel.reductions):
             body += self._reduce_loop(k, reduction, "0, R")
-            body.append(f"red{k} = {_FINAL[reduction.kind]}(acc{k}, axis=0){_mean_scale(reduction)}")
+            body.append(f"red{k} = {_scaled(reduction, f'{_FINAL[reduction.kind]}(acc{k}, axis=0)')}")
             self.per_row.bound[reduction.id] = f"red{k}"
         return body + self._output("0, R"), self.emitter.helpers
 
@@ -284,7 +285,7 @@ class _BodyWriter:
                 offsets, mask = f"({k} * O + o) * SPLIT + t", "t < SPLIT"
             body += ["t = tl.arange(0, SPLIT_BLOCK)",
                      f"part{k} = tl.load(part_ptr + {offsets}, mask={mask}, other={neutral})",
-                     f"red{k} = {_FINAL[reduction.kind]}(part{k}, axis=0){_mean_scale(reduction)}"]
+                     f"red{k} = {_scaled(reduction, f'{_FINAL[reduction.kind]}(part{k}, axis=0)')}"]
             self.per_row.bound[reduction.id] = f"red{k}"
         if stage == len(self.kernel.reductions):
             return body + self._output("r_begin, r_end"), self.emitter.helpers
@@ -296,10 +297,11 @@ class _BodyWriter:
         return body, self.emitter.helpers
 
 
-def _mean_scale(reduction: Reduce) -> str:
+def _scaled(reduction: Reduce, total: str) -> str:
+    """The reduction's value from its accumulated `total`: a mean (or a variance's) divides by its count."""
     if reduction.kind != "mean":
-        return ""
-    return f" / (R - {reduction.correction})" if reduction.correction else " / R"
+        return total
+    return divide(total, as_float(f"(R - {reduction.correction})" if reduction.correction else "R"))
 
 
 def _full_offset(layout: _Layout) -> str:

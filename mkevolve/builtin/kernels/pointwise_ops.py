@@ -16,26 +16,44 @@ class PointwiseOp:
     boolean: bool = False                 # the result is a mask (comparisons), not fp32
 
 
+def divide(a: str, b: str) -> str:
+    """a / b in fp32, rounded as IEEE division is, as PyTorch divides. Triton's `/` on fp32 compiles to an
+    approximation within 2 ulp (div.full.f32, seen in the PTX of Triton 3.9 for sm_90), and tl.sigmoid
+    divides that way too: a mean's or a variance's count divided so is one error on every element it scales.
+    `b` must be fp32 (an integer kernel argument: `as_float`).
+
+    tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
+    (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
+    root and a rounded division would cost two slow instruction sequences each time."""
+    return f"tl.div_rn({a}, {b})"
+
+
+def as_float(name: str) -> str:
+    """An integer kernel argument (or a Python int Triton made a constant) as fp32, for `divide`."""
+    return f"({name} * 1.0)"
+
+
 # Helper functions emitted once into a generated file when an op needs them. tanh is written with one exp
 # because the math library's tanh is spelled differently across Triton versions.
 HELPER_SOURCES: dict[str, str] = {
-    "_tanh": '''@triton.jit
+    "_tanh": f'''@triton.jit
 def _tanh(x):
     # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|): no overflow for large |x|
     e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
+    t = {divide("1.0 - e", "1.0 + e")}
     return tl.where(x < 0, -t, t)
 ''',
-    "_softplus": '''@triton.jit
+    "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
     # log(1 + exp(z)) = max(z, 0) + log(1 + exp(-|z|)), linear above the threshold as in torch
     z = x * beta
-    soft = (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))) / beta
+    soft = {divide("tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))", "beta")}
     return tl.where(z > threshold, x, soft)
 ''',
 }
 
 _SQRT1_2 = "0.7071067811865476"
+_SIGMOID = divide("1.0", "1.0 + tl.exp(-({x}))")     # tl.sigmoid divides with `/`
 _SQRT_2_OVER_PI = "0.7978845608028654"
 
 
@@ -45,9 +63,9 @@ def _pow_const(a: list[str], attrs: dict[str, str]) -> str:
     if c == int(c) and abs(c) <= 4:
         n = int(abs(c))
         body = " * ".join([f"{x}"] * n) if n else "1.0"
-        return f"(1.0 / ({body}))" if c < 0 else f"({body})"
+        return divide("1.0", f"({body})") if c < 0 else f"({body})"
     if c == 0.5:
-        return f"tl.sqrt({x})"
+        return f"tl.sqrt_rn({x})"
     if c == -0.5:
         return f"tl.rsqrt({x})"
     if c == int(c):
@@ -74,9 +92,9 @@ OPS: dict[str, PointwiseOp] = {
     "log": _unary("tl.log({x})"),
     "log2": _unary("tl.log2({x})"),
     "log1p": _unary("tl.log(1.0 + {x})"),
-    "sqrt": _unary("tl.sqrt({x})"),
+    "sqrt": _unary("tl.sqrt_rn({x})"),
     "rsqrt": _unary("tl.rsqrt({x})"),
-    "reciprocal": _unary("(1.0 / {x})"),
+    "reciprocal": _unary(divide("1.0", "{x}")),
     "square": _unary("({x} * {x})"),
     "sin": _unary("tl.sin({x})"),
     "cos": _unary("tl.cos({x})"),
@@ -86,9 +104,9 @@ OPS: dict[str, PointwiseOp] = {
     "sign": _unary("tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
     "relu": _unary("tl.maximum({x}, 0.0)"),
     "relu6": _unary("tl.minimum(tl.maximum({x}, 0.0), 6.0)"),
-    "sigmoid": _unary("tl.sigmoid({x})"),
+    "sigmoid": _unary(_SIGMOID),
     "tanh": _unary("_tanh({x})", ("_tanh",)),
-    "silu": _unary("({x} * tl.sigmoid({x}))"),
+    "silu": _unary("({x} * " + _SIGMOID + ")"),
     "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * " + _SQRT1_2 + ")))"),
     "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))",
                         ("_tanh",)),
@@ -96,15 +114,16 @@ OPS: dict[str, PointwiseOp] = {
     "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_softplus",)),
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
-    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp({x} / {alpha}) - 1.0), 0.0))"),
+    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp(" + divide("{x}", "{alpha}")
+                   + ") - 1.0), 0.0))"),
     "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {negative_slope})"),
     "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
     "clamp_min": _unary("tl.maximum({x}, {low})"),
     "clamp_max": _unary("tl.minimum({x}, {high})"),
-    "hardswish": _unary("({x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0)"),
-    "hardsigmoid": _unary("(tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) / 6.0)"),
+    "hardswish": _unary(divide("{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0")),
+    "hardsigmoid": _unary(divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0")),
     "logsigmoid": _unary("(tl.minimum({x}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({x}))))"),
-    "softsign": _unary("({x} / (1.0 + tl.abs({x})))"),
+    "softsign": _unary(divide("{x}", "1.0 + tl.abs({x})")),
     "tanhshrink": _unary("({x} - _tanh({x}))", ("_tanh",)),
     "threshold": _unary("tl.where({x} > {threshold}, {x}, {value})"),
     "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, 0.0))"),
@@ -113,7 +132,7 @@ OPS: dict[str, PointwiseOp] = {
     "add": _binary("({a} + {b})"),
     "sub": _binary("({a} - {b})"),
     "mul": _binary("({a} * {b})"),
-    "div": _binary("({a} / {b})"),
+    "div": _binary(divide("{a}", "{b}")),
     "maximum": _binary("tl.maximum({a}, {b})"),
     "minimum": _binary("tl.minimum({a}, {b})"),
     "gt": _binary("({a} > {b})", boolean=True),
