@@ -20,7 +20,9 @@ def divide(a: str, b: str) -> str:
     """a / b in fp32, rounded as IEEE division is, as PyTorch divides. Triton's `/` on fp32 compiles to an
     approximation within 2 ulp (div.full.f32, seen in the PTX of Triton 3.9 for sm_90), and tl.sigmoid
     divides that way too: a mean's or a variance's count divided so is one error on every element it scales.
-    `b` must be fp32 (an integer kernel argument: `as_float`).
+    The price, in the SASS of an elementwise x / s compiled for sm_90: 40 instructions per element against 22,
+    where by an H200's peak rates a kernel moving 12 bytes per element has room for about 80 before memory
+    stops being what it waits for. `b` must be fp32 (an integer kernel argument: `as_float`).
 
     tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
     (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
