@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import triton
-import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
 from mkevolve.config import RunConfig
+from mkevolve.problem import import_file
 from mkevolve.verify import autotune_memory, triton_warm
 from mkevolve.verify.candidate_run import parse_report
 from mkevolve.verify.result import Status
@@ -67,56 +67,6 @@ def test_the_store_is_not_copied_into_a_candidates_cache(tmp_path, monkeypatch):
     assert not (tmp_path / "own" / triton_warm.CHOICES_FILE).exists()
 
 
-# ---- the candidate side, in this process ----------------------------------------------------------------
-
-
-def _add_kernel():
-    """Three configs; the third computes x + 2, so which config ran shows in the output."""
-    @triton.autotune(configs=[triton.Config({"BLOCK": 64, "EXTRA": 0}), triton.Config({"BLOCK": 128, "EXTRA": 0}),
-                              triton.Config({"BLOCK": 64, "EXTRA": 1})], key=["n"])
-    @triton.jit
-    def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EXTRA: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n
-        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1.0 + EXTRA, mask=mask)
-
-    return add_one
-
-
-def _call(kernel, n: int) -> torch.Tensor:
-    x = torch.zeros(n)
-    y = torch.empty_like(x)
-    kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
-    return y
-
-
-@pytest.fixture
-def restored_autotuner(monkeypatch):
-    """use_choices wraps Autotuner's methods for the whole process: put them back after the test."""
-    monkeypatch.setattr(Autotuner, "run", Autotuner.run)
-    monkeypatch.setattr(Autotuner, "prune_configs", Autotuner.prune_configs)
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="equal benchmark times: the interpreter's")
-def test_a_choice_made_is_listed_and_a_known_one_is_used_alone(restored_autotuner):
-    from mkevolve.workers.interpreter import make_autotune_interpretable
-
-    make_autotune_interpretable()
-    made = autotune_memory.use_choices({}, "cpu")
-    assert torch.equal(_call(_add_kernel(), 100), torch.ones(100))     # equal times: the first config wins
-    assert len(made) == 1 and made[0][1] == 0
-    chosen = made[0][0]
-
-    kernel = _add_kernel()
-    autotune_memory.use_choices({chosen: 2}, "cpu")       # wraps again, as a fresh process would have
-    assert torch.equal(_call(kernel, 100), torch.full((100,), 2.0))   # the remembered config alone ran
-    assert kernel.best_config is kernel.configs[2]
-    assert torch.equal(_call(kernel, 300), torch.ones(300))           # another size: another choice
-
-
-# ---- through the verifier's processes ----------------------------------------------------------------------
-
-
 PROBLEM = '''import torch
 
 
@@ -154,6 +104,51 @@ class ModelNew(torch.nn.Module):
         add_one[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
         return y
 '''
+
+
+# ---- the candidate side, in this process ----------------------------------------------------------------
+
+
+def _add_kernel(folder: Path):
+    """SOLUTION's autotuned kernel, from a fresh import: three configs, the third computing x + 2, so which
+    config ran shows in the output."""
+    path = folder / "solution.py"
+    path.write_text(SOLUTION)
+    return import_file(path, prefix="autotuned").add_one
+
+
+def _call(kernel, n: int) -> torch.Tensor:
+    x = torch.zeros(n)
+    y = torch.empty_like(x)
+    kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+    return y
+
+
+@pytest.fixture
+def restored_autotuner(monkeypatch):
+    """use_choices wraps Autotuner's methods for the whole process: put them back after the test."""
+    monkeypatch.setattr(Autotuner, "run", Autotuner.run)
+    monkeypatch.setattr(Autotuner, "prune_configs", Autotuner.prune_configs)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="equal benchmark times: the interpreter's")
+def test_a_choice_made_is_listed_and_a_known_one_is_used_alone(restored_autotuner, tmp_path):
+    from mkevolve.workers.interpreter import make_autotune_interpretable
+
+    make_autotune_interpretable()
+    made = autotune_memory.use_choices({}, "cpu")
+    assert torch.equal(_call(_add_kernel(tmp_path), 100), torch.ones(100))     # equal times: the first config wins
+    assert len(made) == 1 and made[0][1] == 0
+    chosen = made[0][0]
+
+    kernel = _add_kernel(tmp_path)
+    autotune_memory.use_choices({chosen: 2}, "cpu")       # wraps again, as a fresh process would have
+    assert torch.equal(_call(kernel, 100), torch.full((100,), 2.0))   # the remembered config alone ran
+    assert kernel.best_config is kernel.configs[2]
+    assert torch.equal(_call(kernel, 300), torch.ones(300))           # another size: another choice
+
+
+# ---- through the verifier's processes ----------------------------------------------------------------------
 
 
 def _files(tmp_path: Path, monkeypatch, solution_text: str) -> tuple[Path, Path, Path]:
