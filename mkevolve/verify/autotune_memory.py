@@ -97,12 +97,13 @@ def use_choices(known: dict[str, int], device: str) -> list[list]:
 
     made: list[list] = []
     prune, run = Autotuner.prune_configs, Autotuner.run
+    gpu = _device_name(device)      # asked now: the candidate's calls run confined
     tuning: dict[int, str] = {}      # id(autotuner) -> the choice it is making in this call
 
     def pruning(self, kwargs):
         # Called by Autotuner.run only for a key it has not tuned in this process, with self.nargs set.
         pruned = prune(self, kwargs)
-        key = choice_id(self, kwargs, device)
+        key = choice_id(self, kwargs, gpu)
         if key is None:
             return pruned
         index = known.get(key)
@@ -126,9 +127,9 @@ def use_choices(known: dict[str, int], device: str) -> list[list]:
     return made
 
 
-def choice_id(tuner, kwargs: dict, device: str) -> str | None:
-    """The hash of what decides an autotuner's choice in this call (see the module docstring); None for a
-    kernel whose code cannot be named."""
+def choice_id(tuner, kwargs: dict, gpu: str) -> str | None:
+    """The hash of what decides an autotuner's choice in this call on `gpu` (its name, or "cpu"; see the
+    module docstring); None for a kernel whose code cannot be named."""
     import triton
 
     kernel = _kernel_key(tuner)
@@ -137,8 +138,7 @@ def choice_id(tuner, kwargs: dict, device: str) -> str | None:
     arguments = {**(tuner.nargs or {}), **kwargs}
     values = [_describe(arguments[name]) for name in tuner.keys if name in arguments]
     dtypes = [str(value.dtype) for value in arguments.values() if hasattr(value, "dtype")]
-    parts = [kernel, repr(values), repr(dtypes), *map(str, tuner.configs), _device_name(device),
-             triton.__version__]
+    parts = [kernel, repr(values), repr(dtypes), *map(str, tuner.configs), gpu, triton.__version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
