@@ -338,12 +338,18 @@ def read_signed_report(scratch: Path, key: bytes) -> dict:
 
 
 def start_zygote_early() -> None:
-    """Worker job, and on a GPU a worker's last preload: start this worker's zygote in the background and
-    return at once. A run asks for it before decomposing, so the first candidate does not wait for the zygote's
-    imports and its standby child's CUDA context (10 s on the H200). Meanwhile a second thread opens the
-    worker's own CUDA context and cuBLAS handle and imports FIRST_USE_IMPORTS, which its first reference,
-    decomposition check or baseline would otherwise wait for (the check's trials took 5 to 6.5 s on the H200,
-    4.3 s of it importing torch._dynamo)."""
+    """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
+    decomposing, so the first candidate does not wait for the zygote's imports and its standby child's CUDA
+    context (10 s on the H200). The worker warms itself meanwhile (`warm_worker_early`)."""
+    start_in_background()
+    warm_worker_early()
+
+
+def warm_worker_early() -> None:
+    """Worker job part, and on a GPU a worker's last preload (after its zygote's start): in the background,
+    open the worker's own CUDA context and cuBLAS handle and import FIRST_USE_IMPORTS, which its first
+    reference, decomposition check or baseline would otherwise wait for (the check's trials took 5 to 6.5 s
+    on the H200, 4.3 s of it importing torch._dynamo)."""
     def warm_worker() -> None:
         if torch.cuda.is_available():
             ones = torch.ones(8, 8, device="cuda")
@@ -351,7 +357,6 @@ def start_zygote_early() -> None:
         for name in FIRST_USE_IMPORTS:
             importlib.import_module(name)
 
-    start_in_background()
     in_background("worker-warm", warm_worker)
 
 

@@ -51,7 +51,7 @@ CPU_WORKERS_DEFAULT = 2
 # context: started by prestart_executor before the command's own imports, the zygote's imports and first standby
 # (about 10 s on the H200) no longer wait for the verifier's first job to reach the worker.
 _GPU_VERIFIER_PRELOAD = ("mkevolve.verify.candidate_zygote:start_in_background", *DEFAULT_PRELOAD,
-                         "mkevolve.verify.candidate_run:start_zygote_early")
+                         "mkevolve.verify.candidate_run:warm_worker_early")
 
 
 def verifier_preload(gpus: list[int]) -> tuple[str, ...]:
