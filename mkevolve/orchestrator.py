@@ -126,7 +126,6 @@ class Orchestrator:
             self.state.step = Step.EVALUATED  # resumed with more --iterations: carry on from the last one
             self.state.stop = ""              # another model or budget may change what stopped it early
         if not self._loop_done():
-            self.verifier.start_candidate_processes()  # while it decomposes
             self._prepare_end_to_end(at_start=True)
         if self.state.step is Step.STARTED:
             self._initial_decomposition()

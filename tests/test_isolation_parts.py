@@ -252,9 +252,9 @@ def test_a_request_right_after_another_finds_a_child_prepared_before_either(tmp_
 
 @pytest.mark.slow
 def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch):
-    """start_zygote_early returns before the zygote is up; whoever asks next waits for that same zygote
-    rather than starting a second one."""
-    from mkevolve.verify import candidate_run, candidate_zygote
+    """start_in_background (a GPU worker's first preload) returns before the zygote is up; whoever asks next
+    waits for that same zygote rather than starting a second one."""
+    from mkevolve.verify import candidate_zygote
 
     monkeypatch.setattr(candidate_zygote, "_zygote", None)
     started = []
@@ -266,7 +266,7 @@ def test_a_zygote_started_early_is_the_one_the_first_candidate_uses(monkeypatch)
 
     monkeypatch.setattr(candidate_zygote, "Zygote", counting)
     before = time.monotonic()
-    candidate_run.start_zygote_early()
+    candidate_zygote.start_in_background()
     returned = time.monotonic()
     try:
         zygote = candidate_zygote.running_zygote()
@@ -281,7 +281,8 @@ import json, sys
 from pathlib import Path
 from mkevolve.verify import candidate_run, candidate_zygote
 
-candidate_run.start_zygote_early()
+candidate_zygote.start_in_background()
+candidate_run.warm_worker_early()
 for thread in candidate_zygote.warming:
     thread.join()
 worker = {name: name in sys.modules for name in candidate_zygote.FIRST_USE_IMPORTS}

@@ -119,7 +119,6 @@ class _RecordingExecutor:
 
     size = 1
     shares_caches = True
-    on_gpus = None          # asks a worker (Verifier.device_name), as a Ray executor does
 
     def __init__(self):
         self.jobs = []
@@ -161,72 +160,6 @@ def test_candidate_checks_past_the_time_budget_are_not_started_but_end_to_end_ch
     # no verdict on the candidate: NOT_RUN, which a resumed run checks again
     assert result.status is Status.NOT_RUN and result.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "time budget" in result.reason
-
-
-def test_on_a_gpu_every_worker_is_asked_to_start_its_zygote_early():
-    with Verifier(RunConfig(workers=3)) as verifier:
-        verifier.executor.close()
-        verifier.executor = recorder = _RecordingExecutor()
-        recorder.size = 3
-        verifier._device_name = "cpu"
-        verifier.start_candidate_processes()
-        assert recorder.jobs == []       # no zygote is started ahead on a CPU
-        verifier._device_name = "NVIDIA H200"
-        verifier.start_candidate_processes()
-    assert [job.fn for job in recorder.jobs] == ["mkevolve.verify.candidate_run:start_zygote_early"] * 3
-
-
-class _SlowStartingPool:
-    """Workers that take until `ready` is set to start, on a GPU."""
-
-    size = 2
-    on_gpus = None
-
-    def __init__(self):
-        self.ready, self.asked, self.closed_after = threading.Event(), [], None
-
-    def run_many(self, jobs):
-        self.ready.wait(30)
-        self.asked += [job.fn.rpartition(":")[2] for job in jobs]
-        return [JobOutcome(value="NVIDIA H200") for _ in jobs]
-
-    def refuse_new_jobs(self):
-        pass
-
-    def close(self):
-        self.closed_after = list(self.asked)
-
-
-def test_workers_and_zygotes_start_in_the_background_while_the_run_decomposes():
-    verifier = Verifier(RunConfig(workers=2))
-    verifier.executor.close()
-    verifier.executor = pool = _SlowStartingPool()
-    started = time.monotonic()
-    verifier.start_candidate_processes()
-    assert time.monotonic() - started < 5 and pool.asked == []    # returned before any worker was ready
-    pool.ready.set()
-    verifier.close()
-    # close waits for the starts, so no worker starts after the pool has stopped them
-    assert pool.closed_after == ["device_name", "start_zygote_early", "start_zygote_early"]
-
-
-def test_a_pool_that_knows_its_gpus_starts_every_worker_at_once_without_asking_one_first():
-    verifier = Verifier(RunConfig(workers=2))
-    verifier.executor.close()
-    verifier.executor = pool = _SlowStartingPool()
-    pool.on_gpus = True
-    verifier.start_candidate_processes()
-    pool.ready.set()
-    verifier.close()
-    assert pool.closed_after == ["start_zygote_early", "start_zygote_early"]
-    pool.on_gpus = False
-    verifier = Verifier(RunConfig(workers=2))
-    verifier.executor.close()
-    verifier.executor = pool
-    pool.asked = []
-    verifier.start_candidate_processes()
-    verifier.close()
-    assert pool.closed_after == []      # no zygote ahead without a GPU, and no worker asked
 
 
 DICT_PROBLEM = '''import torch
@@ -348,41 +281,6 @@ def test_problems_are_prepared_in_the_background_behind_every_check_and_only_on_
     prepared = events.of_kind("prepared")
     assert [e["problem"] for e in prepared] == [str(tmp_path / "b.py"), str(tmp_path / "c.py")]
     assert prepared[0]["phases"] == {"reference": 1.5, "baseline": 4.0} and prepared[0]["error"] == ""
-
-
-class _StartingExecutor(_RecordingExecutor):
-    """Holds the zygote-start jobs until `release` is set; answers prepare jobs at once."""
-
-    size = 2
-
-    def __init__(self):
-        super().__init__()
-        self.release = threading.Event()
-
-    def run_many(self, jobs):
-        from mkevolve.verify.correctness import Preparation
-
-        self.jobs += jobs
-        if all(job.fn.endswith(":start_zygote_early") for job in jobs):
-            self.release.wait(30)
-        return [JobOutcome(value=Preparation({}, "")) for _ in jobs]
-
-
-def test_preparations_wait_until_every_worker_has_been_sent_its_zygote_start(tmp_path):
-    """A preparation that took a worker before that worker's zygote start would leave it without standby
-    processes when its first candidate comes: the starts are sent first, one per worker."""
-    verifier = Verifier(RunConfig(workers=2))
-    verifier.executor.close()
-    verifier.executor = executor = _StartingExecutor()
-    verifier._device_name = "NVIDIA H200"
-    verifier.start_candidate_processes()
-    verifier.prepare([tmp_path / "a.py"])
-    time.sleep(0.5)
-    assert [job.fn for job in executor.jobs] == ["mkevolve.verify.candidate_run:start_zygote_early"] * 2
-    executor.release.set()
-    verifier.close()
-    assert [job.fn.rpartition(":")[2] for job in executor.jobs] == [
-        "start_zygote_early", "start_zygote_early", "prepare_problem"]
 
 
 def test_sources_prepared_ahead_are_not_prepared_again_where_the_run_writes_them(tmp_path):

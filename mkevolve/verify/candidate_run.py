@@ -24,7 +24,7 @@ import torch
 
 from mkevolve.pysource import parse_python
 from mkevolve.verify.candidate_zygote import (FIRST_USE_IMPORTS, forget_zygote, in_background, running_zygote,
-                                               start_in_background, warm_dir)
+                                               warm_dir)
 from mkevolve.verify.cheating import Rule, Violation
 from mkevolve.verify import autotune_memory, triton_warm
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
@@ -337,16 +337,8 @@ def read_signed_report(scratch: Path, key: bytes) -> dict:
         raise _forged(str(err)) from None
 
 
-def start_zygote_early() -> None:
-    """Worker job: start this worker's zygote in the background and return at once. A run asks for it before
-    decomposing, so the first candidate does not wait for the zygote's imports and its standby child's CUDA
-    context (10 s on the H200). The worker warms itself meanwhile (`warm_worker_early`)."""
-    start_in_background()
-    warm_worker_early()
-
-
 def warm_worker_early() -> None:
-    """Worker job part, and on a GPU a worker's last preload (after its zygote's start): in the background,
+    """On a GPU, a worker's last preload (after its zygote's start, executor.verifier_preload): in the background,
     open the worker's own CUDA context and cuBLAS handle and import FIRST_USE_IMPORTS, which its first
     reference, decomposition check or baseline would otherwise wait for (the check's trials took 5 to 6.5 s
     on the H200, 4.3 s of it importing torch._dynamo)."""

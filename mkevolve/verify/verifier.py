@@ -52,7 +52,6 @@ class Verifier:
         # time.time() after which a candidate check still waiting for a worker is not started (a run's
         # --time-budget); end-to-end checks of composed solutions always run
         self.candidates_start_by: float | None = None   # the run's time budget: see candidates_end_by
-        self._warming: threading.Thread | None = None    # start_candidate_processes, while it runs
         self._preparing: list[threading.Thread] = []      # prepare(), one thread per call
         self._prepared: set[str] = set()                  # contents (sha256) of the problems prepare() was given
         self._prepared_lock = threading.Lock()
@@ -72,26 +71,6 @@ class Verifier:
     @property
     def on_gpu(self) -> bool:
         return self.device_name not in ("cpu", "unknown")
-
-    def start_candidate_processes(self) -> None:
-        """In the background, on a GPU, start every worker with its zygote (asking a worker for the device first
-        where the executor cannot tell), rather than when the first candidates come: the workers' imports and
-        CUDA contexts, then the zygotes' standby children (10 s on the H200), happen while the run decomposes.
-        Waiting for them first held a full-size GEMM's decomposition back by 10 s on an H200 with 4 workers."""
-        self._warming = threading.Thread(target=self._start_workers, name="start-workers", daemon=True)
-        self._warming.start()
-
-    def _start_workers(self) -> None:
-        """Worker starts that fail here fail again, and are reported, at the first job that needs them. Where
-        the executor knows its GPUs, every worker starts at once: asking one worker for the device first held the
-        others back by that worker's start (its imports), and with them the decomposition check and the standbys
-        (level2/63 alone: the check began 5 s after the decomposition was written, H200)."""
-        on_gpus = self.executor.on_gpus
-        if on_gpus is None:
-            on_gpus = self.on_gpu
-        if on_gpus:
-            self.run_jobs([Job("mkevolve.verify.candidate_run:start_zygote_early", timeout=self.config.timeout)
-                           for _ in range(self.executor.size)])
 
     def prepare(self, problem_paths: list[Path], grace_s: float = 0.0) -> None:
         """In the background, on a GPU: each problem's reference sets and torch.compile baselines computed into
@@ -144,12 +123,6 @@ class Verifier:
     def _prepare(self, problem_paths: list[Path], grace_s: float) -> None:
         if self._closing.wait(grace_s) or not self.on_gpu:  # on a CPU the first check computes the references
             return                                             # at the same cost
-        # Every worker's zygote start goes first. A preparation sent beside them could take a slot before one of
-        # them; that start then went to a worker whose zygote had already started (a freed slot is handed out
-        # again), and the preparing worker's first candidate had to wait for a standby (7.7 to 12.1 s on the H200).
-        warming = self._warming
-        if warming is not None and warming is not threading.current_thread():
-            warming.join()
         jobs = [Job("mkevolve.verify.correctness:prepare_problem", {"request": self._request(path, path, True)},
                     timeout=self._worker_timeout, start_by=self.candidates_start_by,
                     end_by=self.candidates_end_by, priority=PREPARE_PRIORITY)
@@ -286,9 +259,8 @@ class Verifier:
         # threads that sent them finish before the workers are stopped (a running job first completes).
         self._closing.set()
         self.executor.refuse_new_jobs()
-        for thread in [self._warming, *self._preparing]:
-            if thread is not None:
-                thread.join()
+        for thread in self._preparing:
+            thread.join()
         self.executor.close()
         if self._ahead_dir is not None:
             shutil.rmtree(self._ahead_dir, ignore_errors=True)

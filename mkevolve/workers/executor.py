@@ -16,9 +16,6 @@ class Executor(Protocol):
     # Its jobs run on this machine and share its reference and baseline caches, so work one job leaves in
     # them (Verifier.prepare) spares the next
     shares_caches: bool
-    # Whether its workers run on GPUs, where it knows without asking one (a local pool over the visible GPUs);
-    # None where only a worker can tell (Verifier.device_name asks one)
-    on_gpus: bool | None
 
     def run(self, job: Job) -> JobOutcome: ...
 
@@ -77,7 +74,6 @@ class LocalExecutor:
         # started ahead by prestart_executor, if it was
         self.pool = take_pool(local_size(workers, gpus), gpus, verifier_preload(gpus))
         self.size = self.pool.size
-        self.on_gpus = bool(gpus)
 
     def run(self, job: Job) -> JobOutcome:
         return self.pool.run(job)
@@ -105,7 +101,6 @@ class RayExecutor:
     """Ray tasks with one GPU each; the cluster is the one `ray.init()` finds (RAY_ADDRESS)."""
 
     shares_caches = False    # a task lands on any node, with that node's caches
-    on_gpus = None           # the node a task lands on tells
 
     def __init__(self):
         import ray
