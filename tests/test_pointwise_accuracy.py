@@ -1,0 +1,77 @@
+"""The generator's tanh, log1p and softplus helpers against fp64, next to PyTorch's fp32 functions.
+
+The interpreter runs them with numpy's fp32 exp and log (within a few ulp, as Triton's are on a GPU), so what
+these tests see is the rounding the formulas themselves add: the max error an epilogue leaves in a problem's
+output (level2/87's Mish) comes from there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from mkevolve.builtin.kernels.pointwise_ops import HELPER_SOURCES
+
+_KERNEL = '''
+@triton.jit
+def helpers_kernel(x_ptr, tanh_ptr, mish_ptr, log1p_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(tanh_ptr + offs, _tanh(x), mask=mask)
+    tl.store(mish_ptr + offs, x * _tanh(_softplus(x, 1.0, 20.0)), mask=mask)
+    tl.store(log1p_ptr + offs, _log1p(tl.abs(x)), mask=mask)
+'''
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """(x, tanh, mish, log1p of |x|) computed by the helpers, for 200k points of N(0, 3^2) and a few edges."""
+    import triton
+
+    path = tmp_path_factory.mktemp("helpers") / "helpers_module.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n" + "\n".join(HELPER_SOURCES.values()) + _KERNEL)
+    spec = importlib.util.spec_from_file_location("helpers_module", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(200_000, generator=generator) * 3, torch.tensor([0.0, 30.0, -30.0, 1e-30, 0.5499])])
+    on_device = x.to("cuda" if torch.cuda.is_available() else "cpu")
+    tanh, mish, log1p = (torch.empty_like(on_device) for _ in range(3))
+    block = 4096
+    module.helpers_kernel[(triton.cdiv(x.numel(), block),)](on_device, tanh, mish, log1p, x.numel(), BLOCK=block)
+    return x, tanh.cpu(), mish.cpu(), log1p.cpu()
+
+
+def _ulps(value: torch.Tensor, exact: torch.Tensor) -> float:
+    """Largest error in units of the last place of the fp32 result."""
+    spacing = torch.nextafter(exact.float().abs(), torch.tensor(float("inf"))) - exact.float().abs()
+    return float(((value.double() - exact).abs() / spacing.double().clamp_min(1e-45)).max())
+
+
+def test_tanh_stays_within_two_ulp_near_zero_and_near_one(outputs):
+    """(1 - e) / (1 + e) with e = exp(-2|x|) erred by 3.9 ulp: 1 - e cancels near 0, 1 + e rounds near 1."""
+    x, tanh, _, _ = outputs
+    assert _ulps(tanh, torch.tanh(x.double())) < 2.5
+    assert tanh[-5:].tolist() == pytest.approx([0.0, 1.0, -1.0, 1e-30, torch.tanh(torch.tensor(0.5499)).item()])
+
+
+def test_mish_is_as_accurate_as_pytorchs(outputs):
+    """log(1 + t) dropped t's low bits for small t: Mish erred by 1.8 times PyTorch's fp32 error."""
+    x, _, mish, _ = outputs
+    exact = torch.nn.functional.mish(x.double())
+    ours = float((mish.double() - exact).abs().max())
+    theirs = float((torch.nn.functional.mish(x).double() - exact).abs().max())
+    assert ours <= 1.05 * theirs
+
+
+def test_log1p_keeps_small_arguments_relative_accuracy(outputs):
+    x, _, _, log1p = outputs
+    exact = torch.log1p(x.double().abs())
+    relative = ((log1p.double() - exact).abs() / exact.clamp_min(1e-300))[exact > 0]
+    assert float(relative.max()) < 1e-6      # log(1 + t) alone: 0.18 where t = 1e-7
+    assert log1p[-2].item() == pytest.approx(1e-30, rel=1e-6)
