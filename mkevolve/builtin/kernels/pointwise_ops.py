@@ -56,9 +56,10 @@ def _horner_lines(coefficients: tuple[Fraction, ...], var: str, out: str, indent
 # Their rounding, emulated in fp32 on a CPU against fp64 (4M points of N(0, 3^2); numpy's fp32 exp is within
 # 2.3 ulp, about as tl.exp on a GPU): tanh as (1 - e) / (1 + e) lost all relative accuracy near 0 (1 - e cancels;
 # tanh(1e-30) came out 0) and erred by up to 3.9 ulp elsewhere, where PyTorch's tanh erred by 0.51; written as
-# below, 1.8 ulp, the rest from exp. Mish, x tanh(softplus x), erred by 1.26e-06 with log(1 + t) and that tanh,
-# against PyTorch's 6.84e-07, and by 6.85e-07 as below: log(1 + t) drops t's low bits where t = exp(-|x|) is
-# small, and a large x multiplies tanh's error near 1 (tests/test_pointwise_accuracy.py).
+# below, 1.8 ulp, the rest from exp. Mish, x tanh(softplus x), erred by 1.26e-06 composed of those and log(1 + t)
+# (which drops t's low bits where t = exp(-|x|) is small), against PyTorch's 6.84e-07; written as below, 6.85e-07
+# (tests/test_pointwise_accuracy.py). _mish also keeps a convolution's epilogue small: composed, the extra
+# temporaries made level2/87's tf32x3 kernel spill registers.
 HELPER_SOURCES: dict[str, str] = {
     "_tanh": f'''@triton.jit
 def _tanh(x):
@@ -78,6 +79,14 @@ def _log1p(t):
     u = 1.0 + t
     corrected = tl.log(u) * {divide("t", "u - 1.0")}
     return tl.where(u == 1.0, t, tl.where(u == float("inf"), u, corrected))
+''',
+    "_mish": f'''@triton.jit
+def _mish(x):
+    # x tanh(softplus x) = x n / (n + 2) with n = e (e + 2), e = exp(x), as tanh(log(1 + e)) = ((1 + e)^2 - 1) /
+    # ((1 + e)^2 + 1): one exp and one division, nothing cancels; past 20, tanh(softplus x) is 1 in fp32
+    e = tl.exp(tl.minimum(x, 20.0))
+    n = e * (e + 2.0)
+    return tl.where(x > 20.0, x, x * {divide("n", "n + 2.0")})
 ''',
     "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
@@ -146,7 +155,7 @@ OPS: dict[str, PointwiseOp] = {
     "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * " + _SQRT1_2 + ")))"),
     "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))",
                         ("_tanh",)),
-    "mish": _unary("({x} * _tanh(_softplus({x}, 1.0, 20.0)))", ("_tanh", "_log1p", "_softplus")),
+    "mish": _unary("_mish({x})", ("_mish",)),
     "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_log1p", "_softplus")),
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
