@@ -280,9 +280,11 @@ _FIRST_USE_PROBE = """
 import json, sys
 from pathlib import Path
 from mkevolve.verify import candidate_run, candidate_zygote
+from mkevolve.workers import background
 
 candidate_zygote.start_in_background()
 candidate_run.warm_worker_early()
+background.wait_for_imports()
 for thread in candidate_zygote.warming:
     thread.join()
 worker = {name: name in sys.modules for name in candidate_zygote.FIRST_USE_IMPORTS}

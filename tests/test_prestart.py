@@ -51,6 +51,13 @@ def test_a_preload_named_module_colon_function_is_called_before_the_worker_says_
     assert outcome.ok and outcome.value == ["mark_started"]
 
 
+def test_a_job_waits_for_the_imports_a_preload_left_running_in_the_background():
+    """Two threads importing modules that import each other can leave one a partially initialised module."""
+    with WorkerPool(size=1, preload=("tests.worker_preloads:import_slowly",)) as pool:
+        outcome = pool.run(Job("tests.worker_preloads:started_marks", {}, 30))
+    assert outcome.ok and outcome.value == ["imported"]
+
+
 def test_a_gpu_verifier_worker_starts_its_zygote_before_importing_torch():
     """Its preloads are names a worker resolves: a renamed function would fail every GPU worker's start, which
     this machine (no GPU) would never see. The zygote's module must not import torch, or nothing is gained."""

@@ -16,6 +16,17 @@ def mark_started() -> None:
     started.append("mark_started")
 
 
+def import_slowly() -> None:
+    """A "module:function" preload whose imports go on in the background for a second."""
+    from mkevolve.workers.background import import_in_background
+
+    def imports() -> None:
+        time.sleep(1.0)
+        started.append("imported")
+
+    import_in_background("slow-imports", imports)
+
+
 def started_marks() -> list[str]:
     """A job: what the preloads left."""
     return list(started)

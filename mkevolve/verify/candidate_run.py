@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from mkevolve.pysource import parse_python
-from mkevolve.verify.candidate_zygote import (FIRST_USE_IMPORTS, forget_zygote, in_background, running_zygote,
-                                               warm_dir)
+from mkevolve.verify.candidate_zygote import FIRST_USE_IMPORTS, forget_zygote, running_zygote, warm_dir
 from mkevolve.verify.cheating import Rule, Violation
 from mkevolve.verify import autotune_memory, triton_warm
 from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
@@ -33,7 +32,7 @@ from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernel
 from mkevolve.verify.reference import FIRST_SET, ReferenceSet
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS
-from mkevolve.workers import gpu_share, wire
+from mkevolve.workers import background, gpu_share, wire
 from mkevolve.workers.pool import log_tail
 from mkevolve.workers.zygote import ChildExit, ZygoteError
 
@@ -349,7 +348,7 @@ def warm_worker_early() -> None:
         for name in FIRST_USE_IMPORTS:
             importlib.import_module(name)
 
-    in_background("worker-warm", warm_worker)
+    background.import_in_background("worker-warm", warm_worker)
 
 
 def start_candidate(entry: str, candidate: CandidateRequest, scratch: Path, timeout_s: float,

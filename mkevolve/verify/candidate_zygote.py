@@ -28,7 +28,7 @@ _STANDBY = "mkevolve.verify.harness:standby"
 
 _zygote: Zygote | None = None
 _zygote_lock = threading.Lock()  # one zygote per worker, started by whichever thread asks first
-warming: list[threading.Thread] = []   # threads started in the background (tests wait for them)
+warming: list[threading.Thread] = []   # zygote starts in the background (tests wait for them)
 
 
 def running_zygote() -> Zygote:
@@ -58,11 +58,7 @@ def start_in_background() -> None:
         except ZygoteError:
             pass  # reported by candidate_run.start_candidate, which tries again
 
-    in_background("zygote-start", start)
-
-
-def in_background(name: str, target) -> None:
-    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread = threading.Thread(target=start, name="zygote-start", daemon=True)
     thread.start()
     warming.append(thread)
 

@@ -81,6 +81,7 @@ def _stop(signum, frame) -> None:
 
 
 def main() -> None:
+    from mkevolve.workers.background import wait_for_imports
     from mkevolve.workers.gpu_share import job_on_gpu
     from mkevolve.workers.pool import receive_message, send_message
 
@@ -94,6 +95,7 @@ def main() -> None:
         except EOFError:
             return
         reply = {"value": None, "error": None}
+        wait_for_imports()   # a preload's or the last job's warm-up thread (workers/background.py)
         try:
             with job_on_gpu():
                 reply["value"] = _resolve(job.fn)(**job.kwargs)

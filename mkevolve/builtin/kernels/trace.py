@@ -14,6 +14,7 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from mkevolve.problem import InputConfig, Problem, call_inputs, seed_everything
 from mkevolve.text import first_line
+from mkevolve.workers import background
 
 from .errors import UnsupportedSubproblem
 
@@ -88,7 +89,7 @@ def warm_up_in_background() -> None:
             model, inputs = nn.Linear(4, 4), torch.empty(2, 4)
         ShapeProp(fx.symbolic_trace(model)).propagate(inputs)
 
-    threading.Thread(target=trace_tiny_linear, name="meta-trace-warm-up", daemon=True).start()
+    background.import_in_background("meta-trace-warm-up", trace_tiny_linear)   # the next job waits for it
 
 
 def trace_problem(problem: Problem) -> dict[str, Trace]:
