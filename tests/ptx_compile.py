@@ -33,8 +33,20 @@ from mkevolve.problem import call_inputs, import_file, load_problem
 
 TARGET = GPUTarget("cuda", 90, 32)
 # fp32 division and square root that round less closely than PyTorch's IEEE ones (rsqrt.approx is kept on
-# purpose: pointwise_ops.divide)
-APPROXIMATE = re.compile(r"\b(div\.full\.f32|div\.approx\.f32|sqrt\.approx\.\S*f32)")
+# purpose: pointwise_ops.divide), with the register each writes
+APPROXIMATE = re.compile(r"\b(div\.full\.f32|div\.approx\.f32|sqrt\.approx\.\S*f32)\s+(%\w+)")
+
+
+def approximate_results(ptx: str) -> list[str]:
+    """The approximate instructions in `ptx` whose result is used as it is. A reciprocal that a fused
+    multiply-add corrects (the Newton step of pointwise_ops' `_div`) rounds as closely as IEEE division."""
+    found = []
+    for match in APPROXIMATE.finditer(ptx):
+        instruction, register = match.groups()
+        corrected = re.search(rf"\bfma\.rn\.(?:ftz\.)?f32\s+%\w+,[^;]*{re.escape(register)}\b", ptx[match.end():])
+        if not (instruction == "div.full.f32" and corrected):
+            found.append(instruction)
+    return found
 
 
 class CompileOnlyDriver(DriverBase):
@@ -72,7 +84,7 @@ _run = JITFunction.run
 
 def compile_only(self, *args, grid, warmup, **kwargs):
     kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
-    found = APPROXIMATE.findall(kernel.asm["ptx"]) if kernel is not None else []
+    found = approximate_results(kernel.asm["ptx"]) if kernel is not None else []
     _compiled.setdefault(self.__name__, [])
     _compiled[self.__name__] = sorted(set(_compiled[self.__name__]) | set(found))
     return kernel

@@ -1,4 +1,4 @@
-"""The generator's tanh, log1p and softplus helpers against fp64, next to PyTorch's fp32 functions.
+"""The generator's division, tanh, log1p and softplus helpers against fp64, next to PyTorch's fp32 functions.
 
 The interpreter runs them with numpy's fp32 exp and log (within a few ulp, as Triton's are on a GPU), so what
 these tests see is the rounding the formulas themselves add: the max error an epilogue leaves in a problem's
@@ -27,20 +27,35 @@ def helpers_kernel(x_ptr, tanh_ptr, mish_ptr, log1p_ptr, n, BLOCK: tl.constexpr)
 '''
 
 
+_DIV_KERNEL = '''
+@triton.jit
+def div_kernel(n_ptr, d_ptr, q_ptr, size, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < size
+    tl.store(q_ptr + offs, _div(tl.load(n_ptr + offs, mask=mask), tl.load(d_ptr + offs, mask=mask)), mask=mask)
+'''
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _helpers_module(folder, name: str, kernel: str, helpers: dict[str, str] = HELPER_SOURCES):
+    path = folder / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n" + "\n".join(helpers.values()) + kernel)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     """(x, tanh, mish, log1p of |x|) computed by the helpers, for 200k points of N(0, 3^2) and a few edges."""
     import triton
 
-    path = tmp_path_factory.mktemp("helpers") / "helpers_module.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n" + "\n".join(HELPER_SOURCES.values()) + _KERNEL)
-    spec = importlib.util.spec_from_file_location("helpers_module", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = _helpers_module(tmp_path_factory.mktemp("helpers"), "helpers_module", _KERNEL)
     generator = torch.Generator().manual_seed(0)
     x = torch.cat([torch.randn(200_000, generator=generator) * 3, torch.tensor([0.0, 30.0, -30.0, 1e-30, 0.5499])])
-    on_device = x.to("cuda" if torch.cuda.is_available() else "cpu")
+    on_device = x.to(_DEVICE)
     tanh, mish, log1p = (torch.empty_like(on_device) for _ in range(3))
     block = 4096
     module.helpers_kernel[(triton.cdiv(x.numel(), block),)](on_device, tanh, mish, log1p, x.numel(), BLOCK=block)
@@ -76,3 +91,27 @@ def test_log1p_keeps_small_arguments_relative_accuracy(outputs):
     relative = ((log1p.double() - exact).abs() / exact.clamp_min(1e-300))[exact > 0]
     assert float(relative.max()) < 1e-6      # log(1 + t) alone: 0.18 where t = 1e-7
     assert log1p[-2].item() == pytest.approx(1e-30, rel=1e-6)
+
+
+@pytest.mark.parametrize("reciprocal_error", [1.0, 1.0 + 2.0 ** -22, 1.0 - 2.0 ** -22])
+def test_div_rounds_as_ieee_division_from_a_reciprocal_two_ulp_off(tmp_path, reciprocal_error):
+    """On a GPU `1.0 / d` is Triton's approximate division (within 2 ulp); on this CPU the interpreter's is
+    exact, so the reciprocal is put 2 ulp off here, as a GPU's may be. Without its Newton step, n * r errs by
+    up to 3 ulp."""
+    import triton
+
+    helpers = {"_div": HELPER_SOURCES["_div"]}
+    if _DEVICE == "cpu":
+        helpers["_div"] = helpers["_div"].replace("r = 1.0 / d", f"r = (1.0 / d) * {reciprocal_error!r}")
+        assert helpers["_div"] != HELPER_SOURCES["_div"] or reciprocal_error == 1.0
+    module = _helpers_module(tmp_path, f"div_module_{abs(hash(reciprocal_error))}", _DIV_KERNEL, helpers)
+    generator = torch.Generator().manual_seed(1)
+    size = 200_000
+    n = torch.randn(size, generator=generator) * 10.0 ** (torch.rand(size, generator=generator) * 20 - 10)
+    d = (1.0 + torch.rand(size, generator=generator)) * 10.0 ** (torch.rand(size, generator=generator) * 50 - 25)
+    d = torch.where(torch.rand(size, generator=generator) < 0.5, -d, d)
+    q = torch.empty(size, device=_DEVICE)
+    module.div_kernel[(triton.cdiv(size, 4096),)](n.to(_DEVICE), d.to(_DEVICE), q, size, BLOCK=4096)
+    q = q.cpu()
+    assert _ulps(q, n.double() / d.double()) <= 1.0
+    assert float((q == n / d).double().mean()) >= 0.999       # PyTorch's IEEE quotient, nearly everywhere

@@ -13,6 +13,7 @@ from .emit_common import KernelSource, attribute
 from .errors import UnsupportedSubproblem
 from .ir import Input, IntOp, Param, Scalar, SizeOf, Value, View
 from .plan import Plan
+from .pointwise_ops import HELPER_SOURCES
 
 _PROVIDED_NAMES = {"torch", "nn", "triton", "tl"}
 _EXCLUDED_DEFS = {"Model", "get_inputs", "get_init_inputs", "get_input_configs", "ModelNew"}
@@ -277,8 +278,9 @@ class ModeForward:
 def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list[ModeForward],
              description: str, main_block: str, plain_attributes: list[str]) -> str:
     """The file: header, host helpers, kernels and launchers, the problem's support code, ModelNew (whose
-    __init__ makes `plain_attributes` buffers), and `main_block` (self_check.py)."""
-    helpers = {**_definitions(HOST_HELPERS),
+    __init__ makes `plain_attributes` buffers), and `main_block` (self_check.py). Of the helpers, host and
+    device, the file carries those its code calls: a division may call `_div` without its op listing it."""
+    helpers = {**_definitions(HOST_HELPERS), **{name: text.rstrip() for name, text in HELPER_SOURCES.items()},
                **{name: text.rstrip() for k in kernels for name, text in sorted(k.helpers.items())}}
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
     body = []

@@ -17,7 +17,7 @@ class PointwiseOp:
     boolean: bool = False                 # the result is a mask (comparisons), not fp32
 
 
-def divide(a: str, b: str) -> str:
+def divide(a: str, b: str, normal_divisor: bool = False) -> str:
     """a / b in fp32, rounded as IEEE division is, as PyTorch divides. Triton's `/` on fp32 compiles to an
     approximation within 2 ulp (div.full.f32, seen in the PTX of Triton 3.9 for sm_90), and tl.sigmoid
     divides that way too: a mean's or a variance's count divided so is one error on every element it scales.
@@ -25,10 +25,15 @@ def divide(a: str, b: str) -> str:
     where by an H200's peak rates a kernel moving 12 bytes per element has room for about 80 before memory
     stops being what it waits for. `b` must be fp32 (an integer kernel argument: `as_float`).
 
+    Where the caller knows the divisor finite and normal (at least 2^-126 in magnitude) and the quotient finite
+    (`normal_divisor`), `_div` divides: IEEE division keeps a slow path for subnormal operands as a subroutine
+    call, and a call in a kernel that holds a tf32x3 accumulator makes ptxas spill around it (level2/87's
+    128x64 convolution tile with Mish: 216 bytes of stack a thread, none with `_div`; Triton 3.6, sm_90).
+
     tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
     (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
     root and a rounded division would cost two slow instruction sequences each time."""
-    return f"tl.div_rn({a}, {b})"
+    return f"_div({a}, {b})" if normal_divisor else f"tl.div_rn({a}, {b})"
 
 
 def as_float(name: str) -> str:
@@ -61,13 +66,23 @@ def _horner_lines(coefficients: tuple[Fraction, ...], var: str, out: str, indent
 # (tests/test_pointwise_accuracy.py). _mish also keeps a convolution's epilogue small: composed, the extra
 # temporaries made level2/87's tf32x3 kernel spill registers.
 HELPER_SOURCES: dict[str, str] = {
+    "_div": '''@triton.jit
+def _div(n, d):
+    # n / d for d finite and normal and a finite quotient, within 1 ulp and nearly always IEEE's: Triton's
+    # reciprocal (within 2 ulp), then one Newton step on the quotient, whose residual n - q d an fma computes
+    # exactly. (An infinite q or d would make the step NaN; guarding it cost level2/87's tile 24 bytes of
+    # stack, so callers keep to finite operands instead.)
+    r = 1.0 / d
+    q = n * r
+    return tl.fma(tl.fma(-q, d, n), r, q)
+''',
     "_tanh": f'''@triton.jit
 def _tanh(x):
     # tanh(a) = 1 - 2e / (1 + e) with e = exp(-2a), a = |x|: no overflow, one rounding near 1 for large a;
     # below {_TANH_SERIES_BELOW}, where 1 + e rounds away e's low bits, tanh's Taylor series
     a = tl.abs(x)
     e = tl.exp(-2.0 * a)
-    t = 1.0 - {divide("2.0 * e", "1.0 + e")}
+    t = 1.0 - {divide("2.0 * e", "1.0 + e", normal_divisor=True)}
     s = a * a
 {_horner_lines(_TANH_SERIES, "s", "p", "    ")}    series = a + a * s * p
     t = tl.where(a < {_TANH_SERIES_BELOW}, series, t)
@@ -86,7 +101,7 @@ def _mish(x):
     # ((1 + e)^2 + 1): one exp and one division, nothing cancels; past 20, tanh(softplus x) is 1 in fp32
     e = tl.exp(tl.minimum(x, 20.0))
     n = e * (e + 2.0)
-    return tl.where(x > 20.0, x, x * {divide("n", "n + 2.0")})
+    return tl.where(x > 20.0, x, x * {divide("n", "n + 2.0", normal_divisor=True)})
 ''',
     "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
@@ -98,7 +113,9 @@ def _softplus(x, beta, threshold):
 }
 
 _SQRT1_2 = "0.7071067811865476"
-_SIGMOID = divide("1.0", "1.0 + tl.exp(-({x}))")     # tl.sigmoid divides with `/`
+# tl.sigmoid divides with `/`. Below -87 exp(-x) would overflow `_div`'s divisor: the result there is 1.6e-38
+# at most, where the exact one is smaller still.
+_SIGMOID = divide("1.0", "1.0 + tl.exp(tl.minimum(-({x}), 87.0))", normal_divisor=True)
 _SQRT_2_OVER_PI = "0.7978845608028654"
 
 
@@ -165,10 +182,12 @@ OPS: dict[str, PointwiseOp] = {
     "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
     "clamp_min": _unary("tl.maximum({x}, {low})"),
     "clamp_max": _unary("tl.minimum({x}, {high})"),
-    "hardswish": _unary(divide("{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0")),
-    "hardsigmoid": _unary(divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0")),
+    # x relu6(x + 3) / 6 as x (relu6(x + 3) / 6): the same two roundings, and a finite quotient for `_div`
+    "hardswish": _unary("({x} * " + divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)
+                        + ")"),
+    "hardsigmoid": _unary(divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)),
     "logsigmoid": _unary("(tl.minimum({x}, 0.0) - _log1p(tl.exp(-tl.abs({x}))))", ("_log1p",)),
-    "softsign": _unary(divide("{x}", "1.0 + tl.abs({x})")),
+    "softsign": _unary(divide("{x}", "1.0 + tl.abs({x})", normal_divisor=True)),    # x infinite: NaN, as in PyTorch
     "tanhshrink": _unary("({x} - _tanh({x}))", ("_tanh",)),
     "threshold": _unary("tl.where({x} > {threshold}, {x}, {value})"),
     "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, 0.0))"),
