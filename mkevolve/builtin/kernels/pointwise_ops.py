@@ -176,7 +176,7 @@ OPS: dict[str, PointwiseOp] = {
     "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_log1p", "_softplus")),
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
-    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp(" + divide("{x}", "{alpha}")
+    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp(" + divide("{x}", as_float("{alpha}"))
                    + ") - 1.0), 0.0))"),
     "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {negative_slope})"),
     "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
@@ -196,7 +196,8 @@ OPS: dict[str, PointwiseOp] = {
     "add": _binary("({a} + {b})"),
     "sub": _binary("({a} - {b})"),
     "mul": _binary("({a} * {b})"),
-    "div": _binary(divide("{a}", "{b}")),
+    # either side may be an integer attribute (level2/71's divisor = 2), passed as an int32 kernel argument
+    "div": _binary(divide(as_float("{a}"), as_float("{b}"))),
     "maximum": _binary("tl.maximum({a}, {b})"),
     "minimum": _binary("tl.minimum({a}, {b})"),
     "gt": _binary("({a} > {b})", boolean=True),
