@@ -314,10 +314,12 @@ def _tap_per_block(conv: Conv) -> bool:
 def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> tuple[MatmulTile, ...]:
     """The variant's tiles cut to this convolution: BLOCK_N no wider than its output channels per group,
     BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap.
-    Outer products have no BLOCK_K: tiles that differ only there are one."""
+    Outer products have no BLOCK_K: tiles that differ only there are one. They also have at most one warp
+    per 32 positions (`_outer_product_warps`)."""
     _, c_out = _group_channels(conv)
     n_cap = max(MIN_TILE, 1 << (max(c_out) - 1).bit_length())
     if not dot:
+        tiles = tuple(replace(t, warps=_outer_product_warps(t)) for t in tiles)
         k_cap = MIN_TILE
     elif _tap_per_block(conv):
         k_cap = _per_tap_block_k(conv)
@@ -325,6 +327,14 @@ def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> t
         k_cap = max(MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
     cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
     return tuple(dict.fromkeys(cut))
+
+
+def _outer_product_warps(tile: MatmulTile) -> int:
+    """An outer-product tile's warps, at most one per 32 of its BLOCK_M positions. With more, ptxas (sm_90,
+    Triton 3.6 and 3.9) compiled level2/87's, 71's and 7's kernels to 32 registers and 1 to 5 KB of stack a
+    thread (64x64 positions x channels on 4 warps, 128x64 on 8), where a warp per 32 positions needed 110 to
+    224 registers and no stack."""
+    return max(1, min(tile.warps, tile.block_m // 32))
 
 
 def _per_tap_block_k(conv: Conv) -> int:
