@@ -26,7 +26,8 @@ from mkevolve.pysource import parse_python
 from mkevolve.verify.candidate_zygote import FIRST_USE_IMPORTS, forget_zygote, running_zygote, warm_dir
 from mkevolve.verify.cheating import Rule, Violation
 from mkevolve.verify import autotune_memory, triton_warm
-from mkevolve.verify.harness import REPORT_FILE, Call, CandidateRequest, ConfigRun, violation_from_json
+from mkevolve.verify.harness import (GPU_MEMORY_TAKEN, REPORT_FILE, Call, CandidateRequest, ConfigRun,
+                                    violation_from_json)
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
 from mkevolve.verify.reference import FIRST_SET, ReferenceSet
@@ -150,6 +151,8 @@ class CandidateReport:
     autotune_choices: dict[str, int] = field(default_factory=dict)  # its autotuners' choices (autotune_memory)
     # (config index, argument position): arguments the first call wrote into that the reference leaves alone
     changed_inputs: list[tuple[int, int]] = field(default_factory=list)
+    # its error is a CUDA out-of-memory error within its share of the GPU: other processes held the memory
+    gpu_memory_taken: bool = False
     _verified: dict[str, bytearray | None] | None = field(default=None, repr=False)
 
     def add_process_phases(self, called_at: float, ended_at: float) -> None:
@@ -208,7 +211,7 @@ def _read_checked(path: Path, digest: object) -> bytearray | None:
 
 
 _ERROR_STATUS = {"import": Status.COMPILE_ERROR, "compile": Status.COMPILE_ERROR,
-                 "build": Status.RUNTIME_ERROR, "runtime": Status.RUNTIME_ERROR}
+                 "build": Status.RUNTIME_ERROR, "runtime": Status.RUNTIME_ERROR, GPU_MEMORY_TAKEN: Status.RUNTIME_ERROR}
 
 
 def _forged(detail: str) -> Rejected:
@@ -239,6 +242,7 @@ def parse_report(body: dict) -> CandidateReport:
             clock=_clock(body.get("clock")),
             standby_clock=_clock(body.get("standby_clock")),
             changed_inputs=[(int(index), int(position)) for index, position in body["changed_inputs"]],
+            gpu_memory_taken=error is not None and error["kind"] == GPU_MEMORY_TAKEN,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise _forged(f"the report's fields do not parse ({type(err).__name__})") from None
@@ -283,9 +287,33 @@ def preload_for(problem: Path, candidate_dir: Path) -> list[str]:
     return [name for name in imported_modules(problem) if name in used]
 
 
+# A candidate that ran out of GPU memory other processes held (harness.failure_kind) runs again after a pause
+# that lets their candidates end: GPU_MEMORY_PAUSE_S, then twice that; after the last try it has no verdict.
+GPU_MEMORY_TRIES = 3
+GPU_MEMORY_PAUSE_S = 5.0
+
+
 def run_candidate_process(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
                           device: torch.device) -> CandidateReport:
-    """Start the candidate in a fresh process, wait for it, and read its signed report."""
+    """Start the candidate in a fresh process, wait for it, and read its signed report; again while the GPU's
+    memory was held by other processes (GPU_MEMORY_TRIES)."""
+    paused = 0.0
+    for attempt in range(1, GPU_MEMORY_TRIES + 1):
+        report = _run_once(request, references, plans, scratch, device)
+        if not report.gpu_memory_taken:
+            if paused:
+                report.phases["gpu_memory_wait"] = paused
+            return report
+        if attempt < GPU_MEMORY_TRIES:
+            (scratch / REPORT_FILE).unlink()
+            time.sleep(GPU_MEMORY_PAUSE_S * attempt)
+            paused += GPU_MEMORY_PAUSE_S * attempt
+    raise Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: in each of its {GPU_MEMORY_TRIES} tries the GPU's "
+                                   f"memory was held by other processes ({report.error.reason[:300]})")
+
+
+def _run_once(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
+              device: torch.device) -> CandidateReport:
     key = secrets.token_bytes(32)
     candidate = CandidateRequest(
         solution=str(Path(request.solution_path).resolve()),

@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -41,6 +42,7 @@ from mkevolve.workers import gpu_share, harden, wire
 from mkevolve.workers.pool import SHARERS_ENV
 
 REPORT_FILE = "report.json"
+GPU_MEMORY_TAKEN = "gpu_memory_taken"   # an error kind: out of GPU memory that other processes held
 _FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (60 MB on an H200)
 # Everything the harness calls after the candidate is imported, bound before (see the docstring).
 _perf_counter = time.perf_counter
@@ -134,6 +136,30 @@ class CandidateFailure(Exception):
         self.kind, self.message, self.line = kind, message, line
 
 
+# The fraction of the GPU's memory this process may use (standby sets it); its CUDA out-of-memory errors are
+# the candidate's own only when its allocation would have passed that share.
+_memory_share = 1.0
+_ALLOCATION = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB)")
+_UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def failure_kind(err: BaseException, kind: str) -> str:
+    """`kind`, or GPU_MEMORY_TAKEN for a CUDA out-of-memory error within this process's share: other
+    processes on the GPU held the memory (on an H100 shared by three runs, four of one run's candidates
+    failed so while their process held under 1 GB), which says nothing about the candidate."""
+    if not isinstance(err, torch.cuda.OutOfMemoryError) or not torch.cuda.is_initialized():
+        return kind
+    share = _memory_share * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return GPU_MEMORY_TAKEN if within_share(str(err), torch.cuda.memory_reserved(), share) else kind
+
+
+def within_share(message: str, reserved_bytes: int, share_bytes: float) -> bool:
+    """Whether the allocation an out-of-memory `message` names, added to what the process holds, fits its
+    share; False when the message names none."""
+    found = _ALLOCATION.search(message)
+    return found is not None and reserved_bytes + float(found[1]) * _UNIT_BYTES[found[2]] <= share_bytes
+
+
 # ---- entry point (called in the forked child by the zygote) -------------------------------------------
 
 
@@ -156,7 +182,9 @@ def standby() -> Standby:
     torch.cuda.init()
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
     # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
-    torch.cuda.set_per_process_memory_fraction(0.9 / sharers)
+    global _memory_share
+    _memory_share = 0.9 / sharers
+    torch.cuda.set_per_process_memory_fraction(_memory_share)
     triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()
@@ -483,7 +511,7 @@ def build(model_cls: type, init: list, request: CandidateRequest, device: torch.
     try:
         model = model_cls(*init).to(device)
     except Exception as err:
-        raise CandidateFailure("build", f"ModelNew(*get_init_inputs()) raised {_describe(err)}",
+        raise CandidateFailure(failure_kind(err, "build"), f"ModelNew(*get_init_inputs()) raised {_describe(err)}",
                                _solution_line(request.solution, err)) from None
     return model.eval() if request.eval_mode else model
 
@@ -506,7 +534,7 @@ def _forward(model, args: list, guard: RuntimeGuard | None, clock: "_GpuClock | 
             if guard is not None:
                 guard.__exit__(None, None, None)
     except Exception as err:
-        kind = "compile" if _is_compile_error(err) else "runtime"
+        kind = "compile" if _is_compile_error(err) else failure_kind(err, "runtime")
         located = _kernel_compile_error(err, solution)
         if located is not None:
             raise CandidateFailure(kind, *located) from None

@@ -1,0 +1,70 @@
+"""A candidate that runs out of GPU memory other processes hold is run again, not judged: the harness tells
+that case from a candidate past its own share (harness.failure_kind), and run_candidate_process pauses and
+tries again (candidate_run.GPU_MEMORY_TRIES)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mkevolve.verify import candidate_run, harness
+from mkevolve.verify.candidate_run import CandidateReport, parse_report
+from mkevolve.verify.result import CANDIDATE_NOT_STARTED, Rejected, Status
+
+MIB = 1 << 20
+OOM = ("CUDA out of memory. Tried to allocate 452.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
+       "428.75 MiB is free. Process 899 has 13.03 GiB memory in use.")
+
+
+@pytest.mark.parametrize("reserved_mib, share_mib, taken", [
+    (100, 1024, True),      # 100 + 452 MiB fit its share: the others held the GPU
+    (600, 1024, False),     # 600 + 452 MiB would pass its share: the candidate's own doing
+])
+def test_an_allocation_within_the_process_share_means_the_memory_was_taken(reserved_mib, share_mib, taken):
+    assert harness.within_share(OOM, reserved_mib * MIB, share_mib * MIB) is taken
+
+
+def test_an_out_of_memory_message_without_a_size_is_the_candidates_own():
+    assert not harness.within_share("CUDA out of memory.", 0, 1e12)
+    assert harness.failure_kind(ValueError("no"), "runtime") == "runtime"
+
+
+def _report(kind: str) -> dict:
+    return {"denials": [], "error": {"kind": kind, "message": OOM, "line": None}, "violations": [],
+            "launches": 0, "activities": [], "times_ms": [], "outputs": {}, "skipped": [], "changed_inputs": []}
+
+
+def test_the_report_says_so_and_the_verdict_would_still_be_a_runtime_error():
+    taken, own = parse_report(_report(harness.GPU_MEMORY_TAKEN)), parse_report(_report("runtime"))
+    assert taken.gpu_memory_taken and taken.error.status is Status.RUNTIME_ERROR
+    assert not own.gpu_memory_taken and own.error.status is Status.RUNTIME_ERROR
+
+
+def _fake_runs(monkeypatch, tmp_path: Path, taken: list[bool]) -> list[int]:
+    """run_candidate_process's single runs replaced: each writes a report, taken or not as listed."""
+    calls = []
+
+    def run_once(request, references, plans, scratch, device):
+        calls.append(1)
+        (scratch / harness.REPORT_FILE).write_text("{}")
+        return parse_report(_report(harness.GPU_MEMORY_TAKEN if taken[len(calls) - 1] else "runtime"))
+
+    monkeypatch.setattr(candidate_run, "_run_once", run_once)
+    monkeypatch.setattr(candidate_run.time, "sleep", lambda seconds: None)
+    return calls
+
+
+def test_a_candidate_whose_memory_was_taken_runs_again_after_pauses(monkeypatch, tmp_path):
+    calls = _fake_runs(monkeypatch, tmp_path, [True, True, False])
+    report: CandidateReport = candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
+    assert len(calls) == 3 and not report.gpu_memory_taken
+    assert report.phases["gpu_memory_wait"] == 3 * candidate_run.GPU_MEMORY_PAUSE_S
+
+
+def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
+    calls = _fake_runs(monkeypatch, tmp_path, [True] * candidate_run.GPU_MEMORY_TRIES)
+    with pytest.raises(Rejected) as stopped:
+        candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
+    assert len(calls) == candidate_run.GPU_MEMORY_TRIES
+    assert stopped.value.status is Status.NOT_RUN and stopped.value.reason.startswith(CANDIDATE_NOT_STARTED)
+    assert "held by other processes" in stopped.value.reason
