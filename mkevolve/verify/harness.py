@@ -58,6 +58,7 @@ _numel, _element_size = _TensorBase.numel, _TensorBase.element_size
 _no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
 _set_grad_enabled = torch._C._set_grad_enabled
 _EventBase = torch._C._CudaEventBase       # C methods: record(stream), synchronize(), elapsed_time(end)
+_OutOfMemoryError, _memory_reserved = torch.cuda.OutOfMemoryError, torch.cuda.memory_reserved
 _event_record, _event_sync, _event_elapsed = (getattr(_EventBase, name, None)  # None in CPU builds
                                               for name in ("record", "synchronize", "elapsed_time"))
 _cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # absent from CPU builds
@@ -136,9 +137,9 @@ class CandidateFailure(Exception):
         self.kind, self.message, self.line = kind, message, line
 
 
-# The fraction of the GPU's memory this process may use (standby sets it); its CUDA out-of-memory errors are
-# the candidate's own only when its allocation would have passed that share.
-_memory_share = 1.0
+# The bytes of GPU memory this process may use (standby sets them); its CUDA out-of-memory errors are the
+# candidate's own only when its allocation would have passed that share.
+_memory_share_bytes = 0.0
 _ALLOCATION = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB)")
 _UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
@@ -146,11 +147,15 @@ _UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 def failure_kind(err: BaseException, kind: str) -> str:
     """`kind`, or GPU_MEMORY_TAKEN for a CUDA out-of-memory error within this process's share: other
     processes on the GPU held the memory (on an H100 shared by three runs, four of one run's candidates
-    failed so while their process held under 1 GB), which says nothing about the candidate."""
-    if not isinstance(err, torch.cuda.OutOfMemoryError) or not torch.cuda.is_initialized():
+    failed so while their process held under 1 GB), which says nothing about the candidate. A candidate that
+    forges one gains only its own check run again (candidate_run.GPU_MEMORY_TRIES in all) and no verdict."""
+    if not _memory_share_bytes or not isinstance(err, _OutOfMemoryError):
         return kind
-    share = _memory_share * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return GPU_MEMORY_TAKEN if within_share(str(err), torch.cuda.memory_reserved(), share) else kind
+    try:
+        taken = within_share(str(err), _memory_reserved(), _memory_share_bytes)
+    except Exception:      # the candidate's own exception type, or a CUDA context it broke
+        return kind
+    return GPU_MEMORY_TAKEN if taken else kind
 
 
 def within_share(message: str, reserved_bytes: int, share_bytes: float) -> bool:
@@ -182,9 +187,9 @@ def standby() -> Standby:
     torch.cuda.init()
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
     # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
-    global _memory_share
-    _memory_share = 0.9 / sharers
-    torch.cuda.set_per_process_memory_fraction(_memory_share)
+    global _memory_share_bytes
+    torch.cuda.set_per_process_memory_fraction(0.9 / sharers)
+    _memory_share_bytes = 0.9 / sharers * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()
