@@ -115,3 +115,28 @@ def test_div_rounds_as_ieee_division_from_a_reciprocal_two_ulp_off(tmp_path, rec
     q = q.cpu()
     assert _ulps(q, n.double() / d.double()) <= 1.0
     assert float((q == n / d).double().mean()) >= 0.999       # PyTorch's IEEE quotient, nearly everywhere
+
+
+_SIGMOID_KERNEL = '''
+@triton.jit
+def sigmoid_kernel(x_ptr, y_ptr, size, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < size
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, {expression}, mask=mask)
+'''
+
+
+def test_sigmoid_keeps_a_nan_and_its_clamped_tail_is_within_2e_38_of_pytorchs(tmp_path):
+    """Its divisor 1 + exp(-x) is clamped so that `_div` never sees an infinite one; a plain tl.minimum would
+    have turned a NaN into that clamp and returned 1.6e-38 for it."""
+    from mkevolve.builtin.kernels.pointwise_ops import OPS
+
+    kernel = _SIGMOID_KERNEL.format(expression=OPS["sigmoid"].render(["x"], {}))
+    module = _helpers_module(tmp_path, "sigmoid_module", kernel, {"_div": HELPER_SOURCES["_div"]})
+    x = torch.tensor([float("nan"), float("-inf"), -100.0, -88.0, 0.0, 3.0, 100.0, float("inf")])
+    y = torch.empty(x.numel(), device=_DEVICE)
+    module.sigmoid_kernel[(1,)](x.to(_DEVICE), y, x.numel(), BLOCK=8)
+    y = y.cpu()
+    assert torch.isnan(y[0])
+    assert torch.allclose(y[1:], torch.sigmoid(x[1:]), rtol=1e-6, atol=2e-38)

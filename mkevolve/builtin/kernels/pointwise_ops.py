@@ -114,8 +114,9 @@ def _softplus(x, beta, threshold):
 
 _SQRT1_2 = "0.7071067811865476"
 # tl.sigmoid divides with `/`. Below -87 exp(-x) would overflow `_div`'s divisor: the result there is 1.6e-38
-# at most, where the exact one is smaller still.
-_SIGMOID = divide("1.0", "1.0 + tl.exp(tl.minimum(-({x}), 87.0))", normal_divisor=True)
+# at most, where the exact one is smaller still. The clamp keeps a NaN (tl.minimum alone returns 87 for it).
+_SIGMOID = divide("1.0", "1.0 + tl.exp(tl.minimum(-({x}), 87.0, propagate_nan=tl.PropagateNan.ALL))",
+                  normal_divisor=True)
 _SQRT_2_OVER_PI = "0.7978845608028654"
 
 
