@@ -98,9 +98,13 @@ def _log1p(t):
     "_mish": f'''@triton.jit
 def _mish(x):
     # x tanh(softplus x) = x n / (n + 2) with n = e (e + 2), e = exp(x), as tanh(log(1 + e)) = ((1 + e)^2 - 1) /
-    # ((1 + e)^2 + 1): one exp and one division, nothing cancels; past 20, tanh(softplus x) is 1 in fp32
+    # ((1 + e)^2 + 1): one exp and one division, nothing cancels; past 20, tanh(softplus x) is 1 in fp32.
+    # n is an fma with a zero addend because a GPU would otherwise fuse n + 2 into fma(e, e + 2, 2), which
+    # disagrees with the rounded n by up to half its ulp: n / (n + 2) then erred by an ulp of 1, and Mish by
+    # 1.4 times PyTorch's error (H100, scripts/probe_mish_gpu.py). Written as 1 - 2 / (n + 2), it made
+    # level2/87's convolution spill 40 bytes a thread.
     e = tl.exp(tl.minimum(x, 20.0))
-    n = e * (e + 2.0)
+    n = tl.fma(e, e + 2.0, 0.0)
     return tl.where(x > 20.0, x, x * {divide("n", "n + 2.0", normal_divisor=True)})
 ''',
     "_softplus": f'''@triton.jit
