@@ -331,9 +331,9 @@ def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> t
 
 def _outer_product_warps(tile: MatmulTile) -> int:
     """An outer-product tile's warps, at most one per 32 of its BLOCK_M positions. With more, ptxas (sm_90,
-    Triton 3.6 and 3.9) compiled level2/87's, 71's and 7's kernels to 32 registers and 1 to 5 KB of stack a
-    thread (64x64 positions x channels on 4 warps, 128x64 on 8), where a warp per 32 positions needed 110 to
-    224 registers and no stack."""
+    Triton 3.6) compiled level2/87's, 71's and 7's kernels to 32 registers and 1 to 5 KB of stack a thread
+    (64x64 positions x channels on 4 warps, 128x64 on 8), where a warp per 32 positions needed 110 to 224
+    registers and no stack."""
     return max(1, min(tile.warps, tile.block_m // 32))
 
 
