@@ -2,8 +2,6 @@
 that case from a candidate past its own share (harness.failure_kind), and run_candidate_process pauses and
 tries again (candidate_run.GPU_MEMORY_TRIES)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -40,7 +38,7 @@ def test_the_report_says_so_and_the_verdict_would_still_be_a_runtime_error():
     assert not own.gpu_memory_taken and own.error.status is Status.RUNTIME_ERROR
 
 
-def _fake_runs(monkeypatch, tmp_path: Path, taken: list[bool]) -> list[int]:
+def _fake_runs(monkeypatch, taken: list[bool]) -> list[int]:
     """run_candidate_process's single runs replaced: each writes a report, taken or not as listed."""
     calls = []
 
@@ -55,14 +53,14 @@ def _fake_runs(monkeypatch, tmp_path: Path, taken: list[bool]) -> list[int]:
 
 
 def test_a_candidate_whose_memory_was_taken_runs_again_after_pauses(monkeypatch, tmp_path):
-    calls = _fake_runs(monkeypatch, tmp_path, [True, True, False])
+    calls = _fake_runs(monkeypatch, [True, True, False])
     report: CandidateReport = candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
     assert len(calls) == 3 and not report.gpu_memory_taken
     assert report.phases["gpu_memory_wait"] == 3 * candidate_run.GPU_MEMORY_PAUSE_S
 
 
 def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
-    calls = _fake_runs(monkeypatch, tmp_path, [True] * candidate_run.GPU_MEMORY_TRIES)
+    calls = _fake_runs(monkeypatch, [True] * candidate_run.GPU_MEMORY_TRIES)
     with pytest.raises(Rejected) as stopped:
         candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
     assert len(calls) == candidate_run.GPU_MEMORY_TRIES

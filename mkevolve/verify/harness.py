@@ -188,8 +188,9 @@ def standby() -> Standby:
     sharers = max(1, int(os.environ.get(SHARERS_ENV, "1")))
     # A candidate may use its worker's part of the GPU's memory, so a runaway one fails alone.
     global _memory_share_bytes
-    torch.cuda.set_per_process_memory_fraction(0.9 / sharers)
-    _memory_share_bytes = 0.9 / sharers * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    share = 0.9 / sharers
+    torch.cuda.set_per_process_memory_fraction(share)
+    _memory_share_bytes = share * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()

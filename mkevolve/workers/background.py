@@ -16,13 +16,12 @@ _importing: list[threading.Thread] = []
 _lock = threading.Lock()
 
 
-def import_in_background(name: str, target) -> threading.Thread:
+def import_in_background(name: str, target) -> None:
     """Run `target` (which imports) in a daemon thread named `name`; the worker's next job waits for it."""
     thread = threading.Thread(target=target, name=name, daemon=True)
     with _lock:
         _importing.append(thread)
     thread.start()
-    return thread
 
 
 def wait_for_imports() -> None:

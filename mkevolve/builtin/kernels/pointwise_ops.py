@@ -27,8 +27,8 @@ def divide(a: str, b: str, normal_divisor: bool = False) -> str:
 
     Where the caller knows the divisor finite and normal (at least 2^-126 in magnitude) and the quotient finite
     (`normal_divisor`), `_div` divides: IEEE division keeps a slow path for subnormal operands as a subroutine
-    call, and a call in a kernel that holds a tf32x3 accumulator makes ptxas spill around it (level2/87's
-    128x64 convolution tile with Mish: 216 bytes of stack a thread, none with `_div`; Triton 3.6, sm_90).
+    call, and a call in a kernel that holds a convolution's accumulator makes ptxas spill around it (level2/87's
+    128x64 outer-product convolution tile with Mish: 216 bytes of stack a thread, none with `_div`; Triton 3.6, sm_90).
 
     tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
     (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
@@ -64,7 +64,7 @@ def _horner_lines(coefficients: tuple[Fraction, ...], var: str, out: str, indent
 # below, 1.8 ulp, the rest from exp. Mish, x tanh(softplus x), erred by 1.26e-06 composed of those and log(1 + t)
 # (which drops t's low bits where t = exp(-|x|) is small), against PyTorch's 6.84e-07; written as below, 6.85e-07
 # (tests/test_pointwise_accuracy.py). _mish also keeps a convolution's epilogue small: composed, the extra
-# temporaries made level2/87's tf32x3 kernel spill registers.
+# temporaries made level2/87's convolution kernel spill registers.
 HELPER_SOURCES: dict[str, str] = {
     "_div": '''@triton.jit
 def _div(n, d):
