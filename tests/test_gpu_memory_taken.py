@@ -66,3 +66,29 @@ def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
     assert len(calls) == candidate_run.GPU_MEMORY_TRIES
     assert stopped.value.status is Status.NOT_RUN and stopped.value.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "held by other processes" in stopped.value.reason
+
+
+def _failed_load(monkeypatch, reserved_mib: int, share_mib: int) -> harness.CandidateFailure:
+    """harness.load_inputs when copying the inputs to the GPU runs out of memory (the OOM message above)."""
+    def load_config(config, device):
+        raise torch.cuda.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(harness, "load_config", load_config)
+    monkeypatch.setattr(harness, "_memory_share_bytes", share_mib * MIB)
+    monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
+    request = harness.CandidateRequest(solution="s.py", candidate_dir=".", scratch=".", key="", device="cuda",
+                                       eval_mode=False, construct_seed=0, configs=[harness.ConfigRun("i.bin")])
+    with pytest.raises(harness.CandidateFailure) as failed:
+        harness.load_inputs(request)
+    return failed.value
+
+
+def test_inputs_that_do_not_load_are_tried_again_or_get_no_verdict(monkeypatch):
+    """On an H100 shared by three runs, two candidates of one crashed while their harness copied the inputs to
+    the GPU, before any of their code ran (exit code 70, no report)."""
+    taken = _failed_load(monkeypatch, reserved_mib=100, share_mib=1024)
+    assert taken.kind == harness.GPU_MEMORY_TAKEN and "loading the inputs" in taken.message
+    too_big = _failed_load(monkeypatch, reserved_mib=900, share_mib=1024)
+    assert too_big.kind == harness.SETUP_FAILED
+    verdict = parse_report(_report(harness.SETUP_FAILED)).error
+    assert verdict.status is Status.NOT_RUN and verdict.reason.startswith(CANDIDATE_NOT_STARTED)

@@ -26,8 +26,8 @@ from mkevolve.pysource import parse_python
 from mkevolve.verify.candidate_zygote import FIRST_USE_IMPORTS, forget_zygote, running_zygote, warm_dir
 from mkevolve.verify.cheating import Rule, Violation
 from mkevolve.verify import autotune_memory, triton_warm
-from mkevolve.verify.harness import (GPU_MEMORY_TAKEN, REPORT_FILE, Call, CandidateRequest, ConfigRun,
-                                    violation_from_json)
+from mkevolve.verify.harness import (GPU_MEMORY_TAKEN, REPORT_FILE, SETUP_FAILED, Call, CandidateRequest,
+                                    ConfigRun, violation_from_json)
 from mkevolve.verify.kernel_audit import (DeviceActivity, accepted_triton_kernels, activity_violations,
                                           compiled_precision_violations, triton_kernel_names)
 from mkevolve.verify.reference import FIRST_SET, ReferenceSet
@@ -211,7 +211,8 @@ def _read_checked(path: Path, digest: object) -> bytearray | None:
 
 
 _ERROR_STATUS = {"import": Status.COMPILE_ERROR, "compile": Status.COMPILE_ERROR,
-                 "build": Status.RUNTIME_ERROR, "runtime": Status.RUNTIME_ERROR, GPU_MEMORY_TAKEN: Status.RUNTIME_ERROR}
+                 "build": Status.RUNTIME_ERROR, "runtime": Status.RUNTIME_ERROR, GPU_MEMORY_TAKEN: Status.RUNTIME_ERROR,
+                 SETUP_FAILED: Status.NOT_RUN}
 
 
 def _forged(detail: str) -> Rejected:
@@ -225,7 +226,10 @@ def parse_report(body: dict) -> CandidateReport:
         error = body.get("error")
         failure = None
         if error is not None:
-            failure = Rejected(_ERROR_STATUS[error["kind"]], str(error["message"])[:1000],
+            message = str(error["message"])[:1000]
+            if error["kind"] == SETUP_FAILED:      # no verdict: none of the candidate's code ran
+                message = f"{CANDIDATE_NOT_STARTED}: {message}"
+            failure = Rejected(_ERROR_STATUS[error["kind"]], message,
                                error["line"] if isinstance(error.get("line"), int) else None)
         return CandidateReport(
             denials=[str(d)[:500] for d in body["denials"]],

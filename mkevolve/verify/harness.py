@@ -43,6 +43,7 @@ from mkevolve.workers.pool import SHARERS_ENV
 
 REPORT_FILE = "report.json"
 GPU_MEMORY_TAKEN = "gpu_memory_taken"   # an error kind: out of GPU memory that other processes held
+SETUP_FAILED = "setup"                   # an error kind: the harness failed before the candidate's code ran
 _FLUSH_BYTES = 256 << 20                   # larger than any current GPU's L2 (60 MB on an H200)
 # Everything the harness calls after the candidate is imported, bound before (see the docstring).
 _perf_counter = time.perf_counter
@@ -206,7 +207,12 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
                     "skipped": [], "activities": [], "denials": [], "phases": {}, "changed_inputs": []}
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
-        loaded = [load_config(config, request.device) for config in request.configs]
+        try:
+            loaded = load_inputs(request)
+        except CandidateFailure as failure:
+            report["error"] = {"kind": failure.kind, "message": failure.message, "line": None}
+            write_report(request, report, key)
+            return 0
         fp32_strict()  # as the reference ran: PyTorch code a solution keeps must not run in TF32
         strict = _precision_state()
         launchers = triton_warm.record_launchers() if request.device == "cuda" else []
@@ -307,6 +313,17 @@ def import_candidate(path: str) -> type:
 
 
 # ---- one configuration: build, then the calls in the order the trusted side chose ------------------------
+
+
+def load_inputs(request: CandidateRequest) -> list[tuple[list, dict[str, list]]]:
+    """Every config's constructor arguments and inputs, on the request's device. No code of the candidate has
+    run yet, so running out of GPU memory here is never its doing: other processes held the memory
+    (GPU_MEMORY_TAKEN: tried again), or the inputs alone pass this process's share (SETUP_FAILED)."""
+    try:
+        return [load_config(config, request.device) for config in request.configs]
+    except _OutOfMemoryError as err:
+        raise CandidateFailure(failure_kind(err, SETUP_FAILED),
+                               f"loading the inputs ran out of GPU memory: {_describe(err)}") from None
 
 
 def load_config(config: ConfigRun, device: str) -> tuple[list, dict[str, list]]:
