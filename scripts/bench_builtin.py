@@ -408,9 +408,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", nargs="*", type=Path, help="verify these problem files instead of the suite")
     parser.add_argument("--unroll-limit", type=int, help="generate outer-product convolutions with this many "
                         "(tap, channel) steps unrolled at most (emit_conv._MAX_UNROLLED_STEPS) instead of the default")
-    parser.add_argument("--tf32x3-channels", type=int, help="generate convolutions with at least this many input "
-                        "channels per group as implicit GEMMs under tf32x3 (emit_conv._MIN_TF32X3_CHANNELS) instead "
-                        "of the default")
     parser.add_argument("--eval", action="store_true", help="with --check: compare in eval mode (dropout off, "
                                                             "BatchNorm running statistics)")
     args = parser.parse_args(argv)
@@ -420,16 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     fp32_strict()
     if args.unroll_limit is not None:
         emit_conv._MAX_UNROLLED_STEPS = args.unroll_limit
-    if args.tf32x3_channels is not None:
-        emit_conv._MIN_TF32X3_CHANNELS = args.tf32x3_channels
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda,
               "peaks": {"fp32_flops": H200.fp32_flops_per_s, "bytes_per_s": H200.bytes_per_s},
               "timing": {"warmup": WARMUP_RUNS, "runs": TIMED_RUNS, "how": "verify.timing.time_forward",
                          "paired_rounds": PAIRED_ROUNDS},
-              "outer_product_unroll_limit": emit_conv._MAX_UNROLLED_STEPS,
-              "tf32x3_min_channels": emit_conv._MIN_TF32X3_CHANNELS}
+              "outer_product_unroll_limit": emit_conv._MAX_UNROLLED_STEPS}
     with tempfile.TemporaryDirectory(prefix="bench_builtin_") as tmp:
         workdir = Path(tmp)
         if args.check:

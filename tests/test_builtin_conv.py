@@ -137,17 +137,6 @@ def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):
     assert "acc += a[:, None] * b[None, :]" in generated[0].source
 
 
-def test_tf32x3_takes_eight_input_channels_to_tensor_cores(tmp_path):
-    """8 channels x 27 taps (level2/7's conv3d): the ieee variants keep exact fp32 outer products, tf32x3 makes
-    an implicit GEMM whose 16-deep steps span two taps."""
-    path = _problem(tmp_path, "conv3d_8ch_rolled")
-    generated = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
-    by_precision = {g.precision: g.source for g in generated}
-    assert set(by_precision) == {"none", "tf32x3"}
-    assert "# Outer-product" in by_precision["none"] and "tl.dot(" not in by_precision["none"]
-    assert "# Implicit-GEMM" in by_precision["tf32x3"] and "kk = k0 + tl.arange" in by_precision["tf32x3"]
-
-
 def test_an_outer_product_over_many_steps_keeps_its_outer_tap_loops_rolled(tmp_path):
     """Unrolled whole, 216 steps took 40 s to compile per tile config. The outer tap loops stay loops and the
     inner ones and the channel loop are unrolled, so each iteration's body is long (8 x 3 steps here);

@@ -88,14 +88,13 @@ def test_no_module_but_the_registry_switches_on_a_kind_name():
 
 
 def test_uses_dot_follows_the_template():
-    """GEMMs and attention always call tl.dot; a convolution only as an implicit GEMM, which tf32x3 makes of
-    conv2d_bias_relu's 8 input channels and ieee does not."""
-    for stem, ieee, tf32x3 in [("linear_gelu", True, True), ("softmax", False, False),
-                               ("conv2d_bias_relu", False, True), ("conv_transpose2d", True, True)]:
+    """GEMMs and attention always call tl.dot; a convolution only as an implicit GEMM."""
+    for stem, uses_dot in [("linear_gelu", True), ("softmax", False), ("conv2d_bias_relu", False),
+                           ("conv_transpose2d", True)]:
         analysis = analyse(TESTS / "subproblems" / f"{stem}.py")
-        assert (analysis.uses_dot("ieee"), analysis.uses_dot("tf32x3"), analysis.uses_dot()) == (ieee, tf32x3, tf32x3)
+        assert analysis.uses_dot is uses_dot, stem
         kernels = [k for plan in analysis.plans.values() for k in plan.kernels]
-        assert any(kind_of(k).kernel_uses_dot(k, "ieee") for k in kernels) is ieee, stem
+        assert any(kind_of(k).kernel_uses_dot(k) for k in kernels) is uses_dot
 
 
 # --- the work the self-check counts ------------------------------------------------------------------------

@@ -104,10 +104,6 @@ CPU_VARIANTS = (
 )
 
 TARGETS = {"cuda": CUDA_VARIANTS, "cpu": CPU_VARIANTS}
-# The tl.dot precision under which the most kernels call tl.dot: tf32x3 also takes convolutions of 8 to 15 input
-# channels per group to tensor cores (emit_conv). A subproblem none of whose kernels calls tl.dot under it has no
-# precision variants.
-MOST_DOT = "tf32x3"
 
 
 def variants_for(target: str, uses_dot: bool, winograd: bool = False) -> tuple[Variant, ...]:

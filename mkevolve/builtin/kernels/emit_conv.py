@@ -1,6 +1,6 @@
 """Convolutions (1-3 spatial dims, strided, padded, dilated, grouped, transposed) with a fused epilogue.
 
-Three templates, chosen per instance shape and the variant's tl.dot precision (`instance_templates`).
+Three templates, chosen per instance shape (`instance_templates`).
 
 Implicit GEMM, on tensor cores through tl.dot: for one group, C[M, N] = A[M, K] @ B[K, N] with
 M = output positions (batch and spatial), N = output channels and K = (kernel tap, input channel).
@@ -15,9 +15,11 @@ masking the others.
 
 Outer products, for forward convolutions with fewer than 16 input channels per group (an RGB or
 8-channel input, where most tl.dot lanes would be padding): the same output tile, accumulated in
-exact fp32 as one masked column of x times one row of w per (tap, channel). Under tf32x3 an instance
-with 8 to 15 channels per group is an implicit GEMM whose steps span taps instead: half of each
-16-deep step is one tap's channels, and the tensor cores still do more than fp32 FMAs.
+exact fp32 as one masked column of x times one row of w per (tap, channel). Made an implicit GEMM instead,
+with tf32x3 steps spanning taps, such convolutions ran slower on an H100 at KernelBench's shapes, though
+2 to 3 times more accurately: 1.27x the outer products' time at 8 channels (level2/67 and 87's conv2d), 1.47x
+(level2/7's conv3d), 1.7 to 2.7x at 3 channels (scripts/results/bench_builtin_small_channel_tf32x3_h100_*.json,
+measured with commit cf1d488's bench_builtin.py --tf32x3-channels 3).
 
 Direct: one program per BLOCK output elements, each summing its window with FMAs; used when a group
 has too few output channels for a tile (depthwise convolutions) and for transposed convolutions
@@ -61,7 +63,6 @@ from .signature import KernelParam, constexpr, signature
 _MIN_DOT_N = 8       # output channels per group below which a tl.dot tile is mostly padding
 _MIN_DOT_K = 16      # (taps x input channels) per group below which the same holds for K
 MIN_TILE = 16       # smallest tl.dot tile side
-_MIN_TF32X3_CHANNELS = 8   # input channels per group from which tf32x3 takes a convolution to tl.dot
 _MAX_BLOCK_K = 64
 # (tap, channel) steps an outer-product kernel unrolls inside its rolled tap loops. Unrolling all 216 steps
 # of a 3x3x3 conv3d of 8 channels took 40 s to compile for sm_90 per tile config on a 2-core CPU; with at
@@ -141,20 +142,12 @@ class ConvTemplate(Enum):
 _DOT_TEMPLATES = (ConvTemplate.IMPLICIT_GEMM, ConvTemplate.IMPLICIT_GEMM_SPANNING)
 
 
-def _min_dot_channels(precision: str) -> int:
-    """Input channels per group from which a forward convolution is an implicit GEMM. Under ieee tl.dot runs
-    as fp32 FMAs, no faster than outer products, so it takes only whole 16-deep steps of a tap's channels;
-    tf32x3's tensor cores do three products per element and still outrun fp32 FMAs with half of each
-    step one tap's channels and half the next tap's (level2/7: 8 channels, 3x3x3 taps)."""
-    return _MIN_TF32X3_CHANNELS if precision == "tf32x3" else MIN_TILE
-
-
-def _instance_template(c_in_g: int, c_out_g: int, reduction: int, precision: str) -> ConvTemplate:
+def _instance_template(c_in_g: int, c_out_g: int, reduction: int) -> ConvTemplate:
     """The template of one forward-convolution instance (see the module docstring). `_dispatch_test`
     writes the same rule into a launcher: keep the two together."""
     if c_out_g < _MIN_DOT_N or reduction < _MIN_DOT_K:
         return ConvTemplate.DIRECT
-    if c_in_g < _min_dot_channels(precision):
+    if c_in_g < MIN_TILE:
         return ConvTemplate.OUTER_PRODUCT
     return ConvTemplate.IMPLICIT_GEMM if c_in_g % MIN_TILE == 0 else ConvTemplate.IMPLICIT_GEMM_SPANNING
 
@@ -167,17 +160,16 @@ def _transposed_template(conv: Conv) -> ConvTemplate:
     return ConvTemplate.IMPLICIT_GEMM if _tap_per_block(conv) else ConvTemplate.IMPLICIT_GEMM_SPANNING
 
 
-def instance_templates(conv: Conv, precision: str) -> list[ConvTemplate]:
-    """The template of each input config under a variant's tl.dot precision."""
+def instance_templates(conv: Conv) -> list[ConvTemplate]:
+    """The template of each input config."""
     if conv.transposed:
         return [_transposed_template(conv)] * len(conv.groups)
-    return [_instance_template(c_in, c_out, reduction, precision)
+    return [_instance_template(c_in, c_out, reduction)
             for (c_in, c_out), reduction in zip(_instance_channels(conv), _reductions(conv))]
 
 
-def conv_uses_dot(conv: Conv, precision: str) -> bool:
-    """Whether a variant of this tl.dot precision computes some instance with tl.dot."""
-    return any(t in _DOT_TEMPLATES for t in instance_templates(conv, precision))
+def conv_uses_dot(conv: Conv) -> bool:
+    return any(t in _DOT_TEMPLATES for t in instance_templates(conv))
 
 
 def conv_flops(conv: Conv, config: int) -> int:
@@ -190,7 +182,7 @@ def conv_flops(conv: Conv, config: int) -> int:
 
 
 def emit_conv(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    configs = _configs_by_template(kernel.anchor, variant.precision)
+    configs = _configs_by_template(kernel.anchor)
     if len(configs) == 1:
         return _emit_template(kernel, name, variant, program, next(iter(configs)))
     return _emit_dispatch(kernel, name, variant, program, configs)
@@ -790,9 +782,9 @@ _SUFFIXES = {ConvTemplate.DIRECT: "direct", ConvTemplate.OUTER_PRODUCT: "outer",
              ConvTemplate.IMPLICIT_GEMM: "gemm", ConvTemplate.IMPLICIT_GEMM_SPANNING: "gemm_spanning"}
 
 
-def _configs_by_template(conv: Conv, precision: str) -> dict[ConvTemplate, list[int]]:
+def _configs_by_template(conv: Conv) -> dict[ConvTemplate, list[int]]:
     """The input configs each template serves, in the order a dispatching launcher tests them."""
-    templates = instance_templates(conv, precision)
+    templates = instance_templates(conv)
     return {t: [c for c, own in enumerate(templates) if own is t] for t in _SUFFIXES if t in templates}
 
 
@@ -809,14 +801,14 @@ def _for_configs(kernel: KernelPlan, configs: list[int]) -> KernelPlan:
     return replace(kernel, anchor=anchor)
 
 
-def _dispatch_test(template: ConvTemplate, conv: Conv, precision: str) -> str:
+def _dispatch_test(template: ConvTemplate, conv: Conv) -> str:
     """The launcher's test that sends an instance to `template`'s kernel: the rule of `_instance_template`
     over the launcher's C_in_g, C_out_g and taps, tested in `_SUFFIXES` order. The per-tap implicit GEMM
     asks for channels that its deepest BLOCK_K divides, which every instance it was made for has."""
     return {ConvTemplate.DIRECT: f"C_out_g < {_MIN_DOT_N} or C_in_g * taps < {_MIN_DOT_K}",
-            ConvTemplate.OUTER_PRODUCT: f"C_in_g < {_min_dot_channels(precision)}",
+            ConvTemplate.OUTER_PRODUCT: f"C_in_g < {MIN_TILE}",
             ConvTemplate.IMPLICIT_GEMM: f"C_in_g % {_per_tap_block_k(conv)} == 0",
-            ConvTemplate.IMPLICIT_GEMM_SPANNING: f"C_in_g >= {_min_dot_channels(precision)}"}[template]
+            ConvTemplate.IMPLICIT_GEMM_SPANNING: f"C_in_g >= {MIN_TILE}"}[template]
 
 
 def _emit_dispatch(kernel: KernelPlan, name: str, variant: Variant, program: Program,
@@ -834,7 +826,7 @@ def _emit_dispatch(kernel: KernelPlan, name: str, variant: Variant, program: Pro
              f"C_in_g = {w}.shape[1]", f"C_out_g = {w}.shape[0] // ({x}.shape[1] // C_in_g)",
              f"taps = {w}.shape[2:].numel()"]
     for template, part in parts.items():
-        lines += [f"if {_dispatch_test(template, restricted[template].anchor, variant.precision)}:",
+        lines += [f"if {_dispatch_test(template, restricted[template].anchor)}:",
                   f"    return {part.launcher_name}({params})"]
     lines.append(f'raise ValueError(f"{name}: no kernel of this file takes {{C_in_g}} input channels per group")')
     launcher = "\n\n\n".join([p.launcher.rstrip() for p in parts.values()]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mkevolve.problem import ProblemError, load_problem
 
-from .configs import MOST_DOT, Variant, variants_for
+from .configs import Variant, variants_for
 from .emit_common import KernelSource
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .kernel_plan import KernelPlan
@@ -38,10 +38,9 @@ class Analysis:
     plans: dict[str, Plan]               # per module mode (train, eval) that gets kernels
     unsupported: dict[str, str]          # per module mode that cannot: the reason
 
-    def uses_dot(self, precision: str = MOST_DOT) -> bool:
-        """Some kernel calls tl.dot under a variant of this precision. Under MOST_DOT when some variant
-        does: the precision variants then differ."""
-        return any(uses_dot(k, precision) for p in self.plans.values() for k in p.kernels)
+    @property
+    def uses_dot(self) -> bool:
+        return any(uses_dot(k) for p in self.plans.values() for k in p.kernels)
 
     @property
     def winograd(self) -> bool:
@@ -79,8 +78,8 @@ def analyse(problem_path: str | Path) -> Analysis:
     return _CACHE[key]
 
 
-def uses_dot(kernel: KernelPlan, precision: str) -> bool:
-    return kind_of(kernel).kernel_uses_dot(kernel, precision)
+def uses_dot(kernel: KernelPlan) -> bool:
+    return kind_of(kernel).kernel_uses_dot(kernel)
 
 
 def emit_kernel(kernel: KernelPlan, name: str, variant: Variant, plan_: Plan) -> KernelSource:
@@ -92,7 +91,7 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
     analysis = analyse(problem_path)
     if mode in analysis.unsupported:
         raise UnsupportedSubproblem(analysis.unsupported[mode])
-    variants = variants_for(target, analysis.uses_dot(), analysis.winograd)
+    variants = variants_for(target, analysis.uses_dot, analysis.winograd)
     if not 0 <= variant < len(variants):
         raise ValueError(f"variant {variant} out of range: this subproblem has {len(variants)} variants "
                          f"for target {target!r}")
@@ -111,10 +110,10 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
         forwards = forwards[:1]
     kernels = list(sources.values())
     description = "; ".join(dict.fromkeys(k.description for k in kernels)) + f" [{chosen.name}]"
-    check = main_block(analysis.problem.stem, analysis.work(), metric_for(analysis.uses_dot(chosen.precision)))
+    check = main_block(analysis.problem.stem, analysis.work(), metric_for(analysis.uses_dot))
     plain_attributes = list(dict.fromkeys(a for p in analysis.plans.values() for a in p.program.plain_attributes))
     text = assemble(analysis.problem, kernels, forwards, description, check, plain_attributes)
-    precision = chosen.precision if analysis.uses_dot(chosen.precision) else "none"
+    precision = chosen.precision if analysis.uses_dot else "none"
     return GeneratedKernel(text, precision, variant, description)
 
 
@@ -137,7 +136,7 @@ def _named(kernel: KernelPlan, variant: Variant, plan_: Plan, sources: dict[str,
 
 def variant_total(problem_path: str | Path, target: str) -> int:
     analysis = analyse(problem_path)
-    return len(variants_for(target, analysis.uses_dot(), analysis.winograd))
+    return len(variants_for(target, analysis.uses_dot, analysis.winograd))
 
 
 __all__ = ["GeneratedKernel", "UnsupportedSubproblem", "analyse", "generate", "variant_total"]

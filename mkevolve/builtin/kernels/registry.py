@@ -54,12 +54,8 @@ def _never(anchor: Value | None) -> bool:
     return False
 
 
-def _always_dot(anchor: Value | None, precision: str) -> bool:
+def _always(anchor: Value | None) -> bool:
     return True
-
-
-def _no_dot(anchor: Value | None, precision: str) -> bool:
-    return False
 
 
 def _no_flops(anchor: Value | None, config: int) -> int:
@@ -87,14 +83,13 @@ class KernelKind:
                                         # pointwise and rows, formed around elementwise values and reductions)
     takes_epilogue: bool = False        # an anchor met inside an elementwise kernel becomes that kernel's
                                         # anchor, the elementwise values after it its epilogue
-    uses_dot: Callable[[Value | None, str], bool] = _no_dot  # the anchor's code calls tl.dot under a variant of
-                                                             # this tl.dot precision: precision variants
+    uses_dot: Callable[[Value | None], bool] = _never    # the anchor's code calls tl.dot: precision variants
     flops: Callable[[Value | None, int], int] = _no_flops  # the anchor's FLOPs under input config c (2 per
                                                           # multiply-add); elementwise work is not counted
     winograd: Callable[[Value | None], bool] = _never    # a Winograd variant emits the anchor otherwise
 
-    def kernel_uses_dot(self, kernel: KernelPlan, precision: str) -> bool:
-        return self.uses_dot(kernel.anchor, precision)
+    def kernel_uses_dot(self, kernel: KernelPlan) -> bool:
+        return self.uses_dot(kernel.anchor)
 
     def kernel_flops(self, kernel: KernelPlan, config: int) -> int:
         return self.flops(kernel.anchor, config) if kernel.anchor is not None else 0
@@ -106,14 +101,13 @@ ROWS = KernelKind("rows", emit_rows)
 KINDS: tuple[KernelKind, ...] = (
     POINTWISE,
     ROWS,
-    KernelKind("matmul", emit_matmul, Matmul, takes_epilogue=True, uses_dot=_always_dot, flops=matmul_flops),
-    # the implicit-GEMM template calls tl.dot; direct and outer-product convolutions do not (which one a
-    # convolution gets can depend on the precision: emit_conv.instance_templates)
+    KernelKind("matmul", emit_matmul, Matmul, takes_epilogue=True, uses_dot=_always, flops=matmul_flops),
+    # the implicit-GEMM template calls tl.dot; direct and outer-product convolutions do not
     KernelKind("conv", _emit_conv, Conv, takes_epilogue=True, uses_dot=conv_uses_dot, flops=conv_flops,
                winograd=_winograd_conv),
     KernelKind("pool", emit_pool, Pool, takes_epilogue=True),
     KernelKind("adaptive_pool", emit_adaptive_pool, AdaptivePool, takes_epilogue=True),
-    KernelKind("attention", emit_attention, Attention, uses_dot=_always_dot, flops=attention_flops),
+    KernelKind("attention", emit_attention, Attention, uses_dot=_always, flops=attention_flops),
     KernelKind("concat", emit_concat, Concat),
     KernelKind("gather", emit_gather, Gather),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
