@@ -159,6 +159,18 @@ def _cases() -> list[Case]:
                 return torch.relu(self.conv(x))
         ''', f"[torch.randn({n_}, {c}, {hw}, {hw})]", f"[{c}, {co}]"),
         2 * out * c * 9, f32 * (n_ * c * hw * hw + co * c * 9 + co + out)))
+    # level2/23's tail: a mean over a GroupNorm's whole groups, reduced with each group in the normalizing kernel
+    shape = (128, 24, 22, 30, 30)
+    numel = math.prod(shape)
+    cases.append(Case("groupnorm_mean__23", _problem('''
+        class Model(nn.Module):
+            def __init__(self, groups, channels):
+                super().__init__()
+                self.gn = nn.GroupNorm(groups, channels)
+
+            def forward(self, x):
+                return self.gn(x).mean(dim=[1, 2, 3, 4])
+        ''', f"[torch.randn{shape}]", f"[8, {shape[1]}]"), 8 * numel, f32 * (numel + 2 * shape[1] + shape[0])))
     cases += _kernelbench_conv_cases()
     return cases
 

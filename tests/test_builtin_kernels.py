@@ -70,7 +70,7 @@ def test_generated_kernel_matches_reference(stem, tmp_path):
     _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
 
 
-@pytest.mark.parametrize("stem", ["linear_gelu", "conv2d_bias_relu", "softmax", "groupnorm"])
+@pytest.mark.parametrize("stem", ["linear_gelu", "conv2d_bias_relu", "softmax", "groupnorm", "groupnorm_mean"])
 def test_every_variant_is_correct(stem, tmp_path):
     path = SUBPROBLEMS / f"{stem}.py"
     count = variant_count(path, TARGET)
@@ -79,6 +79,13 @@ def test_every_variant_is_correct(stem, tmp_path):
         generated = generate_kernel(path, variant, TARGET)
         assert generated.variant == variant
         _assert_matches(path, generated, tmp_path)
+
+
+def test_reductions_of_whole_groups_never_write_the_normalized_tensor():
+    """A mean (and a max) over a GroupNorm's groups reduces each group in the kernel that normalizes it, then
+    the groups: level2/23's and 27's GroupNorm had written the normalized tensor and re-read it for the mean."""
+    generated = generate_kernel(SUBPROBLEMS / "groupnorm_mean.py", 0, TARGET)
+    assert "row reduction" in generated.description and "(full rows)" not in generated.description
 
 
 def test_short_rows_go_several_to_a_program(tmp_path):

@@ -22,6 +22,7 @@ from .ir import (
     SizeOf,
     Value,
     View,
+    is_leaf,
 )
 from .pointwise_ops import OPS
 from .trace import TaggedFloat, TaggedInt
@@ -46,6 +47,39 @@ def normalize_dims(dims, rank: int) -> tuple[int, ...]:
         dims = (dims,)
     out = sorted({d % rank if rank else 0 for d in dims})
     return tuple(out)
+
+
+_RESHAPES = ("reshape", "view", "flatten")   # views that keep the elements' order
+
+
+def _mapped_run(x: Value, y: Value, run: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims of `y` holding what a run of dims of its reshape `x` holds, when the dims before and after the
+    run are the same in both under every input config; else None."""
+    tail = x.rank - run[-1] - 1
+    last = y.rank - tail - 1
+    if last < run[0]:
+        return None
+    for xs, ys in zip(x.shapes, y.shapes):
+        if xs[:run[0]] != ys[:run[0]] or xs[run[-1] + 1:] != ys[last + 1:]:
+            return None
+    return tuple(range(run[0], last + 1))
+
+
+def _row_run(y: Value, mapped: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims of a reduction `y` is computed from through elementwise ops, over a tensor of y's shape, when
+    they end the run `mapped`: the rows a kernel already reduces to compute y. None when there is none."""
+    stack, seen = [y], set()
+    while stack:
+        value = stack.pop()
+        if value.id in seen:
+            continue
+        seen.add(value.id)
+        if isinstance(value, Reduce):
+            if value.base.shapes == y.shapes and value.dims[-1] == mapped[-1] and value.dims[0] >= mapped[0]:
+                return value.dims
+        elif isinstance(value, Pointwise):
+            stack.extend(value.operands())
+    return None
 
 
 def adjacent_runs(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -129,11 +163,42 @@ class Builder:
         runs = adjacent_runs(dims)
         if correction and len(runs) > 1:
             raise UnsupportedSubproblem("variance with a correction over non-adjacent dims")
+        if len(runs) == 1 and not correction:
+            by_rows = self._reduce_by_rows(kind, x, runs[0])
+            if by_rows is not None:
+                return by_rows
         out = x
         for run in reversed(runs):
-            shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in out.shapes)
-            out = self.program.add(Reduce(shapes, kind=kind, base=out, dims=run, correction=correction))
+            out = self._reduce_run(kind, out, run, correction)
         return out
+
+    def _reduce_run(self, kind: str, x: Value, run: tuple[int, ...], correction: int = 0) -> Value:
+        shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in x.shapes)
+        return self.program.add(Reduce(shapes, kind=kind, base=x, dims=run, correction=correction))
+
+    def _reduce_by_rows(self, kind: str, x: Value, run: tuple[int, ...]) -> Value | None:
+        """A reduction over a reshape of a value computed from reductions over rows (a GroupNorm's output,
+        then a mean over channels and space): each row first, then the rest. The first joins the kernel that
+        reduces those rows, so the value never exists as a tensor: level2/23's and 27's GroupNorm wrote it and
+        a second kernel read it back, 5 passes over it where 3 remain. Sums, means, maxima and minima of
+        equal-size rows nest exactly. None when `x` is no such reshape."""
+        y = x
+        while isinstance(y, View) and y.method in _RESHAPES:   # a reshape of a reshape: of the first base
+            y = y.base
+        if y is x or is_leaf(y):
+            return None
+        mapped = _mapped_run(x, y, run)
+        rows = _row_run(y, mapped) if mapped else None
+        if rows is None:
+            return None
+        out = self._reduce_run(kind, y, rows)
+        if rows[0] > mapped[0]:
+            out = self._reduce_run(kind, out, tuple(range(mapped[0], rows[0])))
+        shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in x.shapes)
+        tail = x.rank - run[-1] - 1    # dims after the run: the same sizes in x and y
+        args = (tuple(self.size(out, d) for d in range(run[0])) + (1,) * len(run)
+                + tuple(self.size(out, y.rank - tail + i) for i in range(tail)))
+        return self.view(out, "reshape", args, shapes)
 
     def squeeze(self, x: Value, dims: tuple[int, ...]) -> Value:
         if not dims:

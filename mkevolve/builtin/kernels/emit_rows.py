@@ -276,7 +276,12 @@ class _BodyWriter:
         """Reductions before `stage` come from the partial buffer; `stage` itself is computed over this
         program's chunk (or, past the last reduction, the output is)."""
         body = ["s = tl.program_id(2)", "r_begin = s * CHUNK", "r_end = tl.minimum(r_begin + CHUNK, R)"]
-        for k, reduction in enumerate(self.kernel.reductions[:stage]):
+        reductions = self.kernel.reductions
+        computed = self.kernel.root if stage == len(reductions) else reductions[stage].base
+        read = _reductions_read(computed, {r.id for r in reductions}, {leaf.id for leaf in self.kernel.leaves})
+        for k, reduction in enumerate(reductions[:stage]):
+            if reduction.id not in read:     # e.g. a mean of a GroupNorm's output reads only its own partials
+                continue
             neutral = _INIT[reduction.kind]
             if self.layout.inner:
                 offsets = f"((({k} * O + o) * SPLIT + t[:, None]) * I + i[None, :])"
@@ -295,6 +300,22 @@ class _BodyWriter:
         body += [f"partial = {_FINAL[reduction.kind]}(acc{stage}, axis=0)",
                  f"tl.store(part_ptr + {self.layout.partial(str(stage), 's')}, partial{mask})"]
         return body, self.emitter.helpers
+
+
+def _reductions_read(value: Value, reductions: set[int], leaves: set[int]) -> set[int]:
+    """The kernel's reductions (by id) that computing `value` per row reads: those met through its operands
+    short of the kernel's tensor operands (`leaves`), or the value itself when it is one."""
+    read, stack, seen = set(), [value], set()
+    while stack:
+        v = stack.pop()
+        if v.id in seen:
+            continue
+        seen.add(v.id)
+        if v.id in reductions:
+            read.add(v.id)
+        elif v.id not in leaves:
+            stack.extend(v.operands())
+    return read
 
 
 def _scaled(reduction: Reduce, total: str) -> str:
