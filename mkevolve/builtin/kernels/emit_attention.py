@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .configs import Variant
-from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, helper_sources, indent,
+from .emit_common import (ExprEmitter, KernelSource, LauncherArg, Region, ScalarArgs, indent,
                           make_operands, output_param)
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Attention, IndexMask, Pointwise, Program, Value
@@ -42,7 +42,7 @@ def emit_attention(kernel: KernelPlan, name: str, variant: Variant, program: Pro
     operands = make_operands(kernel.leaves)
     q, kt, v = (operands[x.id].name for x in (anchor.q, anchor.kt, anchor.v))
     extras = [operands[x.id] for x in anchor.extras]
-    logits_lines, logits, indexer, scalars, helpers = _logits(anchor, operands)
+    logits_lines, logits, indexer, scalars = _logits(anchor, operands)
     tiles = _tiles(variant)
     params = (_pointers(kernel, operands) + [o.pointer("logits operand") for o in extras]
               + _SIZES_AND_STRIDES + indexer.kernel_signature() + scalars.kernel_signature() + _BLOCKS)
@@ -90,8 +90,7 @@ def emit_attention(kernel: KernelPlan, name: str, variant: Variant, program: Pro
 '''
     description = (f"fused {'causal ' if anchor.causal else ''}{anchor.normalize} attention "
                    f"({variant.precision} tl.dot, {tile_text})")
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(helpers), description=description)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=description)
 
 
 def attention_flops(anchor: Attention, config: int) -> int:
@@ -145,7 +144,7 @@ def _logits(anchor: Attention, operands):
     bound = {anchor.scores.id: "scores", **{m.id: _index_mask(m) for m in _index_masks(anchor.logits)}}
     region = Region(lines, mask="mask", indices=GroupIndices(indexer, flat, lines, "e"), bound=bound)
     logits = emitter.value(anchor.logits, region)
-    return lines, logits, indexer, scalars, emitter.helpers
+    return lines, logits, indexer, scalars
 
 
 def _index_masks(logits: Value) -> list[IndexMask]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, ScalarArgs, indent, make_operands
-from .emit_rows import ROW_WARPS_HELPER, split_lines
+from .emit_rows import split_lines
 from .indexing import GroupIndices, Indexer, Space
 from .ir import BatchStats, Program
 from .kernel_plan import KernelPlan
@@ -95,8 +95,7 @@ def emit_batch_stats(kernel: KernelPlan, name: str, variant: Variant, program: P
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     launcher = _launcher(name, indexer, x.name, [o.name for o in running], tensor_args + scalar_args, variant)
     what = "batch mean and variance per channel" + (" + running statistics" if updates else "")
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        {"_row_warps": ROW_WARPS_HELPER}, description=what)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=what)
 
 
 def _pass(indexer: Indexer, x, tag: str, update: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .indexing import GroupIndices, Indexer, Operand
 from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View
 from .kernel_plan import KernelPlan
-from .pointwise_ops import HELPER_SOURCES, OPS, literal
+from .pointwise_ops import OPS, literal
 from .signature import KernelParam, shape_text
 
 
@@ -29,7 +29,6 @@ class KernelSource:
     launcher_name: str
     args: list[LauncherArg]                     # in launcher order (after the optional output buffer)
     writes_into: bool = False                   # the launcher's first argument is the buffer to write
-    helpers: dict[str, str] = field(default_factory=dict)   # name -> source of functions the code calls
     description: str = ""
 
 
@@ -71,7 +70,6 @@ class ExprEmitter:
         self.indexer = indexer
         self.operands = operands
         self.scalars = scalars
-        self.helpers: set[str] = set()
         self._count = 0
 
     def fresh(self, stem: str = "v") -> str:
@@ -103,7 +101,6 @@ class ExprEmitter:
 
     def _pointwise(self, value: Pointwise, region: Region) -> str:
         op = OPS[value.op]
-        self.helpers |= set(op.helpers)
         args = [self.value(a, region) if isinstance(a, Value) else self.scalars.render(a) for a in value.args]
         attrs = {k: self.scalars.render(v) for k, v in value.attrs.items()}
         return op.render(args, attrs)
@@ -142,10 +139,6 @@ def output_param(kernel: KernelPlan, role: str) -> KernelParam:
     """`out_ptr`: its role, and the tensor the forward gets back (t<id>, or the buffer it writes into)."""
     name = attribute(kernel.target.path) if kernel.target is not None else f"t{kernel.root.id}"
     return KernelParam("out_ptr", role, detail=f"{name} {shape_text(kernel.root.shapes)}")
-
-
-def helper_sources(names: set[str]) -> dict[str, str]:
-    return {name: HELPER_SOURCES[name] for name in sorted(names)}
 
 
 def operand_name(value: Value, index: int) -> str:

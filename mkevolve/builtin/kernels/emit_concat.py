@@ -69,7 +69,7 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
 {indent(lines, 4)}
 '''
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {},
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False,
                         description=f"cat of {len(parts)} parts along dim {dim}")
 
 
@@ -121,7 +121,7 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 {indent(lines, 4)}
 '''
     what = "embedding lookup" if dim == 0 and anchor.table.rank == 2 else f"index_select along dim {dim}"
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {}, description=what)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, description=what)
 
 
 def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSource:
@@ -168,8 +168,7 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
 {indent(lines, 4)}
 '''
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, {},
-                        description=f"gather along dim {dim}")
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, description=f"gather along dim {dim}")
 
 
 def _flat_launch(call: str, variant: Variant) -> list[str]:

@@ -49,7 +49,6 @@ from .emit_common import (
     block_autotune,
     body_leaves,
     describe_body,
-    helper_sources,
     indent,
     make_operands,
     output_param,
@@ -653,8 +652,7 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     description = (f"{'implicit-GEMM' if dot else 'outer-product'} "
                    f"{'transposed convolution' if conv.transposed else 'convolution'}"
                    f"{' + ' + ops if ops else ''} ({how}, {tile_text(tiles, variant.autotune, dot)})")
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), description=description)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=description)
 
 
 def tile_text(tiles: tuple[MatmulTile, ...], autotune: bool, block_k: bool = True) -> str:
@@ -772,8 +770,7 @@ def _emit_direct(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
     description = f"direct {kind}{' + ' + ops if ops else ''} (FMA, no tl.dot)"
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), description=description)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=description)
 
 
 # -- per-instance dispatch --------------------------------------------------------------------------
@@ -836,4 +833,4 @@ def _emit_dispatch(kernel: KernelPlan, name: str, variant: Variant, program: Pro
                                                for t, p in parts.items())
     return KernelSource("\n\n\n".join(p.kernel.rstrip() for p in parts.values()) + "\n", launcher,
                         f"{name}_launch", args, False,
-                        {n: text for p in parts.values() for n, text in p.helpers.items()}, description=description)
+                        description=description)

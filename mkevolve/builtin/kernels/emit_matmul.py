@@ -13,7 +13,6 @@ from .emit_common import (
     ScalarArgs,
     body_leaves,
     describe_body,
-    helper_sources,
     indent,
     make_operands,
     output_param,
@@ -144,8 +143,7 @@ def emit_matmul(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 '''
     kind = "batched GEMM" if anchor.batched else "GEMM"
     description = f"{kind}{' + ' + ops if ops else ''} ({variant.precision} tl.dot, {tiles})"
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), description=description)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=description)
 
 
 def matmul_flops(anchor: Matmul, config: int) -> int:

@@ -11,7 +11,6 @@ from .emit_common import (
     ScalarArgs,
     block_autotune,
     describe_body,
-    helper_sources,
     indent,
     make_operands,
     output_param,
@@ -70,7 +69,7 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
 {indent(alloc + ["numel = out.numel()"] + strides + launch + ["return out"], 4)}
 '''
     return KernelSource(source, launcher, launcher_name, tensor_args + scalar_args, writes_into,
-                        helper_sources(emitter.helpers), description=f"elementwise {ops}")
+                        description=f"elementwise {ops}")
 
 
 # The kernel writes its output flat; a module tensor written in place is contiguous in every known problem.

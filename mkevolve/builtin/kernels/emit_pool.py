@@ -12,7 +12,6 @@ from .emit_common import (
     block_autotune,
     body_leaves,
     describe_body,
-    helper_sources,
     indent,
     make_operands,
     output_param,
@@ -158,7 +157,7 @@ def _emit(kernel: KernelPlan, name: str, variant: Variant, program: Program, ada
     launcher = f"def {name}_launch({', '.join(a.name for a in tensor_args + scalar_args)}):\n" \
                f"{indent(lines + ['return out'], 4)}\n"
     return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), description=f"{what} pool{' + ' + ops if ops else ''}")
+                        description=f"{what} pool{' + ' + ops if ops else ''}")
 
 
 def _geometry_params(spatial: int, adaptive: bool) -> list[KernelParam]:

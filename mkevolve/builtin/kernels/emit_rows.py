@@ -24,7 +24,6 @@ from .emit_common import (
     ScalarArgs,
     body_leaves,
     describe_body,
-    helper_sources,
     indent,
     make_operands,
     output_param,
@@ -140,7 +139,7 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     blocks = [constexpr("BLOCK_R", "row elements per step"), constexpr("BLOCK_I", "inner positions per program")]
     out = output_param(kernel, f"output {'[O, R, I]' if kernel.full_space else '[O, I]'}, contiguous")
     sources = []
-    for suffix, (lines, _) in bodies.items():
+    for suffix, lines in bodies.items():
         split, packing = suffix.startswith("_split"), suffix == "_packed"
         params = [out] + (_split_params(stages) if split else []) + (_packed_params() if packing else []) + (
             common + blocks)
@@ -148,8 +147,6 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         params += [constexpr("BLOCK_O", "rows per program")] if packing else []
         sources.append(_kernel_source(name + suffix, params, packed if packing else layout, lines,
                                       _how(suffix, stages)))
-    helpers = helper_sources(set().union(*(h for _, h in bodies.values())))
-    helpers["_row_warps"] = ROW_WARPS_HELPER
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     launcher = _launcher(name, kernel, indexer, tensor_args, scalar_args, layout, variant, packs)
@@ -158,7 +155,7 @@ def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     output = "full rows" if kernel.full_space else "reduced"
     description = f"row reduction {kinds} ({output}){' + ' + ops if ops else ''}"
     return KernelSource("\n\n".join(sources), launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helpers, description=description)
+                        description=description)
 
 
 def _split_params(stages: int) -> list[KernelParam]:
@@ -247,7 +244,7 @@ class _BodyWriter:
         store = [f"tl.store(out_ptr + {_full_offset(self.layout)}, {result}, mask=mask)"]
         return self._new_per_row_lines() + self._loop(bounds, loop, store)
 
-    def single(self) -> tuple[list[str], set[str]]:
+    def single(self) -> list[str]:
         lines = self.per_row_lines
         full = self._full(lines, "f")
         lines += ["r = tl.arange(0, BLOCK_R)", f"mask = {self.layout.row_mask()}"]
@@ -262,17 +259,17 @@ class _BodyWriter:
             lines.append(f"tl.store(out_ptr + {_full_offset(self.layout)}, {result}, mask=mask)")
         else:
             lines.append(_reduced_store(self.layout, self.emitter.value(self.kernel.root, self.per_row)))
-        return lines, self.emitter.helpers
+        return lines
 
-    def looped(self) -> tuple[list[str], set[str]]:
+    def looped(self) -> list[str]:
         body: list[str] = []
         for k, reduction in enumerate(self.kernel.reductions):
             body += self._reduce_loop(k, reduction, "0, R")
             body.append(f"red{k} = {_scaled(reduction, f'{_FINAL[reduction.kind]}(acc{k}, axis=0)')}")
             self.per_row.bound[reduction.id] = f"red{k}"
-        return body + self._output("0, R"), self.emitter.helpers
+        return body + self._output("0, R")
 
-    def split(self, stage: int) -> tuple[list[str], set[str]]:
+    def split(self, stage: int) -> list[str]:
         """Reductions before `stage` come from the partial buffer; `stage` itself is computed over this
         program's chunk (or, past the last reduction, the output is)."""
         body = ["s = tl.program_id(2)", "r_begin = s * CHUNK", "r_end = tl.minimum(r_begin + CHUNK, R)"]
@@ -293,13 +290,13 @@ class _BodyWriter:
                      f"red{k} = {_scaled(reduction, f'{_FINAL[reduction.kind]}(part{k}, axis=0)')}"]
             self.per_row.bound[reduction.id] = f"red{k}"
         if stage == len(self.kernel.reductions):
-            return body + self._output("r_begin, r_end"), self.emitter.helpers
+            return body + self._output("r_begin, r_end")
         reduction = self.kernel.reductions[stage]
         body += self._reduce_loop(stage, reduction, "r_begin, r_end")
         mask = ", mask=imask" if self.layout.inner else ""
         body += [f"partial = {_FINAL[reduction.kind]}(acc{stage}, axis=0)",
                  f"tl.store(part_ptr + {self.layout.partial(str(stage), 's')}, partial{mask})"]
-        return body, self.emitter.helpers
+        return body
 
 
 def _reductions_read(value: Value, reductions: set[int], leaves: set[int]) -> set[int]:
@@ -403,9 +400,3 @@ def split_lines(programs: str, split_target: int) -> list[str]:
     return [f"split = max(1, min(_cdiv(R, block_r), {split_target} // {programs}))",
             "chunk = _cdiv(_cdiv(R, split), block_r) * block_r",
             "split = _cdiv(R, chunk)"]
-
-
-ROW_WARPS_HELPER = '''def _row_warps(block, per_thread):
-    """Warps for a row kernel: about `per_thread` fp32 values per thread, between 1 and 32 warps."""
-    return max(1, min(32, block // (32 * per_thread)))
-'''

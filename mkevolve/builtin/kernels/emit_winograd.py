@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from .configs import MatmulTile, Variant
-from .emit_common import KernelSource, LauncherArg, describe_body, helper_sources, indent, make_operands, output_param
+from .emit_common import KernelSource, LauncherArg, describe_body, indent, make_operands, output_param
 from .emit_conv import MIN_TILE, conv_epilogue, conv_tiles, flat_index, out_size_lines, tile_text
 from .emit_matmul import tile_autotune
 from .indexing import Space
@@ -303,8 +303,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
     kind = "transposed convolution" if conv.transposed else "convolution"
     description = (f"Winograd F({wt.outputs}, {wt.taps}) {kind}{' + ' + ops if ops else ''} "
                    f"({wt.alpha} {variant.precision} tl.dot GEMMs, {tile_text(tiles, variant.autotune)})")
-    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False,
-                        helper_sources(emitter.helpers), description=description)
+    return KernelSource(source, launcher, f"{name}_launch", tensor_args + scalar_args, False, description=description)
 
 
 def _gemm_launch_lines(name: str, kernel_size: list[int], tiles: tuple[MatmulTile, ...], autotune: bool,

@@ -80,6 +80,11 @@ def _strides_in_frame(t_shape, t_strides, shape, groups):
         dims = [d for d in group if shape[d] != 1 and d >= lead and t_shape[d - lead] != 1]
         strides.append(t_strides[dims[-1] - lead] if dims else 0)
     return tuple(strides)
+
+
+def _row_warps(block, per_thread):
+    """Warps for a row kernel: about `per_thread` fp32 values per thread, between 1 and 32 warps."""
+    return max(1, min(32, block // (32 * per_thread)))
 '''
 
 
@@ -279,9 +284,8 @@ def assemble(problem: ProblemSource, kernels: list[KernelSource], forwards: list
              description: str, main_block: str, plain_attributes: list[str]) -> str:
     """The file: header, host helpers, kernels and launchers, the problem's support code, ModelNew (whose
     __init__ makes `plain_attributes` buffers), and `main_block` (self_check.py). Of the helpers, host and
-    device, the file carries those its code calls: a division may call `_div` without its op listing it."""
-    helpers = {**_definitions(HOST_HELPERS), **{name: text.rstrip() for name, text in HELPER_SOURCES.items()},
-               **{name: text.rstrip() for k in kernels for name, text in sorted(k.helpers.items())}}
+    device (HOST_HELPERS, pointwise_ops.HELPER_SOURCES), the file carries those its code calls."""
+    helpers = {**_definitions(HOST_HELPERS), **{name: text.rstrip() for name, text in HELPER_SOURCES.items()}}
     support = "\n\n\n".join(ast.unparse(s) for s in problem.support)
     body = []
     for kernel in kernels:

@@ -9,11 +9,11 @@ from fractions import Fraction
 
 @dataclass(frozen=True)
 class PointwiseOp:
-    """`render(args, attrs)` gives a Triton expression; `helpers` are @triton.jit functions it calls."""
+    """`render(args, attrs)` gives a Triton expression. The @triton.jit functions it may call are in
+    HELPER_SOURCES: module_source.assemble puts those a file's code calls into the file."""
 
     arity: int
     render: Callable[[list[str], dict[str, str]], str]
-    helpers: tuple[str, ...] = ()
     boolean: bool = False                 # the result is a mask (comparisons), not fp32
 
 
@@ -141,8 +141,8 @@ def _pow_const(a: list[str], attrs: dict[str, str]) -> str:
     return f"tl.exp({c!r} * tl.log({x}))"
 
 
-def _unary(template: str, helpers: tuple[str, ...] = ()) -> PointwiseOp:
-    return PointwiseOp(1, lambda a, attrs: template.format(x=a[0], **attrs), helpers)
+def _unary(template: str) -> PointwiseOp:
+    return PointwiseOp(1, lambda a, attrs: template.format(x=a[0], **attrs))
 
 
 def _binary(template: str, boolean: bool = False) -> PointwiseOp:
@@ -158,7 +158,7 @@ OPS: dict[str, PointwiseOp] = {
     "expm1": _unary("(tl.exp({x}) - 1.0)"),
     "log": _unary("tl.log({x})"),
     "log2": _unary("tl.log2({x})"),
-    "log1p": _unary("_log1p({x})", ("_log1p",)),
+    "log1p": _unary("_log1p({x})"),
     "sqrt": _unary("tl.sqrt_rn({x})"),
     "rsqrt": _unary("tl.rsqrt({x})"),
     "reciprocal": _unary(divide("1.0", "{x}")),
@@ -172,13 +172,12 @@ OPS: dict[str, PointwiseOp] = {
     "relu": _unary("tl.maximum({x}, 0.0)"),
     "relu6": _unary("tl.minimum(tl.maximum({x}, 0.0), 6.0)"),
     "sigmoid": _unary(_SIGMOID),
-    "tanh": _unary("_tanh({x})", ("_tanh",)),
+    "tanh": _unary("_tanh({x})"),
     "silu": _unary("({x} * " + _SIGMOID + ")"),
     "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * " + _SQRT1_2 + ")))"),
-    "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))",
-                        ("_tanh",)),
-    "mish": _unary("_mish({x})", ("_mish",)),
-    "softplus": _unary("_softplus({x}, {beta}, {threshold})", ("_log1p", "_softplus")),
+    "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))"),
+    "mish": _unary("_mish({x})"),
+    "softplus": _unary("_softplus({x}, {beta}, {threshold})"),
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
     "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp(" + divide("{x}", as_float("{alpha}"))
@@ -191,9 +190,9 @@ OPS: dict[str, PointwiseOp] = {
     "hardswish": _unary("({x} * " + divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)
                         + ")"),
     "hardsigmoid": _unary(divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)),
-    "logsigmoid": _unary("(tl.minimum({x}, 0.0) - _log1p(tl.exp(-tl.abs({x}))))", ("_log1p",)),
+    "logsigmoid": _unary("(tl.minimum({x}, 0.0) - _log1p(tl.exp(-tl.abs({x}))))"),
     "softsign": _unary(divide("{x}", "1.0 + tl.abs({x})", normal_divisor=True)),    # x infinite: NaN, as in PyTorch
-    "tanhshrink": _unary("({x} - _tanh({x}))", ("_tanh",)),
+    "tanhshrink": _unary("({x} - _tanh({x}))"),
     "threshold": _unary("tl.where({x} > {threshold}, {x}, {value})"),
     "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, 0.0))"),
     "hardshrink": _unary("tl.where(({x} > {lambd}) | ({x} < -{lambd}), {x}, 0.0)"),

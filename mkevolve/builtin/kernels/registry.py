@@ -78,7 +78,7 @@ class KernelKind:
     """One kernel template and what the plan and the generator need to know about it."""
 
     name: str                  # KernelPlan.kind, and the stem of kernel names in the file (_matmul_kernel_0)
-    emit: Emitter              # writes the kernel, its launcher and the helpers they call
+    emit: Emitter              # writes the kernel and its launcher
     anchor: type[Value] | None = None   # the IR node each kernel of this kind is built around (None:
                                         # pointwise and rows, formed around elementwise values and reductions)
     takes_epilogue: bool = False        # an anchor met inside an elementwise kernel becomes that kernel's
