@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -816,3 +817,38 @@ def test_builtin_agent_writes_every_subkernel_of_a_whole_problem(name, tmp_path,
     subkernels = Manifest.read(run_dir / BEST).subkernels
     assert {n: (e.origin, e.reason) for n, e in subkernels.items()} == {n: ("builtin", None) for n in subkernels}
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"all {len(subkernels)} subkernels in Triton"
+
+
+# A reduction over a reshape of a normalisation's output (builders._reduce_by_rows): each case's forward, and
+# whether the normalised tensor is still written whole. Regrouping the rows (groups of 2 images' worth) maps
+# onto no run of the normalisation's dims, so that one keeps the tensor; every variant must match PyTorch.
+REDUCED_NORMALISATIONS = {
+    "layernorm_flatten_sum": ("F.layer_norm(x, (5,)).flatten(1).sum(1)", False),
+    "softmax_reshape_max": ("torch.softmax(x, -1).reshape(x.shape[0], -1).amax(1)", False),
+    "groupnorm_regrouped_mean": ("F.group_norm(x, 2).reshape(x.shape[0] * 2, -1).mean(1)", True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REDUCED_NORMALISATIONS))
+def test_reductions_over_reshaped_normalisations(case, tmp_path):
+    expression, writes_whole = REDUCED_NORMALISATIONS[case]
+    path = _write_problem(tmp_path, case, textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return {expression}
+
+
+        def get_inputs():
+            return [torch.randn(3, 4, 5)]
+
+
+        def get_init_inputs():
+            return []
+        """))
+    assert ("(full rows)" in generate_kernel(path, 0, TARGET).description) is writes_whole
+    _assert_all_variants_match(path, tmp_path)
