@@ -23,6 +23,7 @@ from .ir import (
     Value,
     View,
     is_leaf,
+    walk,
 )
 from .pointwise_ops import OPS
 from .trace import TaggedFloat, TaggedInt
@@ -68,17 +69,10 @@ def _mapped_run(x: Value, y: Value, run: tuple[int, ...]) -> tuple[int, ...] | N
 def _row_run(y: Value, mapped: tuple[int, ...]) -> tuple[int, ...] | None:
     """The dims of a reduction `y` is computed from through elementwise ops, over a tensor of y's shape, when
     they end the run `mapped`: the rows a kernel already reduces to compute y. None when there is none."""
-    stack, seen = [y], set()
-    while stack:
-        value = stack.pop()
-        if value.id in seen:
-            continue
-        seen.add(value.id)
-        if isinstance(value, Reduce):
-            if value.base.shapes == y.shapes and value.dims[-1] == mapped[-1] and value.dims[0] >= mapped[0]:
-                return value.dims
-        elif isinstance(value, Pointwise):
-            stack.extend(value.operands())
+    for value in walk(y, lambda v: isinstance(v, Pointwise)):
+        if isinstance(value, Reduce) and value.base.shapes == y.shapes and value.dims[-1] == mapped[-1] \
+                and value.dims[0] >= mapped[0]:
+            return value.dims
     return None
 
 

@@ -29,7 +29,7 @@ from .emit_common import (
     output_param,
 )
 from .indexing import GroupIndices, Indexer, Space
-from .ir import Program, Reduce, Value
+from .ir import Program, Reduce, Value, walk
 from .kernel_plan import KernelPlan
 from .pointwise_ops import as_float, divide
 from .signature import KernelParam, constexpr, signature
@@ -302,17 +302,8 @@ class _BodyWriter:
 def _reductions_read(value: Value, reductions: set[int], leaves: set[int]) -> set[int]:
     """The kernel's reductions (by id) that computing `value` per row reads: those met through its operands
     short of the kernel's tensor operands (`leaves`), or the value itself when it is one."""
-    read, stack, seen = set(), [value], set()
-    while stack:
-        v = stack.pop()
-        if v.id in seen:
-            continue
-        seen.add(v.id)
-        if v.id in reductions:
-            read.add(v.id)
-        elif v.id not in leaves:
-            stack.extend(v.operands())
-    return read
+    reached = walk(value, lambda v: v.id not in reductions and v.id not in leaves)
+    return {v.id for v in reached if v.id in reductions}
 
 
 def _scaled(reduction: Reduce, total: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -299,6 +300,20 @@ def base_of(value: Value) -> Value:
     while isinstance(value, View):
         value = value.base
     return value
+
+
+def walk(start: Value, descend: Callable[[Value], bool]) -> Iterator[Value]:
+    """`start` and the values it is computed from, each once, depth first; a value's operands are visited only
+    where `descend(value)`."""
+    stack, seen = [start], set()
+    while stack:
+        value = stack.pop()
+        if value.id in seen:
+            continue
+        seen.add(value.id)
+        yield value
+        if descend(value):
+            stack.extend(value.operands())
 
 
 def is_leaf(value: Value) -> bool:

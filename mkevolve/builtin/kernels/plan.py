@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
 from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
-                 View, base_of, is_integer, is_leaf)
+                 View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
@@ -175,17 +175,8 @@ def _form(root: Value, materialized: set[int], target: Param | None) -> _Forming
 
 def _reaches_reduction(root: Value, materialized: set[int]) -> bool:
     """Whether the root's elementwise expression (or the root itself) contains a reduction."""
-    stack, seen = [root], set()
-    while stack:
-        value = stack.pop()
-        if value.id in seen:
-            continue
-        seen.add(value.id)
-        if isinstance(value, Reduce):
-            return True
-        if value is root or (isinstance(value, Pointwise) and value.id not in materialized):
-            stack.extend(value.operands() if isinstance(value, Pointwise) else [])
-    return False
+    inside = walk(root, lambda v: isinstance(v, Pointwise) and (v is root or v.id not in materialized))
+    return any(isinstance(value, Reduce) for value in inside)
 
 
 def _visit(state: _Forming, value: Value) -> None:
