@@ -92,3 +92,27 @@ def test_inputs_that_do_not_load_are_tried_again_or_get_no_verdict(monkeypatch):
     assert too_big.kind == harness.SETUP_FAILED
     verdict = parse_report(_report(harness.SETUP_FAILED)).error
     assert verdict.status is Status.NOT_RUN and verdict.reason.startswith(CANDIDATE_NOT_STARTED)
+
+
+def test_the_harness_reports_inputs_that_did_not_load_and_runs_no_candidate_code(monkeypatch, tmp_path):
+    """The whole harness entry, in this process: its signed report parses, and the candidate file (which would
+    fail loudly if imported) is never read."""
+    import secrets
+
+    from mkevolve.verify.candidate_run import read_signed_report
+
+    def load_config(config, device):
+        raise torch.cuda.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(harness, "load_config", load_config)
+    monkeypatch.setattr(harness, "_memory_share_bytes", 1024 * MIB)
+    monkeypatch.setattr(harness, "_memory_reserved", lambda: 100 * MIB)
+    solution = tmp_path / "solution.py"
+    solution.write_text("raise SystemExit('the candidate was imported')\n")
+    key = secrets.token_bytes(32)
+    request = harness.CandidateRequest(solution=str(solution), candidate_dir=str(tmp_path), scratch=str(tmp_path),
+                                       key=key.hex(), device="cpu", eval_mode=False, construct_seed=0,
+                                       configs=[harness.ConfigRun("i.bin")])
+    assert harness.run_candidate(request.to_json()) == 0
+    report = parse_report(read_signed_report(tmp_path, key))
+    assert report.gpu_memory_taken and "loading the inputs ran out of GPU memory" in report.error.reason
