@@ -88,6 +88,22 @@ def test_reductions_of_whole_groups_never_write_the_normalized_tensor():
     assert "row reduction" in generated.description and "(full rows)" not in generated.description
 
 
+def test_a_long_row_s_mean_and_variance_take_one_walk_that_survives_a_large_offset(tmp_path):
+    """Rows longer than a block (the looped kernel) get their mean and variance from one walk, by Welford's
+    update. For values of mean 100 and spread 1, a sum of squares less a squared sum would cancel 4 of fp32's 7
+    digits (1e4 against 1) and miss PyTorch's two-pass LayerNorm by about 1e-3; the walk must match it."""
+    path = tmp_path / "offset_layernorm.py"
+    path.write_text(
+        "import torch\nimport torch.nn.functional as F\n\n\n"
+        "class Model(torch.nn.Module):\n    def forward(self, x):\n        return F.layer_norm(x, (37,))\n\n\n"
+        "def get_inputs():\n    return [torch.randn(5, 37) + 100.0]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    for variant in range(variant_count(path, TARGET)):
+        generated = generate_kernel(path, variant, TARGET)
+        assert "_looped" in generated.source and "tl.reduce((avg" in generated.source
+        _assert_matches(path, generated, tmp_path)
+
+
 def test_short_rows_go_several_to_a_program(tmp_path):
     """Rows of 4 values (a GroupNorm of 4-channel groups): one [BLOCK_O, BLOCK_R] tile holds many of them,
     rather than a program per row that leaves nearly all of its threads idle."""

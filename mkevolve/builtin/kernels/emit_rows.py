@@ -5,7 +5,8 @@ one outer position and BLOCK_I inner ones, and runs the reductions in dependency
 one block are loaded once ("single" kernel); short rows with nothing after the reduced dims go BLOCK_O
 to a program, as the rows of a [BLOCK_O, BLOCK_R] tile ("packed" kernel: a GroupNorm of 16-element
 groups would otherwise start a program per 16 elements); longer rows are walked in BLOCK_R chunks, once
-per reduction and once more for a full-size output ("looped" kernel). When there are too few rows to fill
+per reduction (a mean and the variance about it in one walk, by Welford's update) and once more for a
+full-size output ("looped" kernel). When there are too few rows to fill
 the GPU, each row is split over several programs: one launch per reduction writes partial results, the
 next launch combines them ("split" kernels). Values that do not vary along the row (the reductions,
 per-row parameters) are computed once per program, outside the loops.
@@ -29,7 +30,7 @@ from .emit_common import (
     output_param,
 )
 from .indexing import GroupIndices, Indexer, Space
-from .ir import Program, Reduce, Value, walk
+from .ir import Pointwise, Program, Reduce, Value, walk
 from .kernel_plan import KernelPlan
 from .pointwise_ops import as_float, divide
 from .signature import KernelParam, constexpr, signature
@@ -175,7 +176,7 @@ def _how(suffix: str, stages: int) -> str:
     if suffix == "_packed":
         return "its BLOCK_O rows are held in registers, one per tile row, and read once"
     if suffix == "_looped":
-        return "the row is walked in BLOCK_R chunks, once per reduction"
+        return "the row is walked in BLOCK_R chunks, once per reduction (a mean and its variance: once)"
     stage = int(suffix.removeprefix("_split"))
     done = "combines the earlier reductions' partial results and " if stage else ""
     work = f"reduces its chunk for reduction {stage}" if stage < stages else "writes its chunk of the output"
@@ -263,11 +264,37 @@ class _BodyWriter:
 
     def looped(self) -> list[str]:
         body: list[str] = []
-        for k, reduction in enumerate(self.kernel.reductions):
+        reductions = self.kernel.reductions
+        variances = {mean.id: var for var in reductions if (mean := _mean_of_variance(var, reductions))}
+        for k, reduction in enumerate(reductions):
+            if reduction.id in self.per_row.bound:     # a variance, computed with its mean
+                continue
+            var = variances.get(reduction.id)
+            if var is not None:
+                body += self._welford_loop(k, reduction, reductions.index(var), var)
+                continue
             body += self._reduce_loop(k, reduction, "0, R")
             body.append(f"red{k} = {_scaled(reduction, f'{_FINAL[reduction.kind]}(acc{k}, axis=0)')}")
             self.per_row.bound[reduction.id] = f"red{k}"
         return body + self._output("0, R")
+
+    def _welford_loop(self, k: int, mean: Reduce, v: int, var: Reduce) -> list[str]:
+        """A mean and the variance about it in one walk over the row (Welford's update per lane, Chan's
+        combination across lanes: `_welford`), where two walks read it twice: a GroupNorm over rows too
+        long for registers read its input three times, now twice."""
+        loop: list[str] = []
+        value = self.emitter.value(mean.base, self._full(loop, f"f{k}"))
+        tile = self.layout.tile()
+        update = [f"cnt{k} = seen{k} + tl.where(mask, 1.0, 0.0)",
+                  f"dev{k} = tl.where(mask, {value} - avg{k}, 0.0)",
+                  f"avg{k} = avg{k} + _div(dev{k}, tl.maximum(cnt{k}, 1.0))",
+                  f"sq{k} = sq{k} + dev{k} * tl.where(mask, {value} - avg{k}, 0.0)",
+                  f"seen{k} = cnt{k}"]
+        start = [f"{name}{k} = tl.zeros({tile}, tl.float32)" for name in ("avg", "sq", "seen")]
+        combined = f"red{k}, sq{k}, seen{k} = tl.reduce((avg{k}, sq{k}, seen{k}), 0, _welford)"
+        self.per_row.bound[mean.id], self.per_row.bound[var.id] = f"red{k}", f"red{v}"
+        return (self._new_per_row_lines() + start + self._loop("0, R", loop, update)
+                + [combined, f"red{v} = {_scaled(var, f'sq{k}')}"])
 
     def split(self, stage: int) -> list[str]:
         """Reductions before `stage` come from the partial buffer; `stage` itself is computed over this
@@ -297,6 +324,22 @@ class _BodyWriter:
         body += [f"partial = {_FINAL[reduction.kind]}(acc{stage}, axis=0)",
                  f"tl.store(part_ptr + {self.layout.partial(str(stage), 's')}, partial{mask})"]
         return body
+
+
+def _mean_of_variance(reduction: Reduce, reductions: list[Reduce]) -> Reduce | None:
+    """The mean among the kernel's `reductions` that `reduction` is the variance about, mean((B - m)^2)
+    with m = mean(B) over the same rows (handlers_math.normalized and variance write it so); else None."""
+    square = reduction.base
+    if reduction.kind != "mean" or not isinstance(square, Pointwise) or square.op != "mul" \
+            or square.args[0] is not square.args[1]:
+        return None
+    centered = square.args[0]
+    if not isinstance(centered, Pointwise) or centered.op != "sub":
+        return None
+    base, mean = centered.args
+    if any(mean is r for r in reductions) and mean.kind == "mean" and not mean.correction and mean.base is base:
+        return mean
+    return None
 
 
 def _reductions_read(value: Value, reductions: set[int], leaves: set[int]) -> set[int]:

@@ -76,6 +76,15 @@ def _div(n, d):
     q = n * r
     return tl.fma(tl.fma(-q, d, n), r, q)
 ''',
+    "_welford": '''@triton.jit
+def _welford(mean_a, sq_a, n_a, mean_b, sq_b, n_b):
+    # two lanes' (mean, sum of squared deviations, count) as one (Chan et al.): the deviations are summed
+    # about each lane's own mean, so no large sum of squares cancels against a squared sum
+    n = n_a + n_b
+    w = tl.where(n > 0, _div(n_b, tl.maximum(n, 1.0)), 0.0)
+    delta = mean_b - mean_a
+    return mean_a + delta * w, sq_a + sq_b + delta * delta * n_a * w, n
+''',
     "_tanh": f'''@triton.jit
 def _tanh(x):
     # tanh(a) = 1 - 2e / (1 + e) with e = exp(-2a), a = |x|: no overflow, one rounding near 1 for large a;
