@@ -68,16 +68,26 @@ def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
     assert "held by other processes" in stopped.value.reason
 
 
-def _failed_load(monkeypatch, reserved_mib: int, share_mib: int) -> harness.CandidateFailure:
-    """harness.load_inputs when copying the inputs to the GPU runs out of memory (the OOM message above)."""
+def _inputs_run_out_of_memory(monkeypatch, reserved_mib: int, share_mib: int) -> None:
+    """The harness's copy of the inputs to the GPU fails with the OOM message above, the process holding
+    `reserved_mib` of a `share_mib` share."""
     def load_config(config, device):
         raise torch.cuda.OutOfMemoryError(OOM)
 
     monkeypatch.setattr(harness, "load_config", load_config)
     monkeypatch.setattr(harness, "_memory_share_bytes", share_mib * MIB)
     monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
-    request = harness.CandidateRequest(solution="s.py", candidate_dir=".", scratch=".", key="", device="cuda",
-                                       eval_mode=False, construct_seed=0, configs=[harness.ConfigRun("i.bin")])
+
+
+def _request(folder: str, key: str, device: str) -> harness.CandidateRequest:
+    return harness.CandidateRequest(solution=f"{folder}/solution.py", candidate_dir=folder, scratch=folder, key=key,
+                                    device=device, eval_mode=False, construct_seed=0,
+                                    configs=[harness.ConfigRun("i.bin")])
+
+
+def _failed_load(monkeypatch, reserved_mib: int, share_mib: int) -> harness.CandidateFailure:
+    _inputs_run_out_of_memory(monkeypatch, reserved_mib, share_mib)
+    request = _request(".", "", "cuda")
     with pytest.raises(harness.CandidateFailure) as failed:
         harness.load_inputs(request)
     return failed.value
@@ -101,18 +111,10 @@ def test_the_harness_reports_inputs_that_did_not_load_and_runs_no_candidate_code
 
     from mkevolve.verify.candidate_run import read_signed_report
 
-    def load_config(config, device):
-        raise torch.cuda.OutOfMemoryError(OOM)
-
-    monkeypatch.setattr(harness, "load_config", load_config)
-    monkeypatch.setattr(harness, "_memory_share_bytes", 1024 * MIB)
-    monkeypatch.setattr(harness, "_memory_reserved", lambda: 100 * MIB)
-    solution = tmp_path / "solution.py"
-    solution.write_text("raise SystemExit('the candidate was imported')\n")
+    _inputs_run_out_of_memory(monkeypatch, reserved_mib=100, share_mib=1024)
+    (tmp_path / "solution.py").write_text("raise SystemExit('the candidate was imported')\n")
     key = secrets.token_bytes(32)
-    request = harness.CandidateRequest(solution=str(solution), candidate_dir=str(tmp_path), scratch=str(tmp_path),
-                                       key=key.hex(), device="cpu", eval_mode=False, construct_seed=0,
-                                       configs=[harness.ConfigRun("i.bin")])
+    request = _request(str(tmp_path), key.hex(), "cpu")
     assert harness.run_candidate(request.to_json()) == 0
     report = parse_report(read_signed_report(tmp_path, key))
     assert report.gpu_memory_taken and "loading the inputs ran out of GPU memory" in report.error.reason

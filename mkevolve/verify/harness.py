@@ -137,6 +137,9 @@ class CandidateFailure(Exception):
         super().__init__(message)
         self.kind, self.message, self.line = kind, message, line
 
+    def report_error(self) -> dict:
+        return {"kind": self.kind, "message": self.message, "line": self.line}
+
 
 # The bytes of GPU memory this process may use (standby sets them); its CUDA out-of-memory errors are the
 # candidate's own only when its allocation would have passed that share.
@@ -210,7 +213,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         try:
             loaded = load_inputs(request)
         except CandidateFailure as failure:
-            report["error"] = {"kind": failure.kind, "message": failure.message, "line": None}
+            report["error"] = failure.report_error()
             write_report(request, report, key)
             return 0
         fp32_strict()  # as the reference ran: PyTorch code a solution keeps must not run in TF32
@@ -234,7 +237,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
             report["activities"] = list(dict.fromkeys(prepared.recorder.names))
         report["changed_inputs"] = kept.changed()
     except CandidateFailure as failure:
-        report["error"] = {"kind": failure.kind, "message": failure.message, "line": failure.line}
+        report["error"] = failure.report_error()
     with _phase(report, "save"):
         report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()

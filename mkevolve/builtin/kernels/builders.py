@@ -50,6 +50,11 @@ def normalize_dims(dims, rank: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _kept_dims(shapes: tuple[Shape, ...], run: tuple[int, ...]) -> tuple[Shape, ...]:
+    """`shapes` reduced over the dims in `run`, keepdim: those dims become 1."""
+    return tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in shapes)
+
+
 _RESHAPES = ("reshape", "view", "flatten")   # views that keep the elements' order
 
 
@@ -167,8 +172,7 @@ class Builder:
         return out
 
     def _reduce_run(self, kind: str, x: Value, run: tuple[int, ...], correction: int = 0) -> Value:
-        shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in x.shapes)
-        return self.program.add(Reduce(shapes, kind=kind, base=x, dims=run, correction=correction))
+        return self.program.add(Reduce(_kept_dims(x.shapes, run), kind=kind, base=x, dims=run, correction=correction))
 
     def _reduce_by_rows(self, kind: str, x: Value, run: tuple[int, ...]) -> Value | None:
         """A reduction over a reshape of a value computed from reductions over rows (a GroupNorm's output,
@@ -188,11 +192,10 @@ class Builder:
         out = self._reduce_run(kind, y, rows)
         if rows[0] > mapped[0]:
             out = self._reduce_run(kind, out, tuple(range(mapped[0], rows[0])))
-        shapes = tuple(tuple(1 if d in run else s for d, s in enumerate(shape)) for shape in x.shapes)
         tail = x.rank - run[-1] - 1    # dims after the run: the same sizes in x and y
         args = (tuple(self.size(out, d) for d in range(run[0])) + (1,) * len(run)
                 + tuple(self.size(out, y.rank - tail + i) for i in range(tail)))
-        return self.view(out, "reshape", args, shapes)
+        return self.view(out, "reshape", args, _kept_dims(x.shapes, run))
 
     def squeeze(self, x: Value, dims: tuple[int, ...]) -> Value:
         if not dims:
