@@ -177,8 +177,9 @@ def _cases() -> list[Case]:
 
 def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
                macs_per_output: int, weight_numel: int) -> Case:
-    """A convolution layer alone at a KernelBench level 2 size: FLOPs = 2 x outputs x MACs per output
-    (for a transposed convolution, the MACs its gather form does on average: C_in x taps / stride^d)."""
+    """A convolution layer alone at a KernelBench level 2 size and on KernelBench's inputs, uniform in
+    [0, 1): FLOPs = 2 x outputs x MACs per output (for a transposed convolution, the MACs its gather form
+    does on average: C_in x taps / stride^d)."""
     outputs, inputs = math.prod(out_shape), math.prod(x_shape)
     return Case(name, _problem(f'''
         class Model(nn.Module):
@@ -188,7 +189,7 @@ def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple
 
             def forward(self, x):
                 return self.conv(x)
-        ''', f"[torch.randn{x_shape}]", "[]"),
+        ''', f"[torch.rand{x_shape}]", "[]"),
         2 * outputs * macs_per_output, 4 * (inputs + weight_numel + out_shape[1] + outputs))
 
 

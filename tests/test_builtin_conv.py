@@ -134,7 +134,17 @@ def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):
     path = _problem(tmp_path, "conv3d_rgb")
     generated = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
     assert all("tl.dot(" not in g.source and g.precision == "none" for g in generated)
-    assert "acc += a[:, None] * b[None, :]" in generated[0].source
+    assert "part += a[:, None] * b[None, :]" in generated[0].source     # 81 steps: blocked sums
+
+
+def test_outer_products_sum_each_pass_of_their_rolled_loops_apart(tmp_path):
+    """Blocked summation: the unrolled steps of a pass go to `part`, added to `acc` once per pass. A single
+    running sum over all steps misses fp64 by about 2.5 times as much (emit_conv._outer_product_lines)."""
+    rolled = generate_kernel(_problem(tmp_path, "conv3d_8ch_rolled"), 0, TARGET).source
+    unrolled = generate_kernel(_problem(tmp_path, "conv2d_rgb"), 0, TARGET).source    # 27 steps, one pass
+    assert "            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n" in rolled    # inside k1's loop
+    assert "part += a[:, None] * b[None, :]" in rolled and "\n            acc += part\n" in rolled
+    assert "acc += a[:, None] * b[None, :]" in unrolled and "part" not in unrolled
 
 
 def test_an_outer_product_over_many_steps_keeps_its_outer_tap_loops_rolled(tmp_path):

@@ -449,12 +449,18 @@ def _rolled_tap_dims(conv: Conv) -> int:
 
 
 def _outer_product_lines(conv: Conv) -> list[str]:
-    """Few input channels per group: for each kernel tap and channel, acc += x column x w row, a [BLOCK_M]
-    gather masked per output position and a [BLOCK_N] weight row, as fp32 FMAs. The channel loop and the
-    inner tap loops are unrolled; the outer tap loops stay loops where unrolling all would pass
-    _MAX_UNROLLED_STEPS steps (`_rolled_tap_dims`)."""
+    """Few input channels per group: for each kernel tap and channel, x column x w row, a [BLOCK_M] gather
+    masked per output position and a [BLOCK_N] weight row, as fp32 FMAs. The channel loop and the inner tap
+    loops are unrolled; the outer tap loops stay loops where unrolling all would pass _MAX_UNROLLED_STEPS
+    steps (`_rolled_tap_dims`).
+
+    Each pass of the rolled loops sums its unrolled steps into `part`, added to `acc` once: blocked
+    summation. A single running sum over all 72 steps of an 8-channel 3x3 conv2d missed an fp64 reference
+    by up to 8.5e-07 (rms 5.3e-08) on KernelBench's uniform [0, 1) inputs, blocks of 24 steps by 3.4e-07
+    (rms 3.3e-08), for one more add per block (fp32 FMAs emulated on the CPU, 8.3M outputs)."""
     dims = range(len(conv.stride))
     rolled = _rolled_tap_dims(conv)
+    total = "part" if rolled else "acc"
     lines, mask = [], "m_ok"
     for d in dims:
         pad = "    " * d
@@ -462,16 +468,21 @@ def _outer_product_lines(conv: Conv) -> list[str]:
         lines += [f"{pad}for k{d} in {loop}(K{d}):",
                   f"{pad}    in{d} = base{d} + k{d} * DIL{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
+        if d + 1 == rolled:
+            lines.append(f"{pad}    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         mask = f"ok{d}"
     inner = "    " * len(dims)
     tap = flat_index([f"k{d}" for d in dims], [f"K{d}" for d in dims])
-    return lines + [
+    lines += [
         f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
         f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
         f"{inner}for c in tl.static_range(C_in_g):",
         f"{inner}    a = tl.load(x_ptr + x_tap + c * sxc, mask={mask}, other=0.0)",
         f"{inner}    b = tl.load(w_ptr + w_tap + c * C_out_g + rn, mask=n_ok, other=0.0)",
-        f"{inner}    acc += a[:, None] * b[None, :]"]
+        f"{inner}    {total} += a[:, None] * b[None, :]"]
+    if rolled:
+        lines.append("    " * rolled + "acc += part")
+    return lines
 
 
 def _tiled_body(conv: Conv, dot: bool, precision: str, epi_lines: list[str], result: str) -> list[str]:
