@@ -457,7 +457,10 @@ def _outer_product_lines(conv: Conv) -> list[str]:
     Each pass of the rolled loops sums its unrolled steps into `part`, added to `acc` once: blocked
     summation. A single running sum over all 72 steps of an 8-channel 3x3 conv2d missed an fp64 reference
     by up to 8.5e-07 (rms 5.3e-08) on KernelBench's uniform [0, 1) inputs, blocks of 24 steps by 3.4e-07
-    (rms 3.3e-08), for one more add per block (fp32 FMAs emulated on the CPU, 8.3M outputs)."""
+    (rms 3.3e-08), for one more add per block (fp32 FMAs emulated on the CPU, 8.3M outputs). On an H100
+    at KernelBench's sizes: 3.8e-07 against 9.2e-07 (cuDNN 7.8e-07) for 21 % more time, and 3.4e-07
+    against 1.25e-06 for the 8-channel conv3d (cuDNN 1.31e-06) for 7 % more: the second tile of
+    accumulators costs registers (scripts/results/bench_builtin_conv_blocked_sums_h100_2026-12-05.json)."""
     dims = range(len(conv.stride))
     rolled = _rolled_tap_dims(conv)
     total = "part" if rolled else "acc"
