@@ -12,9 +12,7 @@ the two had disagreed by up to half an ulp of n, and n / (n + 2) by an ulp of 1.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch
 import triton
 
 from mkevolve.builtin.kernels.pointwise_ops import HELPER_SOURCES
+from mkevolve.problem import import_file
 
 _KERNEL = '''
 @triton.jit
@@ -51,11 +50,7 @@ def _module(name: str, helpers: dict[str, str]):
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text("import triton\nimport triton.language as tl\n\n" + "\n".join(helpers.values()) + _REDUCED_EXP
                     + _KERNEL)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, prefix="mish_probe")
 
 
 def main() -> None:

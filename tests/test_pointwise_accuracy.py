@@ -7,13 +7,11 @@ output (level2/87's Mish) comes from there.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
 
 from mkevolve.builtin.kernels.pointwise_ops import HELPER_SOURCES
+from mkevolve.problem import import_file
 
 _KERNEL = '''
 @triton.jit
@@ -40,11 +38,7 @@ _DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _helpers_module(folder, name: str, kernel: str, helpers: dict[str, str] = HELPER_SOURCES):
     path = folder / f"{name}.py"
     path.write_text("import triton\nimport triton.language as tl\n\n" + "\n".join(helpers.values()) + kernel)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(path, prefix="pointwise_accuracy")
 
 
 @pytest.fixture(scope="module")
