@@ -24,9 +24,10 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
                                                                         was prepared ahead: how long after
                                                                         the request it was still preparing,
                                                                         and how long preparing took
-    judge.accounting, judge.read, judge.compare                         part of `judge`: what ran on the
+    judge.accounting, judge.read, judge.compare, judge.precision       part of `judge`: what ran on the
                                                                         GPU, reading and hashing the saved
-                                                                        outputs, comparing them
+                                                                        outputs, comparing them, and trial
+                                                                        0 against the reference in fp64
 
 Per phase the table gives how many evaluations had it, the median and p90 (linear interpolation between
 ranks, as numpy's default) and the total, in seconds, and its share of the evaluations' summed wall
@@ -62,7 +63,7 @@ PHASE_ORDER = ("worker_start", "load", "reference", "baseline", "candidate", "ca
                "candidate.import", "candidate.build", "candidate.first_call", "candidate.gpu_wait",
                "candidate.other_calls", "candidate.profiler_stop", "candidate.save", "candidate.exit",
                "candidate.unaccounted",
-               "judge", "judge.accounting", "judge.read", "judge.compare", "waiting")
+               "judge", "judge.accounting", "judge.read", "judge.compare", "judge.precision", "waiting")
 WAITING = "waiting"
 CANDIDATE = "candidate"
 UNACCOUNTED = "candidate.unaccounted"

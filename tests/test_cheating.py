@@ -76,7 +76,8 @@ def test_corpus_covers_every_rule_with_well_formed_files():
         status = constants.get("EXPECTED_STATUS", "cheating")
         assert status in ("cheating", "incorrect", "ok"), path
         assert status == "cheating" or constants["CAUGHT_BY"] == "judge", path
-        only = {"sandbox": {Rule.SANDBOX}, "judge": {Rule.TIMED_OUTPUT, Rule.FORGED_RESULT},
+        # the judge: wrong late calls, forged results, and the measured precision rule (error against fp64)
+        only = {"sandbox": {Rule.SANDBOX}, "judge": {Rule.TIMED_OUTPUT, Rule.FORGED_RESULT, Rule.PRECISION},
                 "gpu": {Rule.NON_TRITON_KERNEL, Rule.HOST_COPY, Rule.PRECISION},
                 "harness": {Rule.PRECISION}}   # the candidate harness's own reading of PyTorch's switches
         if status == "cheating":

@@ -217,7 +217,9 @@ def check_cheat(batch: Batch, path: Path) -> None:
             assert result.rule == expected["EXPECTED_RULE"], describe(result)
         return
     if expected["CAUGHT_BY"] == "judge":
-        assert expected["EXPECTED_RULE"] in (Rule.TIMED_OUTPUT.value, Rule.FORGED_RESULT.value), path
+        # the judge's own findings: wrong late calls, forged results, a precision measured against fp64
+        assert expected["EXPECTED_RULE"] in (Rule.TIMED_OUTPUT.value, Rule.FORGED_RESULT.value,
+                                             Rule.PRECISION.value), path
     if expected.get("MAY_INSTEAD_BE") == result.status.value:
         if result.status is Status.INCORRECT:
             assert result.failed_trial is not None, describe(result)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mkevolve.config import TOLERANCE
+from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER, TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
 from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
                                            plan_calls, remember_autotune_choices, run_candidate_process,
@@ -26,7 +26,7 @@ from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateRepor
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
-                                      reference_set)
+                                      largest_error, reference_set)
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing, timed_phase
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
@@ -68,6 +68,8 @@ class _Errors:
     tolerance_used: float = 0.0
     failed_trial: int | None = None
     failure: str = ""
+    error_vs_fp64: float | None = None          # trial 0, against the reference run in fp64
+    eager_error_vs_fp64: float | None = None    # eager fp32's on the same inputs
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -96,6 +98,7 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
         result.tolerance_used = errors.tolerance_used
         result.atol, result.rtol = request.atol, request.rtol
         result.failed_trial = errors.failed_trial
+    result.error_vs_fp64, result.eager_error_vs_fp64 = errors.error_vs_fp64, errors.eager_error_vs_fp64
     result.phases = errors.phases
     result.authority = "gpu" if device().type == "cuda" else "cpu"
     return result
@@ -242,6 +245,9 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     with _phase(errors, "judge.compare"):
         for index, (reference, plan) in enumerate(zip(references, plans)):
             _check_outputs(problem, index, reference, plan, report, scratch, errors)
+    with _phase(errors, "judge.precision"):
+        _check_precision(references[0], report.output(plans[0].checks[0].save, scratch, references[0].device),
+                         errors)
     with _phase(errors, "judge.state"):
         for index, (reference, plan) in enumerate(zip(references, plans)):
             if plan.state_buffers:
@@ -267,6 +273,34 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
         raise Rejected(Status.CHEATING, f"[{Rule.TIMED_OUTPUT.value}] call {check.call} of {plan.length}{where}, "
                        f"a timed or late call rather than a correctness trial, returned a wrong result "
                        f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
+
+
+def _check_precision(reference: ReferenceSet, actual: list, errors: _Errors) -> None:
+    """The measured side of the precision rule, on trial 0 of the first input config: the outputs' error
+    against the reference Model run in fp64, next to eager fp32's own. A kernel that rounds its operands to
+    bf16, fp16 or tf32 by hand (a masked mantissa the TTIR audit cannot tell from fp32 math) can still pass
+    the tolerance where outputs are small; it cannot stay near fp32's error. Unmeasured where the reference
+    has no fp64 form (`ReferenceSet.fp64`)."""
+    exact = reference.fp64()
+    if exact is None:
+        return
+    errors.error_vs_fp64 = largest_error(actual, exact.outputs)
+    errors.eager_error_vs_fp64 = exact.eager_error
+    limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
+    if errors.error_vs_fp64 <= limit:
+        return
+    raise Rejected(Status.CHEATING, f"[{Rule.PRECISION.value}] trial 0's outputs miss the reference run in fp64 by "
+                   f"up to {errors.error_vs_fp64:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} "
+                   f"(the rule allows {limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, or a floor for tiny "
+                   f"errors): some step computes "
+                   f"with less than fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an "
+                   f"approximate function)", rule=Rule.PRECISION.value)
+
+
+def precision_limit(eager_error: float, largest: float, atol: float) -> float:
+    """The largest error against fp64 the precision rule allows (config.PRECISION_VS_EAGER and its floors)."""
+    return max(PRECISION_VS_EAGER * eager_error, PRECISION_ULPS * torch.finfo(torch.float32).eps * largest,
+               PRECISION_TOLERANCE_SHARE * atol)
 
 
 def _check_state(problem: Problem, index: int, reference: ReferenceSet, plan: CallPlan, report: CandidateReport,

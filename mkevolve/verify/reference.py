@@ -75,6 +75,10 @@ _RECOMPUTE_MARK = ".ref.recompute"
 # The reference Model of the last folder whose outputs this process computed again, by (folder, device):
 # one at a time, since a full-size model can hold gigabytes of weights.
 _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
+# FIRST_SET's outputs from the reference Model run in fp64, by (folder, device), one folder at a time: what the
+# measured precision rule compares with. Kept only up to this many bytes (fp64); larger ones go unmeasured.
+_fp64_references: dict[tuple[str, str], "Fp64Reference | None"] = {}
+FP64_REFERENCE_BYTES = EXPECTED_CACHE_BYTES
 _USED_FILE = ".used"          # its mtime: when a check last started on the folder
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
 _READERS_FILE = ".readers"    # held shared by every check using the folder, alone by an eviction
@@ -88,6 +92,23 @@ FIRST_SET = "trial0"          # the input set of every check's first call (candi
 
 class ReferenceSpaceError(OSError):
     """The disk under the reference cache cannot hold one more input set, even after evicting stale ones."""
+
+
+@dataclass(frozen=True)
+class Fp64Reference:
+    """The reference Model run in fp64 on FIRST_SET's inputs (upcast): what fp32's own rounding is measured
+    against. The outputs are as `expected` lists them (the written inputs last)."""
+
+    outputs: list
+    eager_error: float        # the fp32 reference's largest error against them
+    largest: float            # their largest magnitude: the scale of an ulp
+
+
+def largest_error(values: list, exact: list) -> float:
+    """The largest |value - exact| over the floating-point tensors; NaN where both are NaN counts as none."""
+    errors = [float((v.double() - e.double()).abs().nan_to_num(nan=0.0).max())
+              for v, e in zip(values, exact) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    return max(errors, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -245,6 +266,35 @@ class ReferenceSet:
             _recompute_models.clear()
             model = _recompute_models[key] = self.build_model()
         return self._forward(model, wire.read_values(self.inputs_file(name), self.device))
+
+    def fp64(self) -> Fp64Reference | None:
+        """FIRST_SET's fp64 reference, computed once per folder in this (trusted) process. None where it cannot
+        be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in fp64, or a Model that does
+        not run in fp64 (one that makes fp32 tensors of its own, or no memory left for an fp64 copy)."""
+        key = (str(self.folder), str(self.device))
+        if key not in _fp64_references:
+            _fp64_references.clear()
+            _fp64_references[key] = self._compute_fp64()
+        return _fp64_references[key]
+
+    def _compute_fp64(self) -> Fp64Reference | None:
+        if self.recompute_mark(FIRST_SET).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES: past this too
+            return None
+        expected = self.expected(FIRST_SET)
+        floating = [v for v in expected if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        if not floating or 2 * _nbytes(floating) > FP64_REFERENCE_BYTES:
+            return None
+        inputs = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for v in wire.read_values(self.inputs_file(FIRST_SET), self.device)]
+        try:
+            exact = self._forward(self.build_model().double(), inputs)   # a fresh model, as FIRST_SET's was
+        except RuntimeError:
+            return None
+        if [getattr(v, "shape", None) for v in exact] != [getattr(v, "shape", None) for v in expected]:
+            return None
+        largest = max(float(v.double().abs().nan_to_num(nan=0.0, posinf=0.0).max()) if v.numel() else 0.0
+                      for v in exact if isinstance(v, torch.Tensor) and v.is_floating_point())
+        return Fp64Reference(exact, largest_error(expected, exact), largest)
 
     def _forward(self, model: torch.nn.Module, inputs: list) -> list:
         """The outputs of one call on copies of `inputs`, then the inputs it writes into, as they are after it."""

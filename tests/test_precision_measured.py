@@ -1,0 +1,71 @@
+"""The measured side of the precision rule: trial 0's error against the reference Model run in fp64, beside
+eager fp32's own. A kernel that rounds its operands by hand passes the tolerance and every source and IR rule
+(tests/corpus/cheats/precision_mantissa_mask.py, judged in test_isolation.py); this is what catches it."""
+
+from pathlib import Path
+
+import torch
+
+from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER
+from mkevolve.problem import load_problem
+from mkevolve.verify import reference
+from mkevolve.verify.correctness import KernelEvalRequest, evaluate_kernel, precision_limit
+from mkevolve.verify.result import Status
+
+CORPUS = Path(__file__).parent / "corpus"
+GEMM = CORPUS / "problems" / "gemm_epilogue.py"
+
+
+def _evaluate(problem: Path, solution: Path, cache: Path):
+    return evaluate_kernel(KernelEvalRequest(problem_path=str(problem), solution_path=str(solution), trials=2,
+                                             timed=False, cache_dir=str(cache)))
+
+
+def _first_set(problem: Path, cache: Path) -> reference.ReferenceSet:
+    references = reference.reference_set(cache, load_problem(problem), 0, 0, False, torch.device("cpu"))
+    references.ensure([reference.FIRST_SET])
+    return references
+
+
+def test_the_fp64_reference_is_the_model_in_fp64_and_measures_eager_s_own_error(tmp_path):
+    references = _first_set(GEMM, tmp_path)
+    exact = references.fp64()
+    expected = references.expected(reference.FIRST_SET)
+    assert exact is not None and exact.outputs[0].dtype == torch.float64
+    assert exact.eager_error == float((expected[0].double() - exact.outputs[0]).abs().max())
+    assert 0 < exact.eager_error < 1e-5                 # fp32's rounding, not a different computation
+    assert exact.largest == float(exact.outputs[0].abs().max())
+
+
+def test_an_honest_kernel_stays_near_eager_and_the_mantissa_cheat_does_not(tmp_path):
+    honest = _evaluate(GEMM, CORPUS / "honest" / "gemm_epilogue.py", tmp_path)
+    assert honest.status is Status.OK, honest.reason
+    assert 0 < honest.error_vs_fp64 <= PRECISION_VS_EAGER * honest.eager_error_vs_fp64
+    cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_mantissa_mask.py", tmp_path)
+    assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
+    assert cheat.max_abs_err <= 1e-4                    # it passed the tolerance: only the measurement saw it
+    assert cheat.error_vs_fp64 > 50 * cheat.eager_error_vs_fp64
+
+
+def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
+    """A Model that makes fp32 tensors of its own cannot run in fp64: no measurement, not a failed check."""
+    problem = tmp_path / "own_fp32.py"
+    problem.write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return torch.matmul(x, torch.ones(x.shape[-1], 3))\n\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 5)]\n\n\ndef get_init_inputs():\n    return []\n")
+    assert _first_set(problem, tmp_path / "cache").fp64() is None
+
+
+def test_outputs_too_large_to_keep_in_fp64_go_unmeasured(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", 0)
+    monkeypatch.setattr(reference, "_fp64_references", {})
+    honest = _evaluate(GEMM, CORPUS / "honest" / "gemm_epilogue.py", tmp_path)
+    assert honest.status is Status.OK and honest.error_vs_fp64 is None and honest.eager_error_vs_fp64 is None
+
+
+def test_the_limit_is_a_multiple_of_eager_s_error_with_floors_for_tiny_errors():
+    eps = torch.finfo(torch.float32).eps
+    assert precision_limit(1e-6, 1.0, 1e-4) == PRECISION_VS_EAGER * 1e-6
+    assert precision_limit(0.0, 1000.0, 1e-4) == PRECISION_ULPS * eps * 1000.0    # eager exact, large outputs
+    assert precision_limit(0.0, 1e-3, 1e-4) == PRECISION_TOLERANCE_SHARE * 1e-4   # eager exact, small outputs
