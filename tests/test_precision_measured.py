@@ -1,4 +1,4 @@
-"""The measured side of the precision rule: trial 0's error against the reference Model run in fp64, beside
+"""The measured side of the precision rule: the last trial's error against the reference Model run in fp64, beside
 eager fp32's own. A kernel that rounds its operands by hand passes the tolerance and every source and IR rule
 (tests/corpus/cheats/precision_mantissa_mask.py, judged in test_isolation.py); this is what catches it."""
 
@@ -29,7 +29,7 @@ def _first_set(problem: Path, cache: Path) -> reference.ReferenceSet:
 
 def test_the_fp64_reference_is_the_model_in_fp64_and_measures_eager_s_own_error(tmp_path):
     references = _first_set(GEMM, tmp_path)
-    exact = references.fp64()
+    exact = references.fp64(reference.FIRST_SET)
     expected = references.expected(reference.FIRST_SET)
     assert exact is not None and exact.outputs[0].dtype == torch.float64
     assert exact.eager_error == float((expected[0].double() - exact.outputs[0]).abs().max())
@@ -43,8 +43,14 @@ def test_an_honest_kernel_stays_near_eager_and_the_mantissa_cheat_does_not(tmp_p
     assert 0 < honest.error_vs_fp64 <= PRECISION_VS_EAGER * honest.eager_error_vs_fp64
     cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_mantissa_mask.py", tmp_path)
     assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
-    assert cheat.max_abs_err <= 1e-4                    # it passed the tolerance: only the measurement saw it
-    assert cheat.error_vs_fp64 > 50 * cheat.eager_error_vs_fp64
+    assert cheat.tolerance_used <= 1                    # it passed the tolerance: only the measurement saw it
+    assert cheat.error_vs_fp64 > 30 * cheat.eager_error_vs_fp64
+
+
+def test_a_kernel_exact_on_its_first_call_alone_is_measured_on_a_hidden_trial(tmp_path):
+    cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_exact_first_call.py", tmp_path)
+    assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
+    assert cheat.reason.startswith("[precision-downgrade] trial 1's outputs")
 
 
 def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
@@ -54,7 +60,7 @@ def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
         "import torch\n\n\nclass Model(torch.nn.Module):\n"
         "    def forward(self, x):\n        return torch.matmul(x, torch.ones(x.shape[-1], 3))\n\n\n"
         "def get_inputs():\n    return [torch.randn(4, 5)]\n\n\ndef get_init_inputs():\n    return []\n")
-    assert _first_set(problem, tmp_path / "cache").fp64() is None
+    assert _first_set(problem, tmp_path / "cache").fp64(reference.FIRST_SET) is None
 
 
 def test_outputs_too_large_to_keep_in_fp64_go_unmeasured(tmp_path, monkeypatch):

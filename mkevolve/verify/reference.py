@@ -75,7 +75,7 @@ _RECOMPUTE_MARK = ".ref.recompute"
 # The reference Model of the last folder whose outputs this process computed again, by (folder, device):
 # one at a time, since a full-size model can hold gigabytes of weights.
 _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
-# FIRST_SET's outputs from the reference Model run in fp64, by (folder, device), one folder at a time: what the
+# One set's outputs from the reference Model run in fp64, by (folder, device, set), one at a time: what the
 # measured precision rule compares with. Kept only up to this many bytes (fp64); larger ones go unmeasured.
 _fp64_references: dict[tuple[str, str], "Fp64Reference | None"] = {}
 FP64_REFERENCE_BYTES = EXPECTED_CACHE_BYTES
@@ -96,7 +96,7 @@ class ReferenceSpaceError(OSError):
 
 @dataclass(frozen=True)
 class Fp64Reference:
-    """The reference Model run in fp64 on FIRST_SET's inputs (upcast): what fp32's own rounding is measured
+    """The reference Model run in fp64 on one set's inputs (upcast): what fp32's own rounding is measured
     against. The outputs are as `expected` lists them (the written inputs last)."""
 
     outputs: list
@@ -267,27 +267,30 @@ class ReferenceSet:
             model = _recompute_models[key] = self.build_model()
         return self._forward(model, wire.read_values(self.inputs_file(name), self.device))
 
-    def fp64(self) -> Fp64Reference | None:
-        """FIRST_SET's fp64 reference, computed once per folder in this (trusted) process. None where it cannot
-        be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in fp64, or a Model that does
-        not run in fp64 (one that makes fp32 tensors of its own, or no memory left for an fp64 copy)."""
-        key = (str(self.folder), str(self.device))
+    def fp64(self, name: str) -> Fp64Reference | None:
+        """One set's fp64 reference, computed once per folder in this (trusted) process by a fresh Model: a
+        forward's outputs do not depend on the calls before it (a training batch norm's running statistics
+        change, its outputs use the batch's own; a reference that draws random numbers is refused up front).
+        None where it cannot be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in
+        fp64, or a Model that does not run in fp64 (one that makes fp32 tensors of its own, or no memory left
+        for an fp64 copy)."""
+        key = (str(self.folder), str(self.device), name)
         if key not in _fp64_references:
             _fp64_references.clear()
-            _fp64_references[key] = self._compute_fp64()
+            _fp64_references[key] = self._compute_fp64(name)
         return _fp64_references[key]
 
-    def _compute_fp64(self) -> Fp64Reference | None:
-        if self.recompute_mark(FIRST_SET).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES: past this too
+    def _compute_fp64(self, name: str) -> Fp64Reference | None:
+        if self.recompute_mark(name).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES: past this too
             return None
-        expected = self.expected(FIRST_SET)
+        expected = self.expected(name)
         floating = [v for v in expected if isinstance(v, torch.Tensor) and v.is_floating_point()]
         if not floating or 2 * _nbytes(floating) > FP64_REFERENCE_BYTES:
             return None
         inputs = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                  for v in wire.read_values(self.inputs_file(FIRST_SET), self.device)]
+                  for v in wire.read_values(self.inputs_file(name), self.device)]
         try:
-            exact = self._forward(self.build_model().double(), inputs)   # a fresh model, as FIRST_SET's was
+            exact = self._forward(self.build_model().double(), inputs)
         except RuntimeError:
             return None
         if [getattr(v, "shape", None) for v in exact] != [getattr(v, "shape", None) for v in expected]:

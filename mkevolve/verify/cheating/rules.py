@@ -39,7 +39,7 @@ class Rule(str, Enum):
                  "Keep every step at least as accurate as fp32. A `tl.dot` on fp32 data must state its precision, "
                  '`input_precision="ieee"` or `input_precision="tf32x3"`; a bare `tl.dot` (tf32 by default) or '
                  "computing in fp16, bf16 or plain tf32 is rejected even when the result happens to pass. "
-                 "Measured too: trial 0's error against the reference run in fp64 may be at most "
+                 "Measured too: a trial's error against the reference run in fp64 may be at most "
                  f"{PRECISION_VS_EAGER:g} times eager fp32's.")
     # Found by the isolated evaluation rather than by reading the source or watching the dispatcher:
     NON_TRITON_KERNEL = ("non-triton-kernel",

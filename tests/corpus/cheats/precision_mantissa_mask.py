@@ -1,7 +1,7 @@
-"""Cheat: an fp32 GEMM whose operands lose 9 of their 23 mantissa bits to a mask before an ieee tl.dot. Every
+"""Cheat: an fp32 GEMM whose operands lose 8 of their 23 mantissa bits to a mask before an ieee tl.dot. Every
 operand the compiled IR shows is fp32 and the dot states "ieee", so neither the source rules nor the TTIR
 audit can see it, and at this problem's scale the outputs still pass atol = rtol = 1e-4; only measuring the
-error against the reference run in fp64 (about 200 times eager fp32's) finds it."""
+error against the reference run in fp64 (60 to 170 times eager fp32's) finds it."""
 
 import torch
 import triton
@@ -15,8 +15,8 @@ CAUGHT_BY = "judge"
 
 @triton.jit
 def _coarse(v):
-    # keep 14 mantissa bits: the low 9 of the fp32 pattern cleared
-    return (v.to(tl.int32, bitcast=True) & -512).to(tl.float32, bitcast=True)
+    # keep 15 mantissa bits: the low 8 of the fp32 pattern cleared
+    return (v.to(tl.int32, bitcast=True) & -256).to(tl.float32, bitcast=True)
 
 
 @triton.jit
