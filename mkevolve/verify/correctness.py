@@ -292,12 +292,10 @@ def _check_precision(reference: ReferenceSet, plan: CallPlan, report: CandidateR
     if errors.error_vs_fp64 <= limit:
         return
     raise Rejected(Status.CHEATING, f"[{Rule.PRECISION.value}] trial {check.trial}'s outputs miss the reference "
-                   f"run in fp64 by "
-                   f"up to {errors.error_vs_fp64:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} "
-                   f"(the rule allows {limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, or a floor for tiny "
-                   f"errors): some step computes "
-                   f"with less than fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an "
-                   f"approximate function)", rule=Rule.PRECISION.value)
+                   f"run in fp64 by up to {errors.error_vs_fp64:.3g}, where eager fp32's miss it by "
+                   f"{exact.eager_error:.3g} (the rule allows {limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, "
+                   f"or a floor for tiny errors): some step computes with less than fp32's precision (fp16, bf16 "
+                   f"or tf32 operands, a truncated mantissa, an approximate function)", rule=Rule.PRECISION.value)
 
 
 def precision_limit(eager_error: float, largest: float, atol: float) -> float:

@@ -77,7 +77,7 @@ _RECOMPUTE_MARK = ".ref.recompute"
 _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
 # One set's outputs from the reference Model run in fp64, by (folder, device, set), one at a time: what the
 # measured precision rule compares with. Kept only up to this many bytes (fp64); larger ones go unmeasured.
-_fp64_references: dict[tuple[str, str], "Fp64Reference | None"] = {}
+_fp64_references: dict[tuple[str, str, str], "Fp64Reference | None"] = {}
 FP64_REFERENCE_BYTES = EXPECTED_CACHE_BYTES
 _USED_FILE = ".used"          # its mtime: when a check last started on the folder
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
@@ -269,8 +269,9 @@ class ReferenceSet:
 
     def fp64(self, name: str) -> Fp64Reference | None:
         """One set's fp64 reference, computed once per folder in this (trusted) process by a fresh Model: a
-        forward's outputs do not depend on the calls before it (a training batch norm's running statistics
-        change, its outputs use the batch's own; a reference that draws random numbers is refused up front).
+        forward's outputs seldom depend on the calls before it (a training batch norm's running statistics
+        change, its outputs use the batch's own; a reference that draws random numbers is refused up front),
+        and where they do, eager's error against it is as large as anyone's, and so is the limit.
         None where it cannot be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in
         fp64, or a Model that does not run in fp64 (one that makes fp32 tensors of its own, or no memory left
         for an fp64 copy)."""
