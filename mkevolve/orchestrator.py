@@ -482,6 +482,7 @@ class Orchestrator:
                              f"{result.status.value}: {result.reason}")
             result = self._fall_back(t, folder, decomposition, record, result)
         record.e2e_status, record.e2e_reason, record.e2e_speedup = result.status.value, result.reason, result.speedup
+        record.e2e_error_vs_fp64, record.e2e_eager_error_vs_fp64 = result.error_vs_fp64, result.eager_error_vs_fp64
         record.e2e_not_run = composite_not_run(result)
         record.e2e_ran = not record.e2e_not_run
         if result.passed:
@@ -546,7 +547,9 @@ class Orchestrator:
             return SubkernelRecord(status=SubkernelStatus.FAILING)
         # The best member passed every check, so its verdict is the verifier's OK.
         return SubkernelRecord(status=SubkernelStatus.OK, speedup=best.result.speedup, candidate=best.id,
-                               origin=self.config.model, precision=best.result.precision)
+                               origin=self.config.model, precision=best.result.precision,
+                               error_vs_fp64=best.result.error_vs_fp64,
+                               eager_error_vs_fp64=best.result.eager_error_vs_fp64)
 
     def _profile(self, folder: Path, decomposition: Decomposition, passed: EvalResult) -> dict[str, float]:
         """Each subkernel's milliseconds inside one end-to-end forward ({} where nothing is timed). A single
@@ -600,10 +603,13 @@ class Orchestrator:
                 origin=(origins or {}).get(name, sub.origin), candidate=sub.candidate,
                 status=EntryStatus.PYTORCH if pytorch else EntryStatus.OK,  # not PyTorch: an accepted kernel
                 speedup=sub.speedup, runtime_ms=sub.runtime_ms, precision=sub.precision,
+                error_vs_fp64=None if pytorch else sub.error_vs_fp64,
+                eager_error_vs_fp64=None if pytorch else sub.eager_error_vs_fp64,
                 runtime_share=(sub.runtime_ms / total) if total and sub.runtime_ms is not None else None,
                 sha256=sha256_of(source), reason=sub.reason if pytorch else None)
         return Manifest(problem=str(self.problem_path), device=self.verifier.device_name,
                         status=record.e2e_status, speedup=record.e2e_speedup, iteration=record.index,
+                        error_vs_fp64=record.e2e_error_vs_fp64, eager_error_vs_fp64=record.e2e_eager_error_vs_fp64,
                         versions={"torch": str(torch.__version__), "triton": str(triton.__version__)},
                         subkernels=entries, mode=mode_name(self.config.eval_mode))
 

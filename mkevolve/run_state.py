@@ -50,6 +50,9 @@ class SubkernelRecord:
     candidate: str | None = None
     origin: str = ""
     precision: str | None = None
+    # its kernel's largest error against the subproblem run in fp64, and eager fp32's (verify.correctness)
+    error_vs_fp64: float | None = None
+    eager_error_vs_fp64: float | None = None
     reason: str = ""                  # why it has no accepted kernel (and its PyTorch code stands in)
     candidates: int = 0               # candidates made for it in this iteration (0 in older state files)
 
@@ -75,6 +78,8 @@ class IterationRecord:
     e2e_status: str = ""
     e2e_reason: str = ""
     e2e_speedup: float | None = None
+    e2e_error_vs_fp64: float | None = None         # the composed solution's, against the problem in fp64
+    e2e_eager_error_vs_fp64: float | None = None   # eager fp32's on the same inputs
     runtime_ms: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     kept: bool = False

@@ -39,6 +39,9 @@ class SubkernelEntry:
     runtime_ms: float | None = None   # inside the end-to-end forward
     runtime_share: float | None = None
     precision: str | None = None
+    # its largest error against its subproblem run in fp64, and eager fp32's there (None: not measured)
+    error_vs_fp64: float | None = None
+    eager_error_vs_fp64: float | None = None
     sha256: str = ""
     reused_from: str | None = None    # "<solution folder> (<subkernel>)" when `port` carried it over
     reason: str | None = None         # for PyTorch code a run put in: why no Triton kernel was accepted
@@ -60,6 +63,9 @@ class Manifest:
     status: str = ""
     speedup: float | None = None      # end to end, vs torch.compile of the original
     iteration: int | None = None
+    # end to end: the largest error against the original run in fp64, and eager fp32's (None: not measured)
+    error_vs_fp64: float | None = None
+    eager_error_vs_fp64: float | None = None
     versions: dict[str, str] = field(default_factory=dict)
     subkernels: dict[str, SubkernelEntry] = field(default_factory=dict)
     # The module mode its checks ran in, "train" or "eval" (None: a manifest from before it was recorded). A

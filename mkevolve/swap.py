@@ -178,8 +178,11 @@ def _updated_manifest(solution: SolutionFolder, name: str, outcome: SwapOutcome,
         origin=replacement.origin, candidate=replacement.candidate,
         status=EntryStatus.OK,  # written only once the trial passed, locally and end to end
         speedup=local.speedup if local else None, precision=local.precision if local else None,
-        sha256=sha256_of(replacement.source))
+        error_vs_fp64=local.error_vs_fp64 if local else None,
+        eager_error_vs_fp64=local.eager_error_vs_fp64 if local else None, sha256=sha256_of(replacement.source))
     manifest.status, manifest.speedup = outcome.after.status.value, outcome.after.speedup
+    manifest.error_vs_fp64 = outcome.after.error_vs_fp64
+    manifest.eager_error_vs_fp64 = outcome.after.eager_error_vs_fp64
     manifest.mode = mode_name(verifier.config.eval_mode)     # the end-to-end check that now stands ran in it
     runtimes = measure_runtimes(verifier, problem_path, solution.path) if verifier.on_gpu else None
     if runtimes is not None:

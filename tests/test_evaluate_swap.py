@@ -188,6 +188,10 @@ def test_swap_a_hand_written_file(best, tmp_path, verifier, capsys):
     entry = yaml.safe_load((best / "manifest.yaml").read_text())["subkernels"]["linear"]
     assert entry["origin"] == "hand" and entry["candidate"] is None and entry["precision"] == "ieee"
     assert entry["sha256"] == hashlib.sha256(HAND_LINEAR.encode()).hexdigest()
+    # the swapped-in kernel's own accuracy, and the solution's end to end, measured against fp64
+    assert entry["error_vs_fp64"] <= 16 * entry["eager_error_vs_fp64"]
+    manifest = yaml.safe_load((best / "manifest.yaml").read_text())
+    assert manifest["error_vs_fp64"] == outcome.after.error_vs_fp64 is not None
 
 
 @pytest.mark.slow

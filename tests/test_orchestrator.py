@@ -68,6 +68,16 @@ def test_builtin_run_leaves_the_documented_layout(finished_run):
     assert events[-1]["kind"] == "run_finished" and events[-1]["closing_s"] >= 0
 
 
+def test_the_manifest_records_each_kernel_s_error_against_fp64_beside_eager_s(finished_run):
+    """What a user reads to trust the numbers: per subkernel and end to end, the largest error against the
+    problem run in fp64, next to eager fp32's on the same inputs (verify.correctness's measured precision)."""
+    manifest = Manifest.read(finished_run / BEST)
+    measured = [manifest] + [e for e in manifest.subkernels.values() if e.status.value == "ok"]
+    for entry in measured:
+        assert entry.error_vs_fp64 is not None and entry.eager_error_vs_fp64 is not None
+        assert entry.error_vs_fp64 <= 16 * max(entry.eager_error_vs_fp64, 1e-8)
+
+
 def test_a_single_subkernel_takes_its_time_from_the_end_to_end_check():
     orchestrator = Orchestrator.__new__(Orchestrator)
     orchestrator.verifier = SimpleNamespace(run_jobs=lambda jobs: pytest.fail("a profiling process was started"))
