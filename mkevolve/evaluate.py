@@ -17,6 +17,7 @@ from mkevolve.codebase import (
 from mkevolve.config import RunConfig, config_from_args
 from mkevolve.exit_codes import ExitCode
 from mkevolve.problem import ProblemError, read_source
+from mkevolve.report import fmt_accuracy
 from mkevolve.solution import (
     MANIFEST,
     Coverage,
@@ -51,6 +52,8 @@ class SubkernelEvaluation:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     precision: str | None = None
+    error_vs_fp64: float | None = None          # against its subproblem run in fp64
+    eager_error_vs_fp64: float | None = None    # eager fp32's on the same inputs
     speedup: float | None = None       # vs torch.compile of its subproblem
     runtime_ms: float | None = None    # inside one end-to-end forward
     share: float | None = None         # of the subkernels' end-to-end time
@@ -215,6 +218,7 @@ def _subkernel(solution: SolutionFolder, name: str, result: EvalResult | None) -
     if result is not None:
         row.status, row.reason, row.speedup = result.status.value, result.reason, result.speedup
         row.max_abs_err, row.max_rel_err, row.precision = result.max_abs_err, result.max_rel_err, result.precision
+        row.error_vs_fp64, row.eager_error_vs_fp64 = result.error_vs_fp64, result.eager_error_vs_fp64
     return row
 
 
@@ -290,7 +294,8 @@ def _row_cells(row: SubkernelEvaluation) -> list[str]:
         speed = "unknown" if row.speedup is None else f"{row.speedup:.3f}x"
     share = "unknown" if row.share is None else f"{100 * row.share:.1f}%"
     contribution = "unknown" if row.contribution is None else f"{row.contribution:.3f}x"
-    return [row.name, row.kind.value, f"[{colour}]{row.status}[/{colour}]", error, speed, share, contribution]
+    return [row.name, row.kind.value, f"[{colour}]{row.status}[/{colour}]", error,
+            fmt_accuracy(row.error_vs_fp64, row.eager_error_vs_fp64), speed, share, contribution]
 
 
 def _notes(row: SubkernelEvaluation) -> list[str]:
@@ -310,10 +315,11 @@ def print_evaluation(evaluation: SolutionEvaluation) -> None:
     console = make_console()
     console.print(f"solution: {evaluation.folder}\nproblem:  {evaluation.problem}\ndevice:   {evaluation.device}\n"
                   f"mode:     {evaluation.mode}")
-    table = Table(title="subkernels", caption="speedup: vs torch.compile of its subproblem; share: of the "
-                  "end-to-end time; Amdahl: the end-to-end speedup its own speedup accounts for")
+    table = Table(title="subkernels", caption="max err: against eager fp32; vs fp64: the largest error against "
+                  "its subproblem run in fp64, eager fp32's beside it; speedup: vs torch.compile of its subproblem; "
+                  "share: of the end-to-end time; Amdahl: the end-to-end speedup its own speedup accounts for")
     table.add_column("subkernel", no_wrap=True)
-    for column in ("kind", "verdict", "max err", "speedup", "share", "Amdahl"):
+    for column in ("kind", "verdict", "max err", "vs fp64", "speedup", "share", "Amdahl"):
         table.add_column(column)
     for row in evaluation.subkernels:
         table.add_row(*_row_cells(row))

@@ -127,6 +127,7 @@ class SubkernelRow:
     origin: str
     candidate: str
     precision: str
+    accuracy: str = "-"            # its error against fp64, then eager fp32's: "3.1e-07 (eager 2.9e-07)"
     href: str | None = None
 
 
@@ -209,6 +210,11 @@ class ReportPage:
 
 def _fmt_speedup(value: float | None, unknown: str = UNKNOWN) -> str:
     return unknown if value is None else f"{value:.3f}x"
+
+
+def fmt_accuracy(error: float | None, eager_error: float | None) -> str:
+    """An error against fp64 beside eager fp32's, "3.1e-07 (eager 2.9e-07)"; "-" where not measured."""
+    return "-" if error is None or eager_error is None else f"{error:.2g} (eager {eager_error:.2g})"
 
 
 def _fmt_share(value: float | None, unknown: str = UNKNOWN) -> str:
@@ -478,12 +484,14 @@ def _subkernel_rows(run_dir: Path, manifest: Manifest | None, history: list[Iter
                              _fmt_share(e.runtime_share, unknown),
                              _fmt_speedup(amdahl_contribution(e.runtime_share, e.speedup), unknown), e.origin,
                              e.candidate or "-", e.precision or "-",
+                             fmt_accuracy(e.error_vs_fp64, e.eager_error_vs_fp64),
                              _href(run_dir, run_dir / BEST / KERNELS_DIR / f"{name}.py"))
                 for name, e in manifest.subkernels.items()]
     if not history:
         return []
     return [SubkernelRow(name, r.status.value, _fmt_speedup(r.speedup, unknown), unknown, unknown, r.origin or "-",
-                         r.candidate or "-", r.precision or "-") for name, r in history[-1].subkernels.items()]
+                         r.candidate or "-", r.precision or "-", fmt_accuracy(r.error_vs_fp64, r.eager_error_vs_fp64))
+            for name, r in history[-1].subkernels.items()]
 
 
 def _iteration_rows(history: list[IterationRecord], checks: dict[int, EndToEnd], unknown: str) -> list[IterationRow]:

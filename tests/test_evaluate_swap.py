@@ -114,6 +114,7 @@ def test_eval_command_on_a_copy_elsewhere_passes_with_unknown_speedups(run_dir, 
     for row in report["subkernels"]:
         assert row["kind"] == "triton" and row["status"] == "ok" and not row["edited"]
         assert row["max_abs_err"] < 1e-4
+        assert row["error_vs_fp64"] <= 16 * row["eager_error_vs_fp64"]    # measured on any device
         assert row["speedup"] is None and row["share"] is None and row["contribution"] is None
 
 

@@ -53,6 +53,8 @@ def test_every_run_writes_a_self_contained_report(run_dir):
     for name in NAMES:
         assert f">{name}</a></td>" in table                          # each name links to its kernel file
     assert table.count("unknown (no GPU)") == 3 * len(NAMES)        # speedup, share, Amdahl
+    # accuracy is measured on any device: each kernel's error against fp64 beside eager fp32's
+    assert len(re.findall(r'<td class="num">[0-9.e+-]+ \(eager [0-9.e+-]+\)</td>', table)) == len(NAMES)
     plot = section(page, "speedup-plot")
     assert "<svg" in plot and "verdicts" in plot and "end to end" in plot
     assert "3 subpr." in plot                                      # the x axis names each decomposition
