@@ -48,7 +48,7 @@ def disk(monkeypatch):
 
 def test_make_room_evicts_least_recently_used_folders_first(tmp_path, disk):
     old = make_folder(tmp_path, "old", 30)
-    older = make_folder(tmp_path, "older", 40)
+    make_folder(tmp_path, "older", 40)
     current = make_folder(tmp_path, "current", 90)                   # the one being written
     disk["base"] = reference.DISK_RESERVE_BYTES
     reference.make_room(current, GIB, "p.py set trial0")         # one eviction is enough
@@ -203,3 +203,17 @@ def test_sets_computed_together_are_those_drawn_and_run_one_by_one(tmp_path, mon
         with torch.no_grad():
             assert torch.equal(model(*inputs), references.expected(name)[0])
 
+
+
+def test_a_set_whose_outputs_are_gone_is_computed_again_when_read(tmp_path):
+    """A check never crashes on a set file that went missing: everything in the cache can be computed again."""
+    from mkevolve.problem import load_problem
+
+    problem = load_problem(CORPUS / "problems" / "elementwise.py")
+    references = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
+    references.ensure(["trial0", "trial1"])
+    kept = [t.clone() for t in references.expected("trial1")]
+    references.outputs_file("trial1").unlink()
+    again = references.expected("trial1")
+    assert references.outputs_file("trial1").exists()
+    assert all(torch.equal(a, b) for a, b in zip(kept, again))

@@ -243,6 +243,11 @@ class ReferenceSet:
     def expected(self, name: str) -> list:
         """The reference outputs of one input set, kept in this (trusted) process for later candidates."""
         path = self.outputs_file(name)
+        if not self._done(name):
+            # Seen once among two workers checking the same problem (the isolation batch, 2026-12-05): a set
+            # whose outputs were gone by the time the judge read them, cause not found. Everything here can be
+            # computed again, so the set is, under the folder's lock, rather than the check crashing.
+            self.ensure([name])
         if not path.exists() and self.recompute_mark(name).exists():
             return self._recompute(name)
         stat = path.stat()
