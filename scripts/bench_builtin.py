@@ -46,6 +46,7 @@ from mkevolve.builtin.kernels import (
 )
 from mkevolve.gpu_peaks import H200
 from mkevolve.problem import fp32_strict, import_file, load_problem
+from mkevolve.verify.reference import largest_error
 from mkevolve.verify.result import Timing
 from mkevolve.verify.timing import TIMED_RUNS, WARMUP_RUNS, time_forward
 
@@ -290,10 +291,7 @@ def _errors_vs_fp64(reference: torch.nn.Module, inputs: list, expected, actual) 
         exact = _outputs(reference64(*inputs64))
     del reference64, inputs64
 
-    def worst(outputs) -> float:
-        return max((o.double() - e).abs().max().item() for o, e in zip(_outputs(outputs), exact))
-
-    return worst(expected), worst(actual)
+    return largest_error(_outputs(expected), exact), largest_error(_outputs(actual), exact)
 
 
 def _build(module, init: list, eval_mode: bool = False) -> torch.nn.Module:

@@ -26,8 +26,9 @@ a worker is included) and `phases` (seconds per phase, as the verifier measured 
                                                                         and how long preparing took
     judge.accounting, judge.read, judge.compare, judge.precision       part of `judge`: what ran on the
                                                                         GPU, reading and hashing the saved
-                                                                        outputs, comparing them, and trial
-                                                                        0 against the reference in fp64
+                                                                        outputs, comparing them, and (part
+                                                                        of compare) the last trial against
+                                                                        the reference in fp64
 
 Per phase the table gives how many evaluations had it, the median and p90 (linear interpolation between
 ranks, as numpy's default) and the total, in seconds, and its share of the evaluations' summed wall

@@ -280,11 +280,6 @@ MEASURED = ("eager_ms", "compile_ms", "solution_ms", "speedup_vs_compile", "spee
             "err_eager")
 
 
-def max_error(outputs: list, reference: list) -> float:
-    """Largest absolute difference from the fp64 reference over every output tensor."""
-    return max(float((out.double() - ref).abs().max()) for out, ref in zip(outputs, reference))
-
-
 def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False, seed: int = 0,
             rounds: int = DEFAULT_ROUNDS) -> Measurement:
     """Errors against fp64 on any device; on CUDA also eager, torch.compile and the solution timed in
@@ -293,6 +288,7 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
 
     from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, fp32_strict, import_file,
                                   load_problem, make_inputs)
+    from mkevolve.verify.reference import largest_error
     from mkevolve.workers.interpreter import make_autotune_interpretable
 
     fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier
@@ -311,8 +307,8 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     with torch.no_grad():
         expected = flatten_outputs(reference(*inputs64))
         result = Measurement(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                             err_eager=max_error(flatten_outputs(eager(*clone_values(inputs))), expected),
-                             err_solution=max_error(flatten_outputs(ours(*clone_values(inputs))), expected))
+                             err_eager=largest_error(flatten_outputs(eager(*clone_values(inputs))), expected),
+                             err_solution=largest_error(flatten_outputs(ours(*clone_values(inputs))), expected))
     del reference, inputs64, expected     # fp64 takes twice the fp32 model's memory: free it before timing
     if device.type != "cuda":
         result.note = "no CUDA: not timed"

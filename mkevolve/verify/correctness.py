@@ -20,7 +20,7 @@ import torch
 
 from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER, TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
-from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, gpu_accounting,
+from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, OutputCheck, gpu_accounting,
                                            plan_calls, remember_autotune_choices, run_candidate_process,
                                            scratch_folder)
 from mkevolve.verify import module_state
@@ -70,6 +70,7 @@ class _Errors:
     failure: str = ""
     error_vs_fp64: float | None = None          # the last trial, against the reference run in fp64
     eager_error_vs_fp64: float | None = None    # eager fp32's on the same inputs
+    precision_failure: str = ""                 # the precision rule's reason, raised once every output matched
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -243,10 +244,12 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     with _phase(errors, "judge.read"), gpu_lent():    # disk and hashing: no GPU work to hold it for
         report.read_outputs(scratch)
     with _phase(errors, "judge.compare"):
+        measured = _measured_check(plans[0])
         for index, (reference, plan) in enumerate(zip(references, plans)):
-            _check_outputs(problem, index, reference, plan, report, scratch, errors)
-    with _phase(errors, "judge.precision"):
-        _check_precision(references[0], plans[0], report, scratch, errors)
+            _check_outputs(problem, index, reference, plan, report, scratch, errors,
+                           measured if index == 0 else None)
+    if errors.precision_failure:    # after the outputs: a wrong one is reported as wrong, not as imprecise
+        raise Rejected(Status.CHEATING, errors.precision_failure, rule=Rule.PRECISION.value)
     with _phase(errors, "judge.state"):
         for index, (reference, plan) in enumerate(zip(references, plans)):
             if plan.state_buffers:
@@ -258,11 +261,15 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
 
 
 def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: CallPlan,
-                   report: CandidateReport, scratch: Path, errors: _Errors) -> None:
+                   report: CandidateReport, scratch: Path, errors: _Errors, measured: OutputCheck | None) -> None:
+    """Every kept output against the reference's; the `measured` one's precision too, from the same tensors."""
     for check in plan.checks:
         actual = report.output(check.save, scratch, reference.device)
         mismatch = _compare(reference.expected(check.input_set), actual, errors, plan.written_inputs)
         if not mismatch:
+            if check is measured:
+                with _phase(errors, "judge.precision"):
+                    _measure_precision(reference, check, actual, errors)
             continue
         where = _config_label(problem, index)
         if check.trial is not None:
@@ -274,28 +281,32 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
                        f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
 
 
-def _check_precision(reference: ReferenceSet, plan: CallPlan, report: CandidateReport, scratch: Path,
-                     errors: _Errors) -> None:
-    """The measured side of the precision rule, on the last trial of the first input config (hidden among
-    the timed calls, so a kernel cannot be exact on it alone): the outputs' error against the reference
-    Model run in fp64, next to eager fp32's own. A kernel that rounds its operands to bf16, fp16 or tf32 by
-    hand (a masked mantissa the TTIR audit cannot tell from fp32 math) can still pass the tolerance where
-    outputs are small; it cannot stay near fp32's error. Unmeasured where the reference has no fp64 form
-    (`ReferenceSet.fp64`)."""
-    check = max((c for c in plan.checks if c.trial is not None), key=lambda c: c.trial)
+def _measured_check(plan: CallPlan) -> OutputCheck:
+    """The check the precision rule measures: the last trial, hidden among the timed calls, so a kernel
+    cannot be exact on it alone (trial 0 is always the first call)."""
+    return max((c for c in plan.checks if c.trial is not None), key=lambda c: c.trial)
+
+
+def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list, errors: _Errors) -> None:
+    """The measured side of the precision rule, on the first input config: the outputs' error against the
+    reference Model run in fp64, next to eager fp32's own. A kernel that rounds its operands to bf16, fp16 or
+    tf32 by hand (a masked mantissa the TTIR audit cannot tell from fp32 math) can still pass the tolerance
+    where outputs are small; it cannot stay near fp32's error. Unmeasured where the reference has no fp64
+    form (`ReferenceSet.fp64`)."""
     exact = reference.fp64(check.input_set)
     if exact is None:
         return
-    errors.error_vs_fp64 = largest_error(report.output(check.save, scratch, reference.device), exact.outputs)
+    errors.error_vs_fp64 = largest_error(actual, exact.outputs)
     errors.eager_error_vs_fp64 = exact.eager_error
     limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
     if errors.error_vs_fp64 <= limit:
         return
-    raise Rejected(Status.CHEATING, f"[{Rule.PRECISION.value}] trial {check.trial}'s outputs miss the reference "
-                   f"run in fp64 by up to {errors.error_vs_fp64:.3g}, where eager fp32's miss it by "
-                   f"{exact.eager_error:.3g} (the rule allows {limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, "
-                   f"or a floor for tiny errors): some step computes with less than fp32's precision (fp16, bf16 "
-                   f"or tf32 operands, a truncated mantissa, an approximate function)", rule=Rule.PRECISION.value)
+    errors.precision_failure = (
+        f"[{Rule.PRECISION.value}] trial {check.trial}'s outputs miss the reference run in fp64 by up to "
+        f"{errors.error_vs_fp64:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} (the rule allows "
+        f"{limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, or a floor for tiny errors): some step computes "
+        f"with less than fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an approximate "
+        f"function)")
 
 
 def precision_limit(eager_error: float, largest: float, atol: float) -> float:
