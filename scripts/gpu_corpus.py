@@ -12,6 +12,7 @@ difference of their wall times after the first check is the per-candidate overhe
 
     PYTHONPATH=. python3 scripts/gpu_corpus.py --out scripts/results/gpu_corpus_<gpu>_<date>.json \
         --kernelbench DIR --problems level2/63_Gemm_ReLU_Divide.py ... --old-tree DIR
+    PYTHONPATH=. python3 scripts/gpu_corpus.py --out OUT.json --only precision honest   # part of the corpus
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def corpus_cases() -> list[dict]:
     return cases
 
 
-def run_corpus(workers: int) -> list[dict]:
-    cases = corpus_cases()
+def run_corpus(workers: int, only: list[str]) -> list[dict]:
+    cases = [c for c in corpus_cases() if not only or any(part in c["file"] for part in only)]
     config = RunConfig(trials=5, timeout=60, workers=workers, memory_limit_gb=2.5)
     started = time.perf_counter()
     with Verifier(config) as verifier:
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-corpus", action="store_true")
+    parser.add_argument("--only", nargs="*", default=[], help="corpus files whose path holds one of these")
     parser.add_argument("--kernelbench", type=Path)
     parser.add_argument("--problems", nargs="*", default=[])
     parser.add_argument("--old-tree", type=Path)
@@ -191,7 +193,7 @@ def main() -> None:
               "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
               "cpus": os.cpu_count()}
     if not args.skip_corpus:
-        record["corpus"] = run_corpus(args.workers)
+        record["corpus"] = run_corpus(args.workers, args.only)
         Path(args.out).write_text(json.dumps(record, indent=1))
     if args.problems:
         measure_overhead(args.kernelbench, args.problems, args.old_tree, record, Path(args.out), args.solution,
