@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mkevolve.verify.candidate_run import LATE_CALLS_UNTIMED, TIMING_SETS, plan_calls
+from mkevolve.verify.candidate_run import LATE_CALL_SETS, LATE_CALLS_UNTIMED, plan_calls
 from mkevolve.verify.timing import MIN_TIMED_RUNS, TIMED_BUDGET_MS, TIMED_RUNS, WARMUP_RUNS, timing_done
 from mkevolve.workers import wire
 from mkevolve.workers.zygote import Zygote
@@ -318,7 +318,9 @@ def test_untimed_plan_checks_every_call_and_puts_trial_zero_first():
     assert plan.calls[0].inputs == "trial0"
     assert [c.trial for c in plan.checks if c.trial is not None] == [0, 1, 2, 3, 4]
     assert len(plan.checks) == plan.length and all(c.guard for c in plan.calls)
-    assert set(plan.set_names()) == {f"trial{i}" for i in range(5)} | set(TIMING_SETS[:LATE_CALLS_UNTIMED])
+    assert set(plan.set_names()) == {f"trial{i}" for i in range(5)} | set(LATE_CALL_SETS)
+    late = [c.inputs for c in plan.calls if not c.inputs.startswith("trial")]
+    assert late[-1] == late[0] and late[-1] != late[-2]     # one repeat of seen inputs, never twice in a row
 
 
 def test_output_names_are_unique_across_the_configs_of_one_process():
@@ -623,3 +625,27 @@ def test_a_triton_compile_error_points_at_the_kernel_line(tmp_path):
     message, line = harness._kernel_compile_error(err, str(solution))
     assert line == 7 and "`y = tl.load(x_ptr + offs) @ 3`" in message and "matmul needs 2-D" in message
     assert harness._kernel_compile_error(ValueError("plain"), str(solution)) is None
+
+
+def test_timed_and_late_calls_get_shifts_of_their_own_and_their_checks_say_which():
+    plan = plan_calls(5, timed=True, on_gpu=True, rng=random.Random(3))
+    shifts = [c.shift for c in plan.calls if not c.inputs.startswith("trial")]
+    assert all(c.shift == 0 for c in plan.calls if c.inputs.startswith("trial"))
+    assert 0 not in shifts and len(set(shifts)) == len(shifts)            # no two calls see the same values
+    by_save = {c.save: c.shift for c in plan.calls if c.save}
+    assert all(check.shift == by_save[check.save] for check in plan.checks)
+
+
+def test_the_harness_shifts_inputs_as_the_trusted_side_does():
+    """The candidate's copies (TensorBase's C methods) and the reference's (problem.shifted_values) hold the
+    same values, so a checked timed call is compared with the reference on its own inputs."""
+    from mkevolve.problem import shifted_values
+    from mkevolve.verify.harness import _shifted_copies
+
+    values = [torch.randn(3, 5), torch.arange(6), torch.randn(4, 6).t(), 2.5, torch.randn(1)]
+    for shift in (1, 7, 15, 16, 1 << 40):
+        ours, theirs = _shifted_copies(values, shift), shifted_values(values, shift)
+        assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(ours, theirs))
+        assert ours[0].flatten()[0] == values[0].flatten()[shift % 15]          # moved toward the front
+        assert torch.equal(ours[1], values[1]) and torch.equal(ours[2], values[2])  # ints, non-contiguous: as given
+        assert ours[0].data_ptr() != values[0].data_ptr() and ours[1].data_ptr() != values[1].data_ptr()

@@ -2,6 +2,7 @@
 eager fp32's own. A kernel that rounds its operands by hand passes the tolerance and every source and IR rule
 (tests/corpus/cheats/precision_mantissa_mask.py, judged in test_isolation.py); this is what catches it."""
 
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -50,7 +51,34 @@ def test_an_honest_kernel_stays_near_eager_and_the_mantissa_cheat_does_not(tmp_p
 def test_a_kernel_exact_on_its_first_call_alone_is_measured_on_a_hidden_trial(tmp_path):
     cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_exact_first_call.py", tmp_path)
     assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
-    assert cheat.reason.startswith("[precision-downgrade] trial 1's outputs")
+    first_over = cheat.reason.removeprefix("[precision-downgrade] ")        # the first call over, in order
+    assert first_over.startswith(("trial 1: ", "call ")), cheat.reason
+
+
+def test_a_kernel_exact_on_new_inputs_alone_is_measured_where_it_has_seen_them(tmp_path):
+    """Every trial's inputs are new; the last checked call repeats inputs the kernel has seen, as timed calls do."""
+    cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_exact_on_new_inputs.py", tmp_path)
+    assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
+    assert "(a timed or late call): its outputs stray from the fp32 reference" in cheat.reason
+    assert cheat.tolerance_used <= 1
+
+
+def test_a_kernel_exact_at_the_first_shape_alone_is_measured_at_every_shape(tmp_path):
+    """The first input config is the one a problem file lists first: a kernel could be exact there alone."""
+    problem = tmp_path / "gemm_two_batches.py"
+    problem.write_text(GEMM.read_text().replace("def get_inputs():", """def get_input_configs():
+    return [{"get_init_inputs": get_init_inputs, "get_inputs": (lambda b=b: [torch.randn(b, IN_FEATURES)])}
+            for b in (BATCH, 24)]
+
+
+def get_inputs():"""))
+    solution = tmp_path / "coarse_past_the_first_shape.py"
+    cheat = (CORPUS / "cheats" / "precision_exact_first_call.py").read_text()
+    assert "COARSE=self.calls > 0" in cheat
+    solution.write_text(cheat.replace("COARSE=self.calls > 0", "COARSE=M != 32"))
+    result = _evaluate(problem, solution, tmp_path / "cache")
+    assert result.status is Status.CHEATING and result.rule == "precision-downgrade", result.reason
+    assert "(input config 1): its outputs" in result.reason
 
 
 def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
@@ -65,9 +93,43 @@ def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
 
 def test_outputs_too_large_to_keep_in_fp64_go_unmeasured(tmp_path, monkeypatch):
     monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", 0)
-    monkeypatch.setattr(reference, "_fp64_references", {})
+    monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
     honest = _evaluate(GEMM, CORPUS / "honest" / "gemm_epilogue.py", tmp_path)
     assert honest.status is Status.OK and honest.error_vs_fp64 is None and honest.eager_error_vs_fp64 is None
+
+
+def test_fp64_references_of_several_subproblems_are_kept_while_they_fit(tmp_path, monkeypatch):
+    """A worker taking candidates of two subproblems in turn computes each fp64 reference once; past
+    FP64_REFERENCE_BYTES the least recently used one is dropped."""
+    monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
+    gemm, rows = _first_set(GEMM, tmp_path), _first_set(CORPUS / "problems" / "row_reduction.py", tmp_path)
+    first = gemm.fp64(reference.FIRST_SET)
+    assert rows.fp64(reference.FIRST_SET) is not None
+    assert gemm.fp64(reference.FIRST_SET) is first                # kept: not computed again
+    held = sum(reference._nbytes(exact.outputs) for exact in reference._fp64_references.values())
+    monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", held - 1)      # now either fits, not both
+    reference._fp64_references.clear()
+    first = gemm.fp64(reference.FIRST_SET)
+    rows.fp64(reference.FIRST_SET)
+    assert list(reference._fp64_references) == [(str(rows.folder), "cpu", reference.FIRST_SET)]
+    assert gemm.fp64(reference.FIRST_SET) is not first           # dropped for the newer one, computed again
+
+
+def test_an_fp64_reference_without_gpu_memory_runs_on_the_cpu(tmp_path, monkeypatch):
+    """Unmeasured while the GPU is full would let any kernel pass the rule then: the CPU computes it instead."""
+    monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
+    references = _first_set(GEMM, tmp_path)
+    devices, on_device = [], reference.ReferenceSet._forward_fp64_on
+
+    def full_gpu(self, name, device):
+        devices.append(device)
+        if len(devices) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (held by other processes)")
+        return on_device(self, name, device)
+
+    monkeypatch.setattr(reference.ReferenceSet, "_forward_fp64_on", full_gpu)
+    exact = references.fp64(reference.FIRST_SET)
+    assert devices[1] == torch.device("cpu") and exact is not None and exact.eager_error > 0
 
 
 def test_the_limit_is_a_multiple_of_eager_s_error_with_floors_for_tiny_errors():

@@ -38,7 +38,12 @@ from mkevolve.workers.pool import log_tail
 from mkevolve.workers.zygote import ChildExit, ZygoteError
 
 TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
-LATE_CALLS_UNTIMED = 2                      # checked calls after the trials where nothing is timed (CPU)
+# Checked calls among and after the trials where nothing is timed (a CPU): the last takes the first's set again,
+# as timed calls take theirs, so a kernel that computes otherwise on values it has seen (in another order) is
+# checked there too.
+LATE_CALLS_UNTIMED = 3
+LATE_CALL_SETS = TIMING_SETS[:2]
+_MAX_SHIFT = 1 << 40          # shifts are drawn below this: far more than any tensor's elements
 _HARNESS_ENTRY = "mkevolve.verify.harness:run_candidate"
 _LOG_FILE = "candidate.log"
 # Scratch folders go to memory (tmpfs) when it has room: a candidate writes every kept output there
@@ -55,6 +60,7 @@ class OutputCheck:
     input_set: str             # the reference set it must match
     call: int                  # 1-based position of the call among all calls of its config
     trial: int | None = None   # the trial number; None for a timed or late call
+    shift: int = 0             # the call's inputs were the set's, shifted so (harness.Call.shift)
 
 
 @dataclass
@@ -74,11 +80,12 @@ class CallPlan:
     def set_names(self) -> list[str]:
         return sorted({c.inputs for c in self.calls})
 
-    def add(self, input_set: str, *, guard: bool, timed: bool, check: bool, trial: int | None = None) -> None:
+    def add(self, input_set: str, *, guard: bool, timed: bool, check: bool, trial: int | None = None,
+            shift: int = 0) -> None:
         save = f"{self.prefix}out{len(self.calls)}" if check else None
-        self.calls.append(Call(inputs=input_set, save=save, guard=guard, timed=timed))
+        self.calls.append(Call(inputs=input_set, save=save, guard=guard, timed=timed, shift=shift))
         if check:
-            self.checks.append(OutputCheck(save, input_set, len(self.calls), trial))
+            self.checks.append(OutputCheck(save, input_set, len(self.calls), trial, shift))
 
     def keep_state(self, buffers: list[str]) -> None:
         """Have the module's buffers kept after the first call and after the last, to be compared with the
@@ -99,7 +106,9 @@ class CallPlan:
 
 
 def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefix: str = "") -> CallPlan:
-    """Trial 0 first (it compiles); then the other trials among timed or late calls at random places.
+    """Trial 0 first (it compiles); then the other trials among timed or late calls at random places. Each
+    timed or late call gets its set's inputs shifted by a shift of its own (harness.Call.shift): a few sets
+    serve a hundred calls, yet no call sees the values of another.
 
     On a CPU every call runs under the dispatcher guard, since nothing is timed there; on a GPU only the
     trials do, and the profiler watches every call.
@@ -108,7 +117,7 @@ def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefi
         others = [TIMING_SETS[i % len(TIMING_SETS)] for i in range(WARMUP_RUNS + TIMED_RUNS)]
         checked = {len(others) - 1, rng.randrange(WARMUP_RUNS, len(others))}
     else:
-        others = [TIMING_SETS[i % len(TIMING_SETS)] for i in range(LATE_CALLS_UNTIMED)]
+        others = [LATE_CALL_SETS[i % len(LATE_CALL_SETS)] for i in range(LATE_CALLS_UNTIMED)]
         checked = set(range(len(others)))
     slots = sorted(rng.sample(range(len(others) + trials - 1), trials - 1))
     plan = CallPlan(prefix=prefix)
@@ -120,7 +129,8 @@ def plan_calls(trials: int, timed: bool, on_gpu: bool, rng: random.Random, prefi
             trial += 1
             continue
         is_timed = timed and other >= WARMUP_RUNS
-        plan.add(others[other], guard=not on_gpu, timed=is_timed, check=other in checked)
+        plan.add(others[other], guard=not on_gpu, timed=is_timed, check=other in checked,
+                 shift=rng.randrange(1, _MAX_SHIFT))
         other += 1
     return plan
 

@@ -68,8 +68,11 @@ class _Errors:
     tolerance_used: float = 0.0
     failed_trial: int | None = None
     failure: str = ""
-    error_vs_fp64: float | None = None          # the last trial, against the reference run in fp64
-    eager_error_vs_fp64: float | None = None    # eager fp32's on the same inputs
+    # The last trial of the config nearest the precision rule's limit: its largest error against the reference
+    # run in fp64, and eager fp32's on the same inputs
+    error_vs_fp64: float | None = None
+    eager_error_vs_fp64: float | None = None
+    precision_share: float = -1.0               # that call's error as a share of the rule's limit
     precision_failure: str = ""                 # the precision rule's reason, raised once every output matched
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -244,10 +247,8 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
     with _phase(errors, "judge.read"), gpu_lent():    # disk and hashing: no GPU work to hold it for
         report.read_outputs(scratch)
     with _phase(errors, "judge.compare"):
-        measured = _measured_check(plans[0])
         for index, (reference, plan) in enumerate(zip(references, plans)):
-            _check_outputs(problem, index, reference, plan, report, scratch, errors,
-                           measured if index == 0 else None)
+            _check_outputs(problem, index, reference, plan, report, scratch, errors)
     if errors.precision_failure:    # after the outputs: a wrong one is reported as wrong, not as imprecise
         raise Rejected(Status.CHEATING, errors.precision_failure, rule=Rule.PRECISION.value)
     with _phase(errors, "judge.state"):
@@ -261,17 +262,22 @@ def _verdict(problem: Problem, request: KernelEvalRequest, references: list[Refe
 
 
 def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: CallPlan,
-                   report: CandidateReport, scratch: Path, errors: _Errors, measured: OutputCheck | None) -> None:
-    """Every kept output against the reference's; the `measured` one's precision too, from the same tensors."""
+                   report: CandidateReport, scratch: Path, errors: _Errors) -> None:
+    """Every kept output against the reference's (on the inputs as the call got them); then the precision rule
+    on the same tensors: the last trial against the reference run in fp64, the timed or late calls against the
+    limit that trial sets."""
+    last_trial, where = _last_trial(plan), _config_label(problem, index)
     for check in plan.checks:
         actual = report.output(check.save, scratch, reference.device)
-        mismatch = _compare(reference.expected(check.input_set), actual, errors, plan.written_inputs)
+        expected = reference.expected(check.input_set, check.shift)
+        mismatch = _compare(expected, actual, errors, plan.written_inputs)
         if not mismatch:
-            if check is measured:
-                with _phase(errors, "judge.precision"):
-                    _measure_precision(reference, check, actual, errors)
+            with _phase(errors, "judge.precision"):
+                if check == last_trial:
+                    _measure_precision(reference, check, actual, errors, where)
+                elif check.trial is None:
+                    _check_later_precision(reference, last_trial, check, actual, expected, errors, where)
             continue
-        where = _config_label(problem, index)
         if check.trial is not None:
             errors.failed_trial = check.trial
             errors.failure = f"trial {check.trial}{where}: {mismatch}"
@@ -281,32 +287,55 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
                        f"({mismatch}); every call must do the work", rule=Rule.TIMED_OUTPUT.value)
 
 
-def _measured_check(plan: CallPlan) -> OutputCheck:
-    """The check the precision rule measures: the last trial, hidden among the timed calls, so a kernel
-    cannot be exact on it alone (trial 0 is always the first call)."""
+def _last_trial(plan: CallPlan) -> OutputCheck:
+    """The check the precision rule measures against fp64: the last trial, hidden among the timed calls, so a
+    kernel cannot be exact on it alone by counting its calls (trial 0 is always the first call)."""
     return max((c for c in plan.checks if c.trial is not None), key=lambda c: c.trial)
 
 
-def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list, errors: _Errors) -> None:
-    """The measured side of the precision rule, on the first input config: the outputs' error against the
-    reference Model run in fp64, next to eager fp32's own. A kernel that rounds its operands to bf16, fp16 or
-    tf32 by hand (a masked mantissa the TTIR audit cannot tell from fp32 math) can still pass the tolerance
-    where outputs are small; it cannot stay near fp32's error. Unmeasured where the reference has no fp64
-    form (`ReferenceSet.fp64`)."""
+def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list, errors: _Errors,
+                       where: str) -> None:
+    """The measured side of the precision rule, on every input config's last trial: its error against the
+    reference Model run in fp64, next to eager fp32's own on the same inputs. A kernel that rounds its operands to
+    bf16, fp16 or tf32 by hand (a masked mantissa the TTIR audit cannot tell from fp32 math) can still pass the
+    tolerance where outputs are small; it cannot stay near fp32's error. Unmeasured where the reference has no
+    fp64 form (`ReferenceSet.fp64`)."""
     exact = reference.fp64(check.input_set)
     if exact is None:
         return
-    errors.error_vs_fp64 = largest_error(actual, exact.outputs)
-    errors.eager_error_vs_fp64 = exact.eager_error
+    error = largest_error(actual, exact.outputs)
     limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
-    if errors.error_vs_fp64 <= limit:
+    share = error / limit if limit else (float("inf") if error else 0.0)
+    if share > errors.precision_share:     # the config nearest its limit is the one reported
+        errors.error_vs_fp64, errors.eager_error_vs_fp64, errors.precision_share = error, exact.eager_error, share
+    if error <= limit or errors.precision_failure:
         return
     errors.precision_failure = (
-        f"[{Rule.PRECISION.value}] trial {check.trial}'s outputs miss the reference run in fp64 by up to "
-        f"{errors.error_vs_fp64:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} (the rule allows "
-        f"{limit:.3g}: {PRECISION_VS_EAGER:g} times eager's, or a floor for tiny errors): some step computes "
-        f"with less than fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an approximate "
-        f"function)")
+        f"[{Rule.PRECISION.value}] trial {check.trial}{where}: its outputs miss the reference run in fp64 by up to "
+        f"{error:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} (the rule allows {limit:.3g}: "
+        f"{PRECISION_VS_EAGER:g} times eager's, or a floor for tiny errors): some step computes with less than "
+        f"fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an approximate function)")
+
+
+def _check_later_precision(reference: ReferenceSet, last_trial: OutputCheck, check: OutputCheck, actual: list,
+                           expected: list, errors: _Errors, where: str) -> None:
+    """A checked timed or late call against the fp32 reference on its own inputs, within the limit the last
+    trial's measurement sets. Trials get new inputs and timed calls take a few sets again (shifted), so a kernel
+    could keep fp32's precision on values it has not seen and drop it on those it has; an fp64 reference per
+    call would cost a forward in fp64 per candidate, and the fp32 one errs by eager's own error alone, a
+    sixteenth of the limit."""
+    exact = reference.fp64(last_trial.input_set)
+    if exact is None:
+        return
+    error = largest_error(actual, expected)
+    limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
+    if error <= limit or errors.precision_failure:
+        return
+    errors.precision_failure = (
+        f"[{Rule.PRECISION.value}] call {check.call} (a timed or late call){where}: its outputs stray from the fp32 "
+        f"reference by up to {error:.3g}, where the rule allows {limit:.3g} ({PRECISION_VS_EAGER:g} times eager "
+        f"fp32's own error against fp64 on trial {last_trial.trial}'s inputs, or a floor for tiny errors): it "
+        f"computes with less precision on some calls than on the trials")
 
 
 def precision_limit(eager_error: float, largest: float, atol: float) -> float:

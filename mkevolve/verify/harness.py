@@ -56,6 +56,8 @@ _equal, _isnan, _nan_to_num = _TensorBase.equal, _TensorBase.isnan, _TensorBase.
 _is_floating_point = _TensorBase.is_floating_point
 _shape_of, _dtype_of = (_TensorBase.__dict__[name].__get__ for name in ("shape", "dtype"))   # C getters
 _numel, _element_size = _TensorBase.numel, _TensorBase.element_size
+_is_contiguous, _reshape, _narrow, _copy_, _new_empty = (_TensorBase.is_contiguous, _TensorBase.reshape,
+                                                         _TensorBase.narrow, _TensorBase.copy_, _TensorBase.new_empty)
 _no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
 _set_grad_enabled = torch._C._set_grad_enabled
 _EventBase = torch._C._CudaEventBase       # C methods: record(stream), synchronize(), elapsed_time(end)
@@ -95,6 +97,9 @@ class Call:
     guard: bool = False          # watch it with the dispatcher guard (early, line-level feedback)
     timed: bool = False          # its time counts in the timing statistics
     state: str | None = None     # keep the model's buffers after the call under this name (verify/module_state.py)
+    # Its inputs' elements moved this many places (problem.shifted_values): each timed or late call its own, so no
+    # call sees the values of another and a kernel cannot hand back work kept from an earlier call. 0: as read.
+    shift: int = 0
     # Positions of the arguments the reference's forward writes into: kept after the outputs when they are saved.
     written: list[int] = field(default_factory=list)
 
@@ -350,12 +355,14 @@ class CalledArguments:
     given: list
     args: list
     written: list[int]       # positions the reference writes into: compared with its values instead
+    shift: int = 0           # the call's arguments were `given` shifted so (Call.shift)
 
     def changed(self) -> list[int]:
         """Positions of plain tensors the forward wrote into, where the reference leaves them as they were.
         TensorBase's C methods with torch function and dispatch modes off: no candidate code runs here."""
+        before_call = _shifted_copies(self.given, self.shift) if self.shift else self.given
         with _no_torch_function(), _no_torch_dispatch():
-            return [i for i, (after, before) in enumerate(zip(self.args, self.given))
+            return [i for i, (after, before) in enumerate(zip(self.args, before_call))
                     if i not in self.written and type(before) is _Tensor and not _same_bits(after, before)]
 
 
@@ -384,8 +391,9 @@ class _KeptArguments:
         self.later_bytes = 0
         self._drawn: dict[int, tuple[int, int]] = {}   # config -> (its drawn call's index in calls, calls seen)
 
-    def add(self, config: int, given: list, args: list, written: list[int], first: bool, checked: bool) -> None:
-        called = CalledArguments(config, given, args, written)
+    def add(self, config: int, given: list, args: list, written: list[int], first: bool, checked: bool,
+            shift: int = 0) -> None:
+        called = CalledArguments(config, given, args, written, shift)
         if first:
             self.calls.append(called)
             return
@@ -455,7 +463,7 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
         if call.timed and call.save is None and call.state is None and timing_done(report["times_ms"][-1]):
             report["skipped"][-1].append(position)
             continue  # the median is settled: the trials and the checked calls among the rest still run
-        args = _copies(inputs[call.inputs])
+        args = _shifted_copies(inputs[call.inputs], call.shift) if call.shift else _copies(inputs[call.inputs])
         guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
                  if call.guard else None)
         _check_precision(strict, "before a forward", report)
@@ -473,7 +481,7 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
             saved[call.save] = (_snapshot(out, report, already_checked=call.guard)
                                 + _copies([args[i] for i in call.written]))
         kept.add(len(report["times_ms"]) - 1, inputs[call.inputs], args, call.written, first=position == 0,
-                 checked=call.save is not None)
+                 checked=call.save is not None, shift=call.shift)
         if call.state:
             saved[call.state] = _copies(_module_buffers(model))
 
@@ -490,6 +498,26 @@ def _check_precision(strict: tuple, when: str, report: dict) -> None:
                  f"were changed {when}; leave torch.backends as they are"}
     if violation not in report["violations"]:
         report["violations"].append(violation)
+
+
+def _shifted_copies(values: list, shift: int) -> list:
+    """problem.shifted_values from TensorBase's C methods with torch function and dispatch modes off: no
+    candidate code runs here, and the GPU runs ATen's copy kernels only, as for `_copies`."""
+    with _no_torch_function(), _no_torch_dispatch():
+        return [_shifted(v, shift) if type(v) is _Tensor else v for v in values]
+
+
+def _shifted(v, shift: int):
+    n = _numel(v)
+    if not _is_floating_point(v) or not _is_contiguous(v) or n < 2:
+        return _clone(v)
+    step = shift % n
+    source, copy = _reshape(v, (-1,)), _new_empty(v, _shape_of(v))
+    target = _reshape(copy, (-1,))
+    _copy_(_narrow(target, 0, 0, n - step), _narrow(source, 0, step, n - step))
+    if step:
+        _copy_(_narrow(target, 0, n - step, step), _narrow(source, 0, 0, step))
+    return copy
 
 
 def _copies(values: list) -> list:

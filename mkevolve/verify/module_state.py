@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import networkx as nx
 import torch
 
-from mkevolve.problem import clone_values
+from mkevolve.problem import clone_values, shifted_values
 from mkevolve.verify.candidate_run import CallPlan
 from mkevolve.verify.reference import ReferenceSet
 from mkevolve.workers import wire
@@ -43,7 +43,8 @@ class StateMismatch:
 
 def replay(reference: ReferenceSet, plan: CallPlan, skipped: set[int], names: list[str]) -> tuple[Buffers, Buffers]:
     """The named buffers of a fresh reference Model after the plan's first call and after its last, the calls
-    at `skipped` positions left out as the candidate's harness left them out."""
+    at `skipped` positions left out as the candidate's harness left them out, each on its inputs as the
+    candidate got them (shifted: harness.Call.shift)."""
     model = reference.build_model()
     inputs: dict[str, list] = {}
     first: Buffers = []
@@ -52,8 +53,9 @@ def replay(reference: ReferenceSet, plan: CallPlan, skipped: set[int], names: li
             continue
         if call.inputs not in inputs:
             inputs[call.inputs] = wire.read_values(reference.inputs_file(call.inputs), reference.device)
+        given = inputs[call.inputs]
         with torch.no_grad():
-            model(*clone_values(inputs[call.inputs]))
+            model(*(shifted_values(given, call.shift) if call.shift else clone_values(given)))
         if position == 0:
             first = _named(model, names)
     return first, _named(model, names)

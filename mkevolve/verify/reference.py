@@ -46,15 +46,15 @@ import torch
 
 from mkevolve.fsutil import write_atomic
 from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, flatten_outputs,
-                              make_inputs, to_device)
+                              make_inputs, shifted_values, to_device)
 from mkevolve.verify.timing import default_cache_dir
 from mkevolve.workers import wire
 from mkevolve.workers.gpu_share import gpu_lent, lock_file
 
 _SALT_FILE = "salt"
-# Reference outputs a trusted worker keeps between candidates (bytes, on the device they are compared
-# on): the 7 checked outputs of a full-size KernelBench GEMM are 224 MB, read again for every candidate
-# otherwise. Least recently used first out.
+# Reference outputs, and the inputs that timed calls take shifted, that a trusted worker keeps between
+# candidates (bytes, on the device they are compared on): the checked outputs of a full-size KernelBench GEMM
+# are 224 MB, read again for every candidate otherwise. Least recently used first out.
 EXPECTED_CACHE_BYTES = 1 << 30
 _expected: OrderedDict[tuple, list] = OrderedDict()
 _expected_bytes: dict[tuple, int] = {}
@@ -75,9 +75,11 @@ _RECOMPUTE_MARK = ".ref.recompute"
 # The reference Model of the last folder whose outputs this process computed again, by (folder, device):
 # one at a time, since a full-size model can hold gigabytes of weights.
 _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
-# One set's outputs from the reference Model run in fp64, by (folder, device, set), one at a time: what the
-# measured precision rule compares with. Kept only up to this many bytes (fp64); larger ones go unmeasured.
-_fp64_references: dict[tuple[str, str, str], "Fp64Reference | None"] = {}
+# Sets' outputs from the reference Model run in fp64, by (folder, device, set), least recently used first:
+# what the measured precision rule compares with. A worker that takes candidates of several subproblems in
+# turn keeps each one's; together they hold at most FP64_REFERENCE_BYTES, and a set whose outputs alone pass
+# it goes unmeasured.
+_fp64_references: OrderedDict[tuple[str, str, str], "Fp64Reference | None"] = OrderedDict()
 FP64_REFERENCE_BYTES = EXPECTED_CACHE_BYTES
 _USED_FILE = ".used"          # its mtime: when a check last started on the folder
 _LOCK_FILE = ".lock"          # held by the process computing the folder's missing sets
@@ -105,8 +107,9 @@ class Fp64Reference:
 
 
 def largest_error(values: list, exact: list) -> float:
-    """The largest |value - exact| over the floating-point tensors; NaN where both are NaN counts as none."""
-    errors = [float((v.double() - e.double()).abs().nan_to_num(nan=0.0).max())
+    """The largest |value - exact| over the floating-point tensors, on exact's device; NaN where both are NaN
+    counts as none."""
+    errors = [float((v.to(e.device, torch.float64) - e.double()).abs().nan_to_num(nan=0.0).max())
               for v, e in zip(values, exact) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
     return max(errors, default=0.0)
 
@@ -187,11 +190,13 @@ class ReferenceSet:
             lock_file(lock)
             self._compute([name for name in names if not self._done(name)], config)
 
-    def build_model(self) -> torch.nn.Module:
-        """This config's reference Model: its init arguments, the check's seed, device and mode."""
+    def build_model(self, device: torch.device | None = None) -> torch.nn.Module:
+        """This config's reference Model: its init arguments, the check's seed and mode, on the check's device
+        unless told another (the same weights on any: they are made on the CPU first)."""
         config = self.problem.configs[self.config_index]
         init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
-        return build_model(self.problem.path, self.problem.model_cls, init, self.seed, self.device, self.eval_mode)
+        return build_model(self.problem.path, self.problem.model_cls, init, self.seed, device or self.device,
+                           self.eval_mode)
 
     def _compute(self, missing: list[str], config) -> None:
         if not self.state_file.exists() and FIRST_SET not in missing:
@@ -240,8 +245,12 @@ class ReferenceSet:
         else:
             self.recompute_mark(name).touch()   # last: the set is complete once it exists
 
-    def expected(self, name: str) -> list:
-        """The reference outputs of one input set, kept in this (trusted) process for later candidates."""
+    def expected(self, name: str, shift: int = 0) -> list:
+        """The reference outputs of one input set, kept in this (trusted) process for later candidates; with a
+        shift, on the set's inputs shifted so (a timed or late call's, problem.shifted_values), computed anew."""
+        if shift:
+            shifted = shifted_values(_read_kept(self.inputs_file(name), self.device), shift)   # copies already
+            return self._forward(self._recompute_model(), shifted, copy=False)
         path = self.outputs_file(name)
         if not self._done(name):
             # Seen once among two workers checking the same problem (the isolation batch, 2026-12-05): a set
@@ -250,54 +259,45 @@ class ReferenceSet:
             self.ensure([name])
         if not path.exists() and self.recompute_mark(name).exists():
             return self._recompute(name)
-        stat = path.stat()
-        key = (str(path), stat.st_mtime_ns, stat.st_size, str(self.device))
-        if stat.st_size > EXPECTED_CACHE_BYTES:
-            return wire.read_values(path, self.device)
-        if key not in _expected:
-            _expected[key] = wire.read_values(path, self.device)
-            _expected_bytes[key] = stat.st_size
-            while sum(_expected_bytes.values()) > EXPECTED_CACHE_BYTES and len(_expected) > 1:
-                oldest = next(iter(_expected))
-                del _expected[oldest], _expected_bytes[oldest]
-        _expected.move_to_end(key)
-        return _expected[key]
+        return _read_kept(path, self.device)
 
     def _recompute(self, name: str) -> list:
         """The outputs of a set kept without them: the reference Model again, on the inputs the candidate got."""
+        return self._forward(self._recompute_model(), wire.read_values(self.inputs_file(name), self.device))
+
+    def _recompute_model(self) -> torch.nn.Module:
         key = (str(self.folder), str(self.device))
         model = _recompute_models.get(key)
         if model is None:
             _recompute_models.clear()
             model = _recompute_models[key] = self.build_model()
-        return self._forward(model, wire.read_values(self.inputs_file(name), self.device))
+        return model
 
     def fp64(self, name: str) -> Fp64Reference | None:
-        """One set's fp64 reference, computed once per folder in this (trusted) process by a fresh Model: a
+        """One set's fp64 reference, computed once in this (trusted) process by a fresh Model: a
         forward's outputs seldom depend on the calls before it (a training batch norm's running statistics
         change, its outputs use the batch's own; a reference that draws random numbers is refused up front),
         and where they do, eager's error against it is as large as anyone's, and so is the limit.
         None where it cannot be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in
-        fp64, or a Model that does not run in fp64 (one that makes fp32 tensors of its own, or no memory left
-        for an fp64 copy)."""
+        fp64, or a Model that does not run in fp64 (one that makes fp32 tensors of its own)."""
         key = (str(self.folder), str(self.device), name)
-        if key not in _fp64_references:
-            _fp64_references.clear()
-            _fp64_references[key] = self._compute_fp64(name)
-        return _fp64_references[key]
-
-    def _compute_fp64(self, name: str) -> Fp64Reference | None:
+        if key in _fp64_references:
+            _fp64_references.move_to_end(key)
+            return _fp64_references[key]
         if self.recompute_mark(name).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES: past this too
             return None
         expected = self.expected(name)
         floating = [v for v in expected if isinstance(v, torch.Tensor) and v.is_floating_point()]
         if not floating or 2 * _nbytes(floating) > FP64_REFERENCE_BYTES:
             return None
-        inputs = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                  for v in wire.read_values(self.inputs_file(name), self.device)]
+        _forget_fp64_until_free(2 * _nbytes(floating))
+        _fp64_references[key] = self._compute_fp64(name, expected)
+        return _fp64_references[key]
+
+    def _compute_fp64(self, name: str, expected: list) -> Fp64Reference | None:
         try:
-            exact = self._forward(self.build_model().double(), inputs)
-        except RuntimeError:
+            exact = self._forward_fp64(name)
+        except RuntimeError:    # a Model that makes fp32 tensors of its own has no fp64 form
             return None
         if [getattr(v, "shape", None) for v in exact] != [getattr(v, "shape", None) for v in expected]:
             return None
@@ -305,9 +305,24 @@ class ReferenceSet:
                       for v in exact if isinstance(v, torch.Tensor) and v.is_floating_point())
         return Fp64Reference(exact, largest_error(expected, exact), largest)
 
-    def _forward(self, model: torch.nn.Module, inputs: list) -> list:
-        """The outputs of one call on copies of `inputs`, then the inputs it writes into, as they are after it."""
-        args = clone_values(inputs)
+    def _forward_fp64(self, name: str) -> list:
+        """The outputs of one call of a fresh Model in fp64 on the set's inputs upcast, on the check's device.
+        Where other processes hold the GPU's memory, on the CPU instead: slower, as exact. Left unmeasured, any
+        kernel would pass the rule while the GPU is full."""
+        try:
+            return self._forward_fp64_on(name, self.device)
+        except torch.cuda.OutOfMemoryError:
+            return self._forward_fp64_on(name, torch.device("cpu"))
+
+    def _forward_fp64_on(self, name: str, device: torch.device) -> list:
+        inputs = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for v in wire.read_values(self.inputs_file(name), device)]
+        return self._forward(self.build_model(device).double(), inputs)
+
+    def _forward(self, model: torch.nn.Module, inputs: list, copy: bool = True) -> list:
+        """The outputs of one call on copies of `inputs` (on `inputs` themselves where told not to copy: the
+        caller's own copies), then the inputs it writes into, as they are after it."""
+        args = clone_values(inputs) if copy else list(inputs)
         with torch.no_grad():
             outputs = flatten_outputs(model(*args))
         return outputs + [args[i] for i in self.written_inputs()]
@@ -449,8 +464,35 @@ def _on_host(values: list) -> list:
     return [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def _read_kept(path: Path, device: torch.device) -> list:
+    """A value file's contents, kept in this (trusted) process for later candidates while the kept files add up
+    to EXPECTED_CACHE_BYTES (least recently used dropped first): a set's outputs, or the inputs that timed calls
+    take shifted. The values are shared: callers copy before they write."""
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size, str(device))
+    if stat.st_size > EXPECTED_CACHE_BYTES:
+        return wire.read_values(path, device)
+    if key not in _expected:
+        _expected[key] = wire.read_values(path, device)
+        _expected_bytes[key] = stat.st_size
+        while sum(_expected_bytes.values()) > EXPECTED_CACHE_BYTES and len(_expected) > 1:
+            oldest = next(iter(_expected))
+            del _expected[oldest], _expected_bytes[oldest]
+    _expected.move_to_end(key)
+    return _expected[key]
+
+
 def _nbytes(values) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def _forget_fp64_until_free(needed: int) -> None:
+    """Drop the least recently used fp64 references until `needed` more bytes fit in FP64_REFERENCE_BYTES."""
+    def held() -> int:
+        return sum(_nbytes(exact.outputs) for exact in _fp64_references.values() if exact is not None)
+
+    while _fp64_references and held() + needed > FP64_REFERENCE_BYTES:
+        _fp64_references.popitem(last=False)
 
 
 def _write_atomic_values(path: Path, values) -> None:

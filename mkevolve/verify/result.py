@@ -73,8 +73,9 @@ class EvalResult:
     atol: float | None = None        # the tolerance the outputs were compared with
     rtol: float | None = None
     failed_trial: int | None = None  # first trial (0-based) whose outputs did not match
-    # The last trial's largest error against the reference run in fp64, and eager fp32's on the same inputs; None
-    # where it is not measured (no fp64 form of the reference, or outputs past reference.FP64_REFERENCE_BYTES).
+    # The last trial's largest error against the reference run in fp64 (of the input config nearest the precision
+    # rule's limit), and eager fp32's on the same inputs; None where it is not measured (no fp64 form of the
+    # reference, or outputs past reference.FP64_REFERENCE_BYTES).
     error_vs_fp64: float | None = None
     eager_error_vs_fp64: float | None = None
     trials: int = 0

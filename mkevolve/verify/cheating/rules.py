@@ -39,8 +39,8 @@ class Rule(str, Enum):
                  "Keep every step at least as accurate as fp32. A `tl.dot` on fp32 data must state its precision, "
                  '`input_precision="ieee"` or `input_precision="tf32x3"`; a bare `tl.dot` (tf32 by default) or '
                  "computing in fp16, bf16 or plain tf32 is rejected even when the result happens to pass. "
-                 "Measured too: a trial's error against the reference run in fp64 may be at most "
-                 f"{PRECISION_VS_EAGER:g} times eager fp32's.")
+                 "Measured too, on trials and timed calls alike: the error against the reference run in fp64 may be "
+                 f"at most {PRECISION_VS_EAGER:g} times eager fp32's.")
     # Found by the isolated evaluation rather than by reading the source or watching the dispatcher:
     NON_TRITON_KERNEL = ("non-triton-kernel",
                          "On a GPU, every kernel `forward` launches must be compiled from your own `@triton.jit` "
@@ -51,7 +51,8 @@ class Rule(str, Enum):
                "The kernel runs confined: no files outside its folder, sockets, processes, signals, native "
                "libraries, frame or gc introspection, or strings run as code.")
     TIMED_OUTPUT = ("timed-output",
-                    "Compute the full result on every call: calls outside the correctness trials are checked too.")
+                    "Compute the full result on every call, from that call's inputs: calls outside the correctness "
+                    "trials are checked too, and no two calls get the same input values.")
     FORGED_RESULT = ("forged-result", "Report nothing yourself: only the checker's harness writes results.")
     MODULE_STATE = ("module-state",
                     "Change the module's state as `Model` does, on every call: a buffer that `Model`'s forward "
