@@ -231,6 +231,20 @@ def check_reference(problem: Problem, device: torch.device, eval_mode: bool, see
                 hint = "; active dropout is the cause: compare in eval mode with --eval"
             raise ProblemError(problem.path, "the reference is non-deterministic (two calls on the same "
                                              f"inputs and weights differ), so it cannot be verified{hint}")
+        _check_shifted_inputs(problem, model, inputs)
+
+
+def _check_shifted_inputs(problem: Problem, model: nn.Module, inputs: list) -> None:
+    """Timed calls get their inputs' values in another order (shifted_values), so that no two calls share
+    inputs: a Model that cannot run on them (one that needs a positive-definite matrix) cannot be timed."""
+    try:
+        with torch.no_grad():
+            model(*shifted_values(inputs, 1))
+    except Exception as err:
+        raise ProblemError(problem.path, f"Model.forward raised {type(err).__name__} on its inputs' values in another "
+                                         f"order ({err}); timed calls get them so, so that no two calls share "
+                                         "inputs: inputs whose values must keep a structure (a positive-definite "
+                                         "matrix, sorted values) are not supported") from None
 
 
 def clone_values(values: list) -> list:

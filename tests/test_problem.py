@@ -168,3 +168,16 @@ def test_inputs_made_on_the_gpu_are_drawn_there_and_the_same_for_the_same_seed(t
     assert first.is_cuda and first.shape == (4096, 8) and torch.equal(first, again) and not torch.equal(first, other)
     on_cpu = make_inputs(problem.path, problem.configs[0], 1, gpu)[0]
     assert on_cpu.is_cuda and not torch.equal(first, on_cpu)     # other values than the CPU's stream
+
+
+def test_a_reference_that_cannot_run_on_its_values_in_another_order_is_a_clear_error(tmp_path):
+    """Timed calls get their inputs' values shifted (problem.shifted_values): a Model whose inputs need a
+    structure is refused up front, naming the file, rather than failing every candidate's check."""
+    path = tmp_path / "cholesky.py"
+    path.write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n"
+        "    def forward(self, a):\n        return torch.linalg.cholesky(a)\n\n\n"
+        "def get_inputs():\n    m = torch.randn(6, 6)\n    return [m @ m.T + 6 * torch.eye(6)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    with pytest.raises(ProblemError, match=r"cholesky\.py: Model\.forward raised .* values in another order"):
+        check_reference(load_problem(path), torch.device("cpu"), eval_mode=False)

@@ -217,3 +217,21 @@ def test_a_set_whose_outputs_are_gone_is_computed_again_when_read(tmp_path):
     again = references.expected("trial1")
     assert references.outputs_file("trial1").exists()
     assert all(torch.equal(a, b) for a, b in zip(kept, again))
+
+
+def test_sets_timed_calls_take_keep_their_inputs_alone_and_shifted_outputs_are_the_model_s(tmp_path):
+    """Timed and late calls take their sets shifted (harness.Call.shift): the sets' own outputs would never be
+    read, so they are neither computed nor written; a shifted call's are the Model on the shifted inputs."""
+    from mkevolve.problem import load_problem, shifted_values
+
+    problem = load_problem(CORPUS / "problems" / "gemm_epilogue.py")
+    references = reference.reference_set(tmp_path, problem, 0, 0, False, torch.device("cpu"))
+    references.ensure(["trial0", "time0"], inputs_only=["time0"])
+    assert references.inputs_file("time0").exists() and not references.outputs_file("time0").exists()
+    assert references.outputs_file("trial0").exists()
+    inputs = reference.wire.read_values(references.inputs_file("time0"))
+    shifted = shifted_values(inputs, 37)
+    assert not torch.equal(shifted[0], inputs[0]) and torch.equal(shifted[0].flatten()[0], inputs[0].flatten()[37])
+    with torch.no_grad():
+        assert torch.equal(references.build_model()(*shifted), references.expected("time0", shift=37)[0])
+        assert torch.equal(references.build_model()(*inputs), references.expected("time0")[0])   # if ever read

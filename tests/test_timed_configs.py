@@ -96,7 +96,7 @@ def test_the_baseline_is_timed_before_the_candidate_starts(tmp_path, monkeypatch
     def in_use():
         yield
 
-    fake_reference = SimpleNamespace(in_use=in_use, ensure=lambda names: order.append("reference"),
+    fake_reference = SimpleNamespace(in_use=in_use, ensure=lambda names, inputs_only=(): order.append("reference"),
                                      mutated_buffers=lambda: [], written_inputs=lambda: [])
     monkeypatch.setattr(correctness, "device", lambda: torch.device("cuda"))
     monkeypatch.setattr(correctness, "reference_set", lambda *args: fake_reference)

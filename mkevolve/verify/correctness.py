@@ -169,7 +169,7 @@ def _references_and_baselines(problem: Problem, request: KernelEvalRequest, refe
                             random.Random(secrets.randbits(64)), prefix=f"config{index}_")
                  for index in range(len(problem.configs))]
         for reference, plan in zip(references, plans):
-            reference.ensure(plan.set_names())
+            reference.ensure(plan.set_names(), inputs_only=TIMING_SETS)
             plan.keep_state(reference.mutated_buffers())
             plan.keep_written(reference.written_inputs())
     with _phase(errors, "baseline"):
@@ -217,7 +217,7 @@ def _configs_to_time(references: list[ReferenceSet], trials: int) -> list[int]:
     untimed = plan_calls(trials, False, True, random.Random(0)).set_names()   # the same for any order drawn
     sizes = []
     for index, reference in enumerate(references):
-        reference.ensure(untimed)
+        reference.ensure(untimed, inputs_only=TIMING_SETS)
         header = wire.read_values(reference.inputs_file("trial0"), "meta")     # shapes only, no data
         sizes.append((-sum(v.numel() * v.element_size() for v in header if isinstance(v, torch.Tensor)), index))
     return sorted(index for _, index in sorted(sizes)[:MAX_TIMED_CONFIGS])

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator
 
 import torch
 
@@ -174,8 +174,10 @@ class ReferenceSet:
                     yield
                     return
 
-    def ensure(self, names: list[str]) -> None:
-        """Compute whatever input sets are missing, with one reference Model built for all of them."""
+    def ensure(self, names: list[str], inputs_only: Collection[str] = ()) -> None:
+        """Compute whatever input sets are missing, with one reference Model built for all of them. The sets
+        named in `inputs_only` get their inputs alone, marked to be computed again if ever read: the calls
+        that take them take them shifted, and their outputs are computed per check (`expected`)."""
         config = self.problem.configs[self.config_index]
         init = call_inputs(self.problem.path, config.get_init_inputs, "get_init_inputs")
         (self.folder / _USED_FILE).touch()
@@ -188,7 +190,7 @@ class ReferenceSet:
         # find the files. Released when the file closes, or when this process dies.
         with open(self.folder / _LOCK_FILE, "a") as lock:
             lock_file(lock)
-            self._compute([name for name in names if not self._done(name)], config)
+            self._compute([name for name in names if not self._done(name)], config, set(inputs_only))
 
     def build_model(self, device: torch.device | None = None) -> torch.nn.Module:
         """This config's reference Model: its init arguments, the check's seed and mode, on the check's device
@@ -198,7 +200,7 @@ class ReferenceSet:
         return build_model(self.problem.path, self.problem.model_cls, init, self.seed, device or self.device,
                            self.eval_mode)
 
-    def _compute(self, missing: list[str], config) -> None:
+    def _compute(self, missing: list[str], config, inputs_only: set[str]) -> None:
         if not self.state_file.exists() and FIRST_SET not in missing:
             missing = [FIRST_SET, *missing]     # a folder from before the state was recorded: its files again
         if not missing:
@@ -209,8 +211,11 @@ class ReferenceSet:
         with ThreadPoolExecutor(max_workers=1) as writer:
             for index, name in enumerate(names):
                 inputs = to_device(drawn, self.device)
-                outputs = self._first_outputs(model, inputs) if name == FIRST_SET else self._forward(model, inputs)
-                keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES
+                if name == FIRST_SET:
+                    outputs = self._first_outputs(model, inputs)
+                else:
+                    outputs = [] if name in inputs_only else self._forward(model, inputs)
+                keep_outputs = _nbytes(outputs) <= RECOMPUTED_OUTPUT_BYTES and name not in inputs_only
                 inputs, outputs = _on_host(inputs), _on_host(outputs) if keep_outputs else []
                 # Seconds of disk and hashing for a full-size set, none of it on the GPU; the next set's
                 # inputs are drawn on the CPU meanwhile (KernelBench level2/19: 2.2 GB per set, 2.6 s to draw).
@@ -284,7 +289,7 @@ class ReferenceSet:
         if key in _fp64_references:
             _fp64_references.move_to_end(key)
             return _fp64_references[key]
-        if self.recompute_mark(name).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES: past this too
+        if self.recompute_mark(name).exists():      # outputs past RECOMPUTED_OUTPUT_BYTES (past this too), or none kept
             return None
         expected = self.expected(name)
         floating = [v for v in expected if isinstance(v, torch.Tensor) and v.is_floating_point()]
