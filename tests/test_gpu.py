@@ -10,12 +10,14 @@ from mkevolve.config import RunConfig
 from mkevolve.run_layout import BEST
 from mkevolve.solution import Manifest
 from mkevolve.verify.profile import SubkernelProfile
+from mkevolve.verify.result import Status
 from mkevolve.verify.timing import MIN_TIMED_RUNS, TIMED_RUNS
 from mkevolve.workers.pool import Job
 from mkevolve.verify.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "scripts" / "kernels"
+CORPUS = ROOT / "tests" / "corpus"
 
 pytestmark = pytest.mark.gpu
 
@@ -53,6 +55,20 @@ def test_side_stream_work_is_inside_the_timed_interval(verifier):
     assert honest.passed and side.passed
     # The same kernel on a side stream must not look faster than on the current one.
     assert side.runtime.median_ms > 0.8 * honest.runtime.median_ms
+
+
+def test_timed_calls_on_shifted_values_catch_kept_outputs_and_precision_dropped_on_seen_values(verifier):
+    """Timed calls take three sets again and again, each call its set's values shifted its own way: an output
+    kept under a fingerprint of the values is another call's answer, and a kernel coarse on values it has seen
+    strays from the fp32 reference on the checked timed calls. An honest kernel is timed as before."""
+    gemm = CORPUS / "problems" / "gemm_epilogue.py"
+    memo, coarse, honest = verifier.check_kernels([(gemm, CORPUS / "cheats" / "timed_output_value_memo.py"),
+                                                   (gemm, CORPUS / "cheats" / "precision_exact_on_new_inputs.py"),
+                                                   (gemm, CORPUS / "honest" / "gemm_epilogue.py")])
+    assert memo.status is Status.CHEATING and memo.rule == "timed-output", memo.reason
+    assert coarse.status is Status.CHEATING and coarse.rule == "precision-downgrade", coarse.reason
+    assert "(a timed or late call)" in coarse.reason
+    assert honest.passed and honest.runtime is not None, honest.reason
 
 
 def test_run_profiles_every_subkernel(tmp_path):
