@@ -37,7 +37,8 @@ from mkevolve.workers import background, gpu_share, wire
 from mkevolve.workers.pool import log_tail
 from mkevolve.workers.zygote import ChildExit, ZygoteError
 
-TIMING_SETS = ("time0", "time1", "time2")   # fresh inputs for timed calls, rotated so none is reused twice in a row
+# The input sets timed calls take in turn (none twice in a row), each call its set's values shifted its own way.
+TIMING_SETS = ("time0", "time1", "time2")
 # Checked calls among and after the trials where nothing is timed (a CPU): the last takes the first's set again,
 # as timed calls take theirs, so a kernel that computes otherwise on values it has seen (in another order) is
 # checked there too.
