@@ -256,11 +256,13 @@ def shifted_values(values: list, shift: int) -> list:
     """Copies of forward's arguments with every floating-point tensor's elements moved `shift` places toward the
     front of its flattened order, wrapping: element i of the copy is element (i + shift) % n of the original.
     The same values in another order, so a timed call costs what any call costs, yet no two calls share inputs.
-    Other tensors, and tensors not contiguous, are plain copies (the harness makes the same ones from C)."""
+    Other tensors, tensors not contiguous, and any tensor at shift 0 are plain copies, as `clone_values` makes
+    (the harness makes the same ones from C)."""
     def shifted(v: torch.Tensor) -> torch.Tensor:
-        if not v.is_floating_point() or not v.is_contiguous() or v.numel() < 2:
+        step = shift % v.numel() if v.numel() else 0
+        if not step or not v.is_floating_point() or not v.is_contiguous():
             return v.clone()
-        return torch.roll(v.reshape(-1), -(shift % v.numel())).reshape(v.shape)
+        return torch.roll(v.reshape(-1), -step).reshape(v.shape)
 
     return [shifted(v) if isinstance(v, torch.Tensor) else v for v in values]
 

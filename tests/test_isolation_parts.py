@@ -649,3 +649,6 @@ def test_the_harness_shifts_inputs_as_the_trusted_side_does():
         assert ours[0].flatten()[0] == values[0].flatten()[shift % 15]          # moved toward the front
         assert torch.equal(ours[1], values[1]) and torch.equal(ours[2], values[2])  # ints, non-contiguous: as given
         assert ours[0].data_ptr() != values[0].data_ptr() and ours[1].data_ptr() != values[1].data_ptr()
+    unshifted = _shifted_copies(values, 0)                                  # shift 0: plain copies
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(unshifted, values))
+    assert all(torch.equal(a, b) for a, b in zip(shifted_values(values, 0), values) if isinstance(a, torch.Tensor))

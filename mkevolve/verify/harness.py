@@ -463,7 +463,7 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
         if call.timed and call.save is None and call.state is None and timing_done(report["times_ms"][-1]):
             report["skipped"][-1].append(position)
             continue  # the median is settled: the trials and the checked calls among the rest still run
-        args = _shifted_copies(inputs[call.inputs], call.shift) if call.shift else _copies(inputs[call.inputs])
+        args = _shifted_copies(inputs[call.inputs], call.shift)
         guard = (RuntimeGuard(solution_file=request.solution, trusted_files=request.trusted_files)
                  if call.guard else None)
         _check_precision(strict, "before a forward", report)
@@ -502,21 +502,20 @@ def _check_precision(strict: tuple, when: str, report: dict) -> None:
 
 def _shifted_copies(values: list, shift: int) -> list:
     """problem.shifted_values from TensorBase's C methods with torch function and dispatch modes off: no
-    candidate code runs here, and the GPU runs ATen's copy kernels only, as for `_copies`."""
+    candidate code runs here, and the GPU runs ATen's copy kernels only, as for `_copies` (what shift 0 gives)."""
     with _no_torch_function(), _no_torch_dispatch():
         return [_shifted(v, shift) if type(v) is _Tensor else v for v in values]
 
 
 def _shifted(v, shift: int):
     n = _numel(v)
-    if not _is_floating_point(v) or not _is_contiguous(v) or n < 2:
+    step = shift % n if n else 0
+    if not step or not _is_floating_point(v) or not _is_contiguous(v):
         return _clone(v)
-    step = shift % n
     source, copy = _reshape(v, (-1,)), _new_empty(v, _shape_of(v))
     target = _reshape(copy, (-1,))
     _copy_(_narrow(target, 0, 0, n - step), _narrow(source, 0, step, n - step))
-    if step:
-        _copy_(_narrow(target, 0, n - step, step), _narrow(source, 0, 0, step))
+    _copy_(_narrow(target, 0, n - step, step), _narrow(source, 0, 0, step))
     return copy
 
 

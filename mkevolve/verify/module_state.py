@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import networkx as nx
 import torch
 
-from mkevolve.problem import clone_values, shifted_values
+from mkevolve.problem import shifted_values
 from mkevolve.verify.candidate_run import CallPlan
 from mkevolve.verify.reference import ReferenceSet
 from mkevolve.workers import wire
@@ -53,9 +53,8 @@ def replay(reference: ReferenceSet, plan: CallPlan, skipped: set[int], names: li
             continue
         if call.inputs not in inputs:
             inputs[call.inputs] = wire.read_values(reference.inputs_file(call.inputs), reference.device)
-        given = inputs[call.inputs]
         with torch.no_grad():
-            model(*(shifted_values(given, call.shift) if call.shift else clone_values(given)))
+            model(*shifted_values(inputs[call.inputs], call.shift))
         if position == 0:
             first = _named(model, names)
     return first, _named(model, names)
