@@ -6,9 +6,10 @@ set, as the judge runs it (`ReferenceSet.fp64`), next to the fp32 reference the 
 
 Per problem, config 0, the first input set: seconds for the fp32 reference (computed and written by
 `ReferenceSet.ensure`), seconds for the fp64 one (fresh Model, upcast inputs, its outputs compared with fp32's),
-an fp32 forward alone (median of 3) for scale, the fp64 outputs' size, and whether the rule measures the set at
-all (None from `fp64`: outputs past FP64_REFERENCE_BYTES, no fp64 form). Results are saved after every problem,
-so a run cut short by --time-limit keeps what it measured.
+an fp32 forward alone (median of 3) for scale, the fp64 outputs' size, whether the rule measures the set at
+all (None from `fp64`: no fp64 form) and whether it keeps the fp64 outputs at sampled positions alone (outputs
+past FP64_REFERENCE_BYTES). Results are saved after every problem, so a run cut short by --time-limit keeps
+what it measured.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Cost:
     fp32_forward_ms: float       # one fp32 forward of a built Model, median of 3, for scale
     fp64_output_mib: float       # the floating-point outputs' size in fp64
     measured: bool               # False where fp64() gives None: the rule leaves the set unmeasured
+    sampled: bool                # kept at FP64_SAMPLED_POSITIONS positions per output, not whole
     eager_error_vs_fp64: float | None
     peak_gpu_mib: float | None   # the most GPU memory allocated while the fp64 reference ran
     note: str = ""
@@ -88,7 +90,8 @@ def measure(path: Path, device: torch.device, cache: Path) -> Cost:
     reference._fp64_references.clear()           # free it before the next problem
     return Cost(problem=path.stem, fp32_reference_s=round(fp32_s, 3), fp64_reference_s=round(fp64_s, 3),
                 fp32_forward_ms=round(_fp32_forward_ms(problem, device), 3), fp64_output_mib=round(fp64_mib, 3),
-                measured=exact is not None, eager_error_vs_fp64=exact.eager_error if exact else None,
+                measured=exact is not None, sampled=exact is not None and exact.positions is not None,
+                eager_error_vs_fp64=exact.eager_error if exact else None,
                 peak_gpu_mib=round(peak, 1) if peak is not None else None)
 
 
@@ -98,7 +101,8 @@ def environment(device: torch.device) -> dict:
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     return {"date": date.today().isoformat(), "gpu": gpu, "torch": str(torch.__version__),
             "triton": triton.__version__, "python": platform.python_version(),
-            "fp64_reference_bytes": reference.FP64_REFERENCE_BYTES}
+            "fp64_reference_bytes": reference.FP64_REFERENCE_BYTES,
+            "fp64_sampled_positions": reference.FP64_SAMPLED_POSITIONS}
 
 
 def main() -> None:
@@ -119,7 +123,7 @@ def main() -> None:
         try:
             cost = measure(path, device, cache)
         except (RuntimeError, OSError) as err:      # out of memory, disk: record it, go on with the next
-            cost = Cost(path.stem, 0.0, 0.0, 0.0, 0.0, False, None, None, note=f"{type(err).__name__}: {err}")
+            cost = Cost(path.stem, 0.0, 0.0, 0.0, 0.0, False, False, None, None, note=f"{type(err).__name__}: {err}")
         finally:
             shutil.rmtree(cache, ignore_errors=True)
             if device.type == "cuda":
@@ -128,6 +132,7 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=1))
         print(f"{cost.problem}: fp32 ref {cost.fp32_reference_s:.2f} s, fp64 ref {cost.fp64_reference_s:.2f} s, "
               f"forward {cost.fp32_forward_ms:.1f} ms, {cost.fp64_output_mib:.0f} MiB, measured {cost.measured}"
+              f"{' (sampled)' if cost.sampled else ''}"
               f"{' ' + cost.note if cost.note else ''}", flush=True)
 
 

@@ -91,11 +91,39 @@ def test_a_model_without_an_fp64_form_goes_unmeasured(tmp_path):
     assert _first_set(problem, tmp_path / "cache").fp64(reference.FIRST_SET) is None
 
 
-def test_outputs_too_large_to_keep_in_fp64_go_unmeasured(tmp_path, monkeypatch):
+def test_outputs_too_large_to_keep_in_fp64_are_kept_at_secret_positions(tmp_path, monkeypatch):
+    """Eager's error and the largest magnitude over every element; the exact values at a few positions alone,
+    drawn anew by each computation (a secret seed), where a candidate's error is then taken."""
     monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", 0)
+    monkeypatch.setattr(reference, "FP64_SAMPLED_POSITIONS", 16)
+    monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
+    references = _first_set(GEMM, tmp_path)
+    exact = references.fp64(reference.FIRST_SET)
+    whole = references._forward_fp64(reference.FIRST_SET)[0]
+    expected = references.expected(reference.FIRST_SET)
+    [positions] = exact.positions
+    assert positions.shape == (16,) and torch.equal(exact.outputs[0], whole.reshape(-1)[positions])
+    assert exact.eager_error == reference.largest_error(expected, [whole]) > 0
+    assert exact.largest == float(whole.abs().max())
+    off = expected[0].clone()
+    off.reshape(-1)[positions[0]] += 1.0
+    assert 0.99 < exact.error([off]) < 1.01
+    reference._fp64_references.clear()
+    assert not torch.equal(references.fp64(reference.FIRST_SET).positions[0], positions)
+
+
+def test_outputs_too_large_to_keep_are_measured_and_the_mantissa_cheat_is_caught(tmp_path, monkeypatch):
+    """Sets past both caches (outputs computed again for each read, fp64 kept at sampled positions): before,
+    such sets went unmeasured, so any kernel passed the rule on a full-size 3-D convolution."""
+    monkeypatch.setattr(reference, "RECOMPUTED_OUTPUT_BYTES", 0)
+    monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", 0)
+    monkeypatch.setattr(reference, "FP64_SAMPLED_POSITIONS", 256)
     monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
     honest = _evaluate(GEMM, CORPUS / "honest" / "gemm_epilogue.py", tmp_path)
-    assert honest.status is Status.OK and honest.error_vs_fp64 is None and honest.eager_error_vs_fp64 is None
+    assert honest.status is Status.OK, honest.reason
+    assert 0 < honest.error_vs_fp64 <= PRECISION_VS_EAGER * honest.eager_error_vs_fp64
+    cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_mantissa_mask.py", tmp_path)
+    assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason
 
 
 def test_fp64_references_of_several_subproblems_are_kept_while_they_fit(tmp_path, monkeypatch):
@@ -106,7 +134,7 @@ def test_fp64_references_of_several_subproblems_are_kept_while_they_fit(tmp_path
     first = gemm.fp64(reference.FIRST_SET)
     assert rows.fp64(reference.FIRST_SET) is not None
     assert gemm.fp64(reference.FIRST_SET) is first                # kept: not computed again
-    held = sum(reference._nbytes(exact.outputs) for exact in reference._fp64_references.values())
+    held = sum(exact.nbytes for exact in reference._fp64_references.values())
     monkeypatch.setattr(reference, "FP64_REFERENCE_BYTES", held - 1)      # now either fits, not both
     reference._fp64_references.clear()
     first = gemm.fp64(reference.FIRST_SET)

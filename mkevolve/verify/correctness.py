@@ -303,7 +303,7 @@ def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list
     exact = reference.fp64(check.input_set)
     if exact is None:
         return
-    error = largest_error(actual, exact.outputs)
+    error = exact.error(actual)
     limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
     share = error / limit if limit else (float("inf") if error else 0.0)
     if share > errors.precision_share:     # the config nearest its limit is the one reported

@@ -75,7 +75,8 @@ class EvalResult:
     failed_trial: int | None = None  # first trial (0-based) whose outputs did not match
     # The last trial's largest error against the reference run in fp64 (of the input config nearest the precision
     # rule's limit), and eager fp32's on the same inputs; None where it is not measured (no fp64 form of the
-    # reference, or outputs past reference.FP64_REFERENCE_BYTES).
+    # reference). The first is taken at reference.FP64_SAMPLED_POSITIONS secret positions per output where the
+    # outputs pass reference.FP64_REFERENCE_BYTES in fp64.
     error_vs_fp64: float | None = None
     eager_error_vs_fp64: float | None = None
     trials: int = 0
