@@ -190,7 +190,12 @@ def standby() -> Standby:
     takes 0.3 s, warming Triton about 1 s and starting the profiler 3.6 to 3.8 s, time no candidate
     should wait for. (Those were measured before the zygote imported torch._dynamo, which the profiler's
     first start imports, 4.7 s on its own: candidate_zygote.FIRST_USE_IMPORTS.)"""
-    if not triton_warm.gpu_process():
+    return _prepare(on_gpu=triton_warm.gpu_process(), warm=True)
+
+
+def _prepare(on_gpu: bool, warm: bool) -> Standby:
+    """A GPU process's CUDA context and profiler; Triton warmed first where the zygote made its warm cache."""
+    if not on_gpu:
         return Standby()
     began = _wall_clock()
     torch.cuda.init()
@@ -200,7 +205,8 @@ def standby() -> Standby:
     share = 0.9 / sharers
     torch.cuda.set_per_process_memory_fraction(share)
     _memory_share_bytes = share * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
+    if warm:
+        triton_warm.warm_process()  # before the profiler starts: its kernel is not the candidate's
     recorder = ActivityRecorder()
     recorder.__enter__()
     return Standby(recorder, (began, _wall_clock()))
@@ -215,6 +221,11 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
                     "skipped": [], "activities": [], "denials": [], "phases": {}, "changed_inputs": []}
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
+        if request.device == "cuda" and prepared.recorder is None:
+            # Prepared as a CPU process (a check run in a process that left CUDA_VISIBLE_DEVICES unset, where the
+            # trusted side sees every GPU; its zygote made no warm cache): unprofiled, every candidate would
+            # read as launching no Triton kernel.
+            prepared = _prepare(on_gpu=True, warm=False)
         try:
             loaded = load_inputs(request)
         except CandidateFailure as failure:
