@@ -81,8 +81,8 @@ _recompute_models: dict[tuple[str, str], torch.nn.Module] = {}
 _fp64_references: OrderedDict[tuple[str, str, str], "Fp64Reference | None"] = OrderedDict()
 FP64_REFERENCE_BYTES = EXPECTED_CACHE_BYTES
 # A set whose fp64 outputs alone pass FP64_REFERENCE_BYTES keeps them at this many positions per output tensor
-# (16 bytes each: the position and the value), drawn at random by the trusted process. Six of the 37 shared
-# KernelBench problems are such (1.8 to 8.6 GB in fp64), and went unmeasured before. A kernel that computes
+# (16 bytes each: the position and the value), drawn at random by the trusted process. Eight of the 37 shared
+# KernelBench problems are such (1.9 to 8.6 GB in fp64), and went unmeasured before. A kernel that computes
 # coarsely on one output in 100,000 is still seen at 4M positions (the chance of missing it: e^-42).
 FP64_SAMPLED_POSITIONS = 1 << 22
 # Elements compared at once in `largest_error`: its fp64 temporaries stay at 0.5 GB where outputs run to GBs.
@@ -150,7 +150,7 @@ def _flat_chunks(value: torch.Tensor) -> Iterator[torch.Tensor]:
 
 def _sampled_positions(value) -> torch.Tensor | None:
     """FP64_SAMPLED_POSITIONS flat positions in a floating-point tensor, from a secret seed: drawn in the trusted
-    process after the candidate ran, so no kernel can know which of its outputs are measured."""
+    process, whose memory no candidate process reads, so no kernel can know which of its outputs are measured."""
     if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel()):
         return None
     generator = torch.Generator(device=value.device)
