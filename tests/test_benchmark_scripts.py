@@ -544,3 +544,20 @@ def test_the_precision_cost_of_a_small_problem_is_measured_whole_and_a_large_one
     monkeypatch.setattr(precision_cost.reference, "FP64_REFERENCE_BYTES", 0)  # every output is "too large"
     sampled = precision_cost.measure(problem, torch.device("cpu"), tmp_path / "b")
     assert sampled.measured and sampled.sampled and 0 < sampled.eager_error_vs_fp64 < 1e-4
+
+
+# ---- generator_trees -------------------------------------------------------------------------------------
+
+generator_trees = load_script("generator_trees")
+
+
+def test_each_tree_s_kernel_comes_from_that_tree_s_own_generator(tmp_path):
+    """The installed package must not stand in for a tree given on the command line (an editable install's
+    finder would, ahead of sys.path)."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "mkevolve", tree / "mkevolve", ignore=shutil.ignore_patterns("__pycache__"))
+    rows = [generator_trees.measure_tree(t, SMALL / GEMM, 0, generate_only=True) for t in (ROOT, tree)]
+    assert [row["imported_from"] for row in rows] == [str(ROOT / "mkevolve"), str(tree / "mkevolve")]
+    assert rows[0]["description"] == rows[1]["description"] != ""
