@@ -332,10 +332,10 @@ class ReferenceSet:
         forward's outputs seldom depend on the calls before it (a training batch norm's running statistics
         change, its outputs use the batch's own; a reference that draws random numbers is refused up front),
         and where they do, eager's error against it is as large as anyone's, and so is the limit.
-        None where it cannot be measured: no floating-point output, outputs past FP64_REFERENCE_BYTES in
-        fp64, or a Model that does not run in fp64 (one that makes fp32 tensors of its own).
-        Outputs past FP64_REFERENCE_BYTES in fp64 are kept at FP64_SAMPLED_POSITIONS secret positions alone;
-        eager's error and the largest magnitude are measured over all of them first."""
+        None where it cannot be measured: no floating-point output, or a Model that does not run in fp64 (one
+        that makes fp32 tensors of its own). Outputs past FP64_REFERENCE_BYTES in fp64 are kept at
+        FP64_SAMPLED_POSITIONS secret positions alone; eager's error and the largest magnitude are measured over
+        all of them first."""
         key = (str(self.folder), str(self.device), name)
         if key in _fp64_references:
             _fp64_references.move_to_end(key)
