@@ -289,6 +289,7 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, fp32_strict, import_file,
                                   load_problem, make_inputs)
     from mkevolve.verify.reference import largest_error
+    from mkevolve.workers.gpu_share import gpu_alone
     from mkevolve.workers.interpreter import make_autotune_interpretable
 
     fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier
@@ -302,6 +303,10 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     eager = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode)
     ours = build_model(Path(solution_path), solution_cls, init, seed, device, eval_mode, what="ModelNew")
 
+    with torch.no_grad(), gpu_alone():
+        # The solution's first call compiles its kernels and lets their autotuners time each tile config: with
+        # the GPU to itself, as the rounds have it, or other lanes' kernels decide which tile it keeps.
+        ours(*clone_values(inputs))
     reference = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode).double()
     inputs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
     with torch.no_grad():
@@ -318,7 +323,7 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     forwards = {name: (lambda m=m: m(*inputs)) for name, m in sides.items()}
     with torch.no_grad():
         for forward in forwards.values():
-            forward()               # compile and autotune now, sharing the GPU, not in a round that has it alone
+            forward()               # compile now (Inductor), sharing the GPU, not in a round that has it alone
     result.rounds_ms = alternate_rounds(forwards, rounds)
     result.eager_ms, result.compile_ms, result.solution_ms = (
         statistics.median(r[name] for r in result.rounds_ms) for name in ("eager", "compile", "solution"))
