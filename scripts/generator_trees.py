@@ -8,8 +8,9 @@ generator moved a problem's speed.
 Each tree runs in a process of its own, with its own mkevolve imported (a tree is a checkout, or any folder
 holding `mkevolve/`). There the generated ModelNew takes the reference Model's parameters (the same weights
 whatever order it makes its own in), runs in fp32 with TF32 off as the verifier's reference does, is compared
-with the reference (largest absolute difference) and is timed twice as the verifier times
-(`verify.timing.time_forward`: L2 flushed, median of 100), with the tile config its autotuner chose.
+with the reference (largest absolute difference) and, as eager fp32 is, with the reference run in fp64, and is
+timed twice as the verifier times (`verify.timing.time_forward`: L2 flushed, median of 100), with the tile config
+its autotuner chose.
 """
 
 from __future__ import annotations
@@ -59,11 +60,25 @@ def measure_in_this_process(tree: Path, problem_path: Path, variant: int, genera
             torch.manual_seed(1)
             inputs = config.get_inputs()
         with torch.no_grad():
-            row["max_abs_diff"] = float((candidate(*inputs) - reference(*inputs)).abs().max())
+            expected, got = reference(*inputs), candidate(*inputs)
+            row["max_abs_diff"] = float((got - expected).abs().max())
+            row.update(_errors_vs_fp64(reference, inputs, expected, got))
+            del expected, got
             row["ms"] = [time_forward(lambda: candidate(*inputs)).median_ms for _ in range(2)]
         row["autotuned"] = [str(kernel.best_config) for kernel in vars(module).values()
                             if getattr(kernel, "best_config", None) is not None]
     return row
+
+
+def _errors_vs_fp64(reference, inputs, expected, got) -> dict:
+    """Largest absolute error against the reference run in fp64, of the generated kernel and of eager fp32."""
+    import torch
+
+    with torch.no_grad():
+        exact = reference.double()(*[t.double() if t.is_floating_point() else t for t in inputs])
+        reference.float()
+    return {"error_vs_fp64": float((got.double() - exact).abs().max()),
+            "eager_error_vs_fp64": float((expected.double() - exact).abs().max())}
 
 
 def measure_tree(tree: Path, problem: Path, variant: int, generate_only: bool) -> dict:

@@ -134,7 +134,7 @@ def test_few_input_channels_use_exact_fp32_outer_products(tmp_path):
     path = _problem(tmp_path, "conv3d_rgb")
     generated = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
     assert all("tl.dot(" not in g.source and g.precision == "none" for g in generated)
-    assert "part += a[:, None] * b[None, :]" in generated[0].source     # 81 steps: blocked sums
+    assert "part_t += b[:, None] * a[None, :]" in generated[0].source     # 81 steps: blocked sums
 
 
 def test_outer_products_sum_each_pass_of_their_rolled_loops_apart(tmp_path):
@@ -142,9 +142,9 @@ def test_outer_products_sum_each_pass_of_their_rolled_loops_apart(tmp_path):
     running sum over all steps misses fp64 by about 2.5 times as much (emit_conv._outer_product_lines)."""
     rolled = generate_kernel(_problem(tmp_path, "conv3d_8ch_rolled"), 0, TARGET).source
     unrolled = generate_kernel(_problem(tmp_path, "conv2d_rgb"), 0, TARGET).source    # 27 steps, one pass
-    assert "            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n" in rolled    # inside k1's loop
-    assert "part += a[:, None] * b[None, :]" in rolled and "\n            acc += part\n" in rolled
-    assert "acc += a[:, None] * b[None, :]" in unrolled and "part" not in unrolled
+    assert "            part_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)\n" in rolled    # inside k1's loop
+    assert "part_t += b[:, None] * a[None, :]" in rolled and "\n            acc_t += part_t\n" in rolled
+    assert "acc_t += b[:, None] * a[None, :]" in unrolled and "part" not in unrolled
 
 
 def test_an_outer_product_over_many_steps_keeps_its_outer_tap_loops_rolled(tmp_path):
@@ -232,4 +232,7 @@ def test_tiles_are_cut_to_the_convolution():
     assert {t.block_k for t in per_tap} == {16} and {t.block_n for t in per_tap} == {64}
     assert {t.block_k for t in conv_tiles(_conv(128, 64), tiles)} == {32, 64}
     outer = conv_tiles(_conv(3, 16), tiles, dot=False)   # no BLOCK_K: tiles differing only there are one
-    assert [(t.block_m, t.block_n) for t in outer] == [(128, 16), (64, 16)]
+    # 64 sums a thread: 4 positions of 16 channels, one warp per 32 positions of the variant's tile
+    assert [(t.block_m, t.block_n, t.warps) for t in outer] == [(512, 16, 4), (256, 16, 2)]
+    wide = conv_tiles(_conv(3, 64), tiles, dot=False)
+    assert [(t.block_m, t.block_n, t.warps) for t in wide] == [(128, 64, 4), (64, 64, 2)]

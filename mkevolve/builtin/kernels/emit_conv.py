@@ -70,6 +70,7 @@ _MAX_BLOCK_K = 64
 # faster on the 8-channel conv3d (scripts/results/bench_builtin_conv_unroll_h200_2026-12-04.json).
 _MAX_UNROLLED_STEPS = 32
 _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
+_OUTER_PRODUCT_ACCUMULATORS = 64   # fp32 sums a thread of an outer-product tile holds (and as many partial ones)
 
 
 def _instance_channels(conv: Conv) -> list[tuple[int, int]]:
@@ -317,27 +318,31 @@ def _tap_per_block(conv: Conv) -> bool:
 def conv_tiles(conv: Conv, tiles: tuple[MatmulTile, ...], dot: bool = True) -> tuple[MatmulTile, ...]:
     """The variant's tiles cut to this convolution: BLOCK_N no wider than its output channels per group,
     BLOCK_K no deeper than its reduction, and a divisor of the channels when steps stay in one tap.
-    Outer products have no BLOCK_K: tiles that differ only there are one. They also have at most one warp
-    per 32 positions (`_outer_product_warps`)."""
+    Outer products have no BLOCK_K (tiles that differ only there are one), and their BLOCK_M follows from
+    their warps (`_outer_product_tile`)."""
     _, c_out = _group_channels(conv)
     n_cap = max(MIN_TILE, 1 << (max(c_out) - 1).bit_length())
     if not dot:
-        tiles = tuple(replace(t, warps=_outer_product_warps(t)) for t in tiles)
         k_cap = MIN_TILE
     elif _tap_per_block(conv):
         k_cap = _per_tap_block_k(conv)
     else:
         k_cap = max(MIN_TILE, 1 << (_min_reduction(conv) - 1).bit_length())
     cut = (replace(t, block_n=min(t.block_n, n_cap), block_k=min(t.block_k, k_cap)) for t in tiles)
+    if not dot:
+        cut = (_outer_product_tile(t) for t in cut)
     return tuple(dict.fromkeys(cut))
 
 
-def _outer_product_warps(tile: MatmulTile) -> int:
-    """An outer-product tile's warps, at most one per 32 of its BLOCK_M positions. With more, ptxas (sm_90,
-    Triton 3.6) compiled level2/87's, 71's and 7's kernels to 32 registers and 1 to 5 KB of stack a thread
-    (64x64 positions x channels on 4 warps, 128x64 on 8), where a warp per 32 positions needed 110 to 224
-    registers and no stack."""
-    return max(1, min(tile.warps, tile.block_m // 32))
+def _outer_product_tile(tile: MatmulTile) -> MatmulTile:
+    """An outer-product tile: the variant's warps, at most one per 32 of its BLOCK_M positions, each thread
+    then holding as many positions as keep its running tile at _OUTER_PRODUCT_ACCUMULATORS sums (BLOCK_N
+    channels a position, `_outer_product_lines`), so each weight row it loads serves several positions.
+    More warps a tile than one per 32 positions left ptxas (sm_90, Triton 3.6) at 32 registers and 1 to 5 KB
+    of stack a thread."""
+    warps = max(1, min(tile.warps, tile.block_m // 32))
+    positions = max(1, _OUTER_PRODUCT_ACCUMULATORS // tile.block_n)
+    return replace(tile, block_m=32 * warps * positions, warps=warps)
 
 
 def _per_tap_block_k(conv: Conv) -> int:
@@ -454,7 +459,12 @@ def _outer_product_lines(conv: Conv) -> list[str]:
     loops are unrolled; the outer tap loops stay loops where unrolling all would pass _MAX_UNROLLED_STEPS
     steps (`_rolled_tap_dims`).
 
-    Each pass of the rolled loops sums its unrolled steps into `part`, added to `acc` once: blocked
+    The sums are kept transposed, [BLOCK_N channels, BLOCK_M positions] (the kernel's header says why), and the
+    weight is zero-padded to W_N channels so its rows load without a mask. On an H100 that took level2/7's
+    kernel from 6.03 to 5.5 ms, 87's from 5.88 to 5.47, 67's from 6.24 to 5.94, 27's from 5.85 to 4.29 and 71's
+    from 1.43 to 1.38, and 23's from 1.18 to 1.25 (scripts/results/generator_trees_h100_2026-12-06.json).
+
+    Each pass of the rolled loops sums its unrolled steps into `part_t`, added to `acc_t` once: blocked
     summation. A single running sum over all 72 steps of an 8-channel 3x3 conv2d missed an fp64 reference
     by up to 8.5e-07 (rms 5.3e-08) on KernelBench's uniform [0, 1) inputs, blocks of 24 steps by 3.4e-07
     (rms 3.3e-08), for one more add per block (fp32 FMAs emulated on the CPU, 8.3M outputs). On an H100
@@ -466,8 +476,8 @@ def _outer_product_lines(conv: Conv) -> list[str]:
     (scripts/results/generator_trees_h200_2026-12-06.json)."""
     dims = range(len(conv.stride))
     rolled = _rolled_tap_dims(conv)
-    total = "part" if rolled else "acc"
-    lines, mask = [], "m_ok"
+    total = "part_t" if rolled else "acc_t"
+    lines, mask = ["acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # transposed: see the header"], "m_ok"
     for d in dims:
         pad = "    " * d
         loop = "range" if d < rolled else "tl.static_range"
@@ -475,20 +485,20 @@ def _outer_product_lines(conv: Conv) -> list[str]:
                   f"{pad}    in{d} = base{d} + k{d} * DIL{d}",
                   f"{pad}    ok{d} = {mask} & (in{d} >= 0) & (in{d} < D{d})"]
         if d + 1 == rolled:
-            lines.append(f"{pad}    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+            lines.append(f"{pad}    part_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)")
         mask = f"ok{d}"
     inner = "    " * len(dims)
     tap = flat_index([f"k{d}" for d in dims], [f"K{d}" for d in dims])
     lines += [
         f"{inner}x_tap = x_image + " + " + ".join(f"in{d}.to(tl.int64) * sx{d}" for d in dims),
-        f"{inner}w_tap = w_group + ({tap}) * C_in_g * C_out_g",
+        f"{inner}w_tap = w_group + ({tap}) * C_in_g * W_N",
         f"{inner}for c in tl.static_range(C_in_g):",
         f"{inner}    a = tl.load(x_ptr + x_tap + c * sxc, mask={mask}, other=0.0)",
-        f"{inner}    b = tl.load(w_ptr + w_tap + c * C_out_g + rn, mask=n_ok, other=0.0)",
-        f"{inner}    {total} += a[:, None] * b[None, :]"]
+        f"{inner}    b = tl.load(w_ptr + w_tap + c * W_N + rn)  # zero-padded to W_N channels: no mask",
+        f"{inner}    {total} += b[:, None] * a[None, :]"]
     if rolled:
-        lines.append("    " * rolled + "acc += part")
-    return lines
+        lines.append("    " * rolled + "acc_t += part_t")
+    return lines + ["acc = tl.trans(acc_t)  # [BLOCK_M, BLOCK_N], as the epilogue indexes it"]
 
 
 def _tiled_body(conv: Conv, dot: bool, precision: str, epi_lines: list[str], result: str) -> list[str]:
@@ -503,8 +513,8 @@ def _tiled_body(conv: Conv, dot: bool, precision: str, epi_lines: list[str], res
         reduction = _outer_product_lines(conv)
     return (["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "g = tl.program_id(2) % GROUPS",
              "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "n_ok = rn < C_out_g"] + _row_lines(conv)
-            + x_lines + ["w_group = g.to(tl.int64) * swg",
-                         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+            + x_lines + ["w_group = g.to(tl.int64) * swg"]
+            + (["acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"] if dot else [])
             + reduction
             + ["co = g * C_out_g + rn", "pos64 = pos.to(tl.int64)", "nb64 = nb.to(tl.int64)",
                f"ro64 = nb64 * ({out_positions}) + pos64", "co64 = co.to(tl.int64)",
@@ -526,7 +536,8 @@ def _tiled_params(kernel: KernelPlan, dot: bool, operands, epilogue, indexer, sc
     sizes = [KernelParam("M", "GEMM rows, images x output positions" + (" per phase" if conv.transposed else "")),
              KernelParam("C_in_g", "input channels per group", constexpr=not dot),
              KernelParam("C_out_g", "output channels per group"), KernelParam("C_out", "output channels")]
-    sizes += [KernelParam("K_TOTAL", "GEMM depth, C_in_g x taps")] if dot else []
+    sizes += ([KernelParam("K_TOTAL", "GEMM depth, C_in_g x taps")] if dot
+              else [KernelParam("W_N", "weight row length: C_out_g zero-padded to a multiple of BLOCK_N")])
     strides = ([KernelParam("sxn", "input stride between images")]
                + ([] if dot else [KernelParam("sxc", "input stride between channels")])
                + [KernelParam(f"sx{d}", f"input stride along spatial dim {d}") for d in dims]
@@ -539,7 +550,8 @@ def _tiled_params(kernel: KernelPlan, dot: bool, operands, epilogue, indexer, sc
     blocks = ([constexpr("BLOCK_M", "output positions per program"),
                constexpr("BLOCK_N", "output channels per program")]
               + ([constexpr("BLOCK_K", "GEMM depth per step")] if dot else []))
-    return (_tensor_params(kernel, operands, x_layout, f"[GROUPS, {_spatial('K', conv)}, C_in_g, C_out_g]")
+    w_layout = f"[GROUPS, {_spatial('K', conv)}, C_in_g, {'C_out_g' if dot else 'W_N'}]"
+    return (_tensor_params(kernel, operands, x_layout, w_layout)
             + [o.pointer("epilogue operand") for o in epilogue] + sizes
             + _size_params(conv, direct=False, bounded=not dot) + strides
             + indexer.kernel_signature() + scalars.kernel_signature() + _geometry_params(conv) + constants + blocks)
@@ -549,7 +561,7 @@ def _tiled_call(conv: Conv, dot: bool, epilogue, indexer, scalar_args) -> str:
     dims = range(len(conv.stride))
     x = "x_cl" if dot else "x"
     # an implicit GEMM reads a bordered input without bounds masks: no input sizes
-    sizes = (["M", "C_in_g", "C_out_g", "C_out"] + (["K_TOTAL"] if dot else [f"D{d}" for d in dims])
+    sizes = (["M", "C_in_g", "C_out_g", "C_out"] + (["K_TOTAL"] if dot else ["W_N"] + [f"D{d}" for d in dims])
              + [f"P{d}" for d in dims] + ([f"Q{d}" for d in dims] if conv.transposed else []))
     strides = ([f"{x}.stride(0)"] + ([] if dot else [f"{x}.stride(1)"])
                + [f"{x}.stride({(1 if dot else 2) + d})" for d in dims] + ["w_gemm.stride(0)"])
@@ -604,10 +616,16 @@ def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, auto
     grid_z = f"G * {math.prod(conv.stride)}" if conv.transposed else "G"
     # [C_out, C_in_g, K..] (transposed: [C_in, C_out_g, K..]) -> [GROUPS, K.., C_in_g, C_out_g]
     to_gemm = ".movedim(1, -1).movedim(1, -1)" if conv.transposed else ".movedim(2, -1).movedim(1, -1)"
-    lines = ([f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed]
-             + (_bordered_input_lines(conv) if dot else [])
-             + [f"w_gemm = w.reshape(G, -1, *w.shape[1:]){to_gemm}.contiguous()",
-                f"M = x.shape[0] * {rows}"]
+    w_gemm = f"w.reshape(G, -1, *w.shape[1:]){to_gemm}"
+    if dot:
+        weight = _bordered_input_lines(conv) + [f"w_gemm = {w_gemm}.contiguous()"]
+    else:   # rows zero-padded to a multiple of every tile's BLOCK_N, so the kernel loads them unmasked
+        widest = max(t.block_n for t in tiles)
+        weight = [f"W_N = _cdiv(C_out_g, {widest}) * {widest}",
+                  "w_gemm = w.new_zeros((G, *w.shape[2:], C_in_g, W_N))",
+                  f"w_gemm[..., :C_out_g] = {w_gemm}"]
+    lines = ([f"Q{d} = _cdiv(P{d}, {conv.stride[d]})" for d in dims if conv.transposed] + weight
+             + [f"M = x.shape[0] * {rows}"]
              + ([f"K_TOTAL = C_in_g * {' * '.join(_tap_exprs(conv))}"] if dot else []))
     positions = " * ".join(f"P{d}" for d in dims)
 
@@ -648,7 +666,11 @@ def _emit_tiled(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     else:
         header = (f"# Outer-product {kind}: a [BLOCK_M output positions, BLOCK_N output channels] tile of one\n"
                   f"    # group per program; too few input channels for tl.dot, so each (kernel tap, input\n"
-                  f"    # channel) adds a column of x times a row of w, w being [GROUPS, K.., C_in_g, C_out_g].")
+                  f"    # channel) adds a column of x times a row of w, w being [GROUPS, K.., C_in_g, W_N].\n"
+                  f"    # The sums are kept transposed, [BLOCK_N, BLOCK_M]: Triton's layout then gives each thread\n"
+                  f"    # whole weight rows (16-byte loads, one per 4 channels) and its own positions, where\n"
+                  f"    # [BLOCK_M, BLOCK_N] spread a weight row over a warp and shared every x column through\n"
+                  f"    # shared memory, two barriers per step.")
     body = _tiled_body(conv, dot, variant.precision, epi_lines, result)
     source = f'''{decorator}@triton.jit
 {signature(name, params)}
