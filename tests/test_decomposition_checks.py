@@ -236,3 +236,65 @@ def test_a_subproblem_whose_second_call_differs_fails_standalone(tmp_path):
     assert reason is not None and "two calls on the same inputs differ" in reason
     path.write_text(STATEFUL_SUBPROBLEM.replace("self.calls += 1", "pass"))
     assert run._run_standalone(load_problem(path)) is None
+
+
+DROPOUT_SUBPROBLEM = STATEFUL_SUBPROBLEM.replace("self.calls += 1", "pass").replace(
+    "return x * self.scale * self.calls", "return torch.nn.functional.dropout(x * self.scale, p=0.2, training=True)")
+
+
+def test_a_subproblem_that_draws_passes_standalone_with_its_state_still_checked(tmp_path):
+    """A training dropout is a subproblem of its own, kept as PyTorch code: each call starts from the same seed,
+    so it draws the same mask twice. Unseeded it failed, and the problem lost its whole decomposition."""
+    from mkevolve.problem import load_problem
+    from mkevolve.verify.decomposition.worker import _Run
+
+    path = tmp_path / "dropout.py"
+    path.write_text(DROPOUT_SUBPROBLEM)
+    run = _Run(PROBLEM, tmp_path, seed=0, trials=2, eval_mode=False)
+    assert run._run_standalone(load_problem(path)) is None
+    stateful = DROPOUT_SUBPROBLEM.replace("def forward(self, x):",
+                                          "def forward(self, x):\n        self.scale.data += 1")
+    path.write_text(stateful)
+    reason = run._run_standalone(load_problem(path))
+    assert reason is not None and "two calls on the same inputs differ" in reason
+
+
+CONV_NORM_DROPOUT = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, 3)
+        self.norm = nn.GroupNorm(4, 8)
+        self.dropout = nn.Dropout(0.2)
+
+    def forward(self, x):
+        return self.dropout(torch.clamp(self.norm(self.conv(x)), min=0.0, max=1.0))
+
+
+def get_inputs():
+    return [torch.rand(2, 3, 5, 6, 6)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_training_dropout_is_split_off_and_the_decomposition_passes(tmp_path):
+    """level2/83's form: the convolution and the norm get subproblems of their own (and so kernels) beside the
+    dropout, which stays PyTorch code."""
+    import json
+    import subprocess
+    import sys
+
+    problem = tmp_path / "conv_norm_dropout.py"
+    problem.write_text(CONV_NORM_DROPOUT)
+    done = subprocess.run([sys.executable, "-m", "mkevolve", "decompose", str(problem), "--out", str(tmp_path / "d"),
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert not result["fallback"] and all(check["passed"] for check in result["checks"])
+    assert any(s["name"] == "dropout" for s in result["subproblems"]) and len(result["subproblems"]) >= 2
