@@ -118,3 +118,79 @@ def test_the_harness_reports_inputs_that_did_not_load_and_runs_no_candidate_code
     assert harness.run_candidate(request.to_json()) == 0
     report = parse_report(read_signed_report(tmp_path, key))
     assert report.gpu_memory_taken and "loading the inputs ran out of GPU memory" in report.error.reason
+
+
+SOLUTION = """import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + 1
+"""
+
+
+def _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib: int) -> CandidateReport:
+    """The whole harness entry, in a forked process (it confines the process it runs in), with its copy of a
+    call's arguments failing as the GPU's memory runs out, the process holding `reserved_mib` of a 1 GiB share."""
+    import multiprocessing
+    import secrets
+
+    from mkevolve.verify.candidate_run import read_signed_report
+
+    def copies(values, shift):
+        raise torch.cuda.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(harness, "load_config", lambda config, device: ([], {"i.bin": [torch.ones(3)]}))
+    monkeypatch.setattr(harness, "_shifted_copies", copies)
+    monkeypatch.setattr(harness, "_memory_share_bytes", 1024 * MIB)
+    monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
+    scratch = tmp_path / f"reserved_{reserved_mib}"
+    scratch.mkdir()
+    (scratch / "solution.py").write_text(SOLUTION)
+    key = secrets.token_bytes(32)
+    request = _request(str(scratch), key.hex(), "cpu")
+    request.triton_cache = str(tmp_path / "triton")
+    request.configs[0].calls = [harness.Call("i.bin", save="out")]
+    child = multiprocessing.get_context("fork").Process(target=harness.run_candidate, args=(request.to_json(),))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    return parse_report(read_signed_report(scratch, key))
+
+
+def test_the_harness_running_out_of_memory_reports_it_and_is_tried_again(monkeypatch, tmp_path):
+    """Before, the error left the harness unreported: the process ended with code 70 and the candidate was
+    judged crashed, though other runs held the GPU's memory."""
+    taken = _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib=100)
+    assert taken.gpu_memory_taken and "the harness ran out of GPU memory" in taken.error.reason
+    own = _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib=900)   # its own hoard: judged
+    assert not own.gpu_memory_taken and own.error.status is Status.RUNTIME_ERROR
+
+
+def _check_running_out(monkeypatch, failures: int):
+    """evaluate_kernel with its single check failing `failures` times as the GPU's memory runs out."""
+    from mkevolve.verify import correctness
+    from mkevolve.verify.result import EvalResult
+
+    calls = []
+
+    def evaluate_once(request, errors):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise torch.cuda.OutOfMemoryError(OOM)
+        return EvalResult(status=Status.OK)
+
+    monkeypatch.setattr(correctness, "_evaluate_once", evaluate_once)
+    monkeypatch.setattr(correctness.time, "sleep", lambda seconds: None)
+    request = correctness.KernelEvalRequest(problem_path="p.py", solution_path="s.py")
+    return correctness.evaluate_kernel(request), calls
+
+
+def test_a_check_that_runs_out_of_gpu_memory_itself_runs_again_then_has_no_verdict(monkeypatch):
+    """The trusted side's own GPU work (references, comparisons) ran out of memory others held: before, the job
+    raised and the candidate was judged crashed."""
+    result, calls = _check_running_out(monkeypatch, failures=candidate_run.GPU_MEMORY_TRIES - 1)
+    assert result.status is Status.OK and len(calls) == candidate_run.GPU_MEMORY_TRIES
+    result, calls = _check_running_out(monkeypatch, failures=candidate_run.GPU_MEMORY_TRIES)
+    assert result.status is Status.NOT_RUN and result.reason.startswith(CANDIDATE_NOT_STARTED)
+    assert "ran out of GPU memory" in result.reason and len(calls) == candidate_run.GPU_MEMORY_TRIES

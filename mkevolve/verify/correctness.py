@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ import torch
 
 from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER, TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
-from mkevolve.verify.candidate_run import (TIMING_SETS, CallPlan, CandidateReport, OutputCheck, gpu_accounting,
-                                           plan_calls, remember_autotune_choices, run_candidate_process,
-                                           scratch_folder)
+from mkevolve.verify.candidate_run import (GPU_MEMORY_PAUSE_S, GPU_MEMORY_TRIES, TIMING_SETS, CallPlan,
+                                           CandidateReport, OutputCheck, gpu_accounting, plan_calls,
+                                           remember_autotune_choices, run_candidate_process, scratch_folder)
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
@@ -86,9 +87,27 @@ def device() -> torch.device:
 
 
 def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
-    """The whole check of one ModelNew against one problem; never raises for a bad candidate."""
+    """The whole check of one ModelNew against one problem; never raises for a bad candidate.
+
+    Where the check's own GPU work (references, reading back and comparing outputs) runs out of memory, other
+    processes on the GPU held it, or what this one keeps cached: the cache is let go and the check runs again
+    after a pause, GPU_MEMORY_TRIES times in all, as a candidate's process is; then it has no verdict. Before,
+    the error ended the job and the candidate was judged crashed (level2/7 on an H100 shared by three runs)."""
     fp32_strict()
-    errors = _Errors(request.atol, request.rtol)
+    for attempt in range(1, GPU_MEMORY_TRIES + 1):
+        errors = _Errors(request.atol, request.rtol)
+        try:
+            return _evaluate_once(request, errors)
+        except torch.cuda.OutOfMemoryError as err:
+            reason = str(err).strip().splitlines()[0][:300]
+        torch.cuda.empty_cache()
+        if attempt < GPU_MEMORY_TRIES:
+            time.sleep(GPU_MEMORY_PAUSE_S * attempt)
+    return Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: in each of its {GPU_MEMORY_TRIES} tries the check "
+                                    f"ran out of GPU memory ({reason})").to_result()
+
+
+def _evaluate_once(request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     try:
         with _phase(errors, "load"):
             problem = _load_checked_problem(request)
