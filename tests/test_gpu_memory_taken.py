@@ -129,19 +129,23 @@ class ModelNew(nn.Module):
 """
 
 
-def _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib: int) -> CandidateReport:
-    """The whole harness entry, in a forked process (it confines the process it runs in), with its copy of a
-    call's arguments failing as the GPU's memory runs out, the process holding `reserved_mib` of a 1 GiB share."""
+def _harness_runs_out_of_memory(monkeypatch, tmp_path, reserved_mib: int, where: str) -> CandidateReport:
+    """The whole harness entry, in a forked process (it confines the process it runs in), with its own GPU work
+    failing as the GPU's memory runs out `where` (its setup, or its copy of a call's arguments), the process
+    holding `reserved_mib` of a 1 GiB share."""
     import multiprocessing
     import secrets
 
     from mkevolve.verify.candidate_run import read_signed_report
 
-    def copies(values, shift):
+    def out_of_memory(*args):
         raise torch.cuda.OutOfMemoryError(OOM)
 
     monkeypatch.setattr(harness, "load_config", lambda config, device: ([], {"i.bin": [torch.ones(3)]}))
-    monkeypatch.setattr(harness, "_shifted_copies", copies)
+    if where == "setup":
+        monkeypatch.setattr(harness.autotune_memory, "use_choices", out_of_memory)
+    else:
+        monkeypatch.setattr(harness, "_shifted_copies", out_of_memory)
     monkeypatch.setattr(harness, "_memory_share_bytes", 1024 * MIB)
     monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
     scratch = tmp_path / f"reserved_{reserved_mib}"
@@ -158,12 +162,13 @@ def _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib: int) 
     return parse_report(read_signed_report(scratch, key))
 
 
-def test_the_harness_running_out_of_memory_reports_it_and_is_tried_again(monkeypatch, tmp_path):
+@pytest.mark.parametrize("where", ["setup", "copies"])
+def test_the_harness_running_out_of_memory_reports_it_and_is_tried_again(monkeypatch, tmp_path, where):
     """Before, the error left the harness unreported: the process ended with code 70 and the candidate was
     judged crashed, though other runs held the GPU's memory."""
-    taken = _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib=100)
+    taken = _harness_runs_out_of_memory(monkeypatch, tmp_path, reserved_mib=100, where=where)
     assert taken.gpu_memory_taken and "the harness ran out of GPU memory" in taken.error.reason
-    own = _harness_copies_run_out_of_memory(monkeypatch, tmp_path, reserved_mib=900)   # its own hoard: judged
+    own = _harness_runs_out_of_memory(monkeypatch, tmp_path, reserved_mib=900, where=where)   # its own hoard
     assert not own.gpu_memory_taken and own.error.status is Status.RUNTIME_ERROR
 
 

@@ -219,6 +219,25 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     request.key = ""
     report: dict = {"error": None, "violations": [], "launches": 0, "outputs": {}, "times_ms": [],
                     "skipped": [], "activities": [], "denials": [], "phases": {}, "changed_inputs": []}
+    try:
+        _run_and_report(request, key, report, prepared, started_at)
+    except _OutOfMemoryError as err:
+        report["error"] = _harness_out_of_memory(err).report_error()
+        write_report(request, report, key)
+    return 0
+
+
+def _harness_out_of_memory(err: BaseException) -> CandidateFailure:
+    """The harness's own GPU work (its setup, its copies of a call's arguments and outputs) ran out of memory: a
+    forward's error is caught in `_forward`, so only these get here. Within this process's share, other processes
+    held the memory (GPU_MEMORY_TAKEN: tried again); past it, the memory the candidate keeps is to blame.
+    Uncaught, the process ended with code 70 and no report, and the candidate was judged crashed (level2/7's and
+    83's candidates on an H100 shared by three runs, 2026-12-06)."""
+    return CandidateFailure(failure_kind(err, "runtime"), f"the harness ran out of GPU memory: {_describe(err)}")
+
+
+def _run_and_report(request: CandidateRequest, key: bytes, report: dict, prepared: Standby | None,
+                    started_at: float) -> None:
     with _phase(report, "setup"):
         prepared = prepared or standby()  # without a zygote's standby child, prepare now
         if request.device == "cuda" and prepared.recorder is None:
@@ -231,7 +250,7 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         except CandidateFailure as failure:
             report["error"] = failure.report_error()
             write_report(request, report, key)
-            return 0
+            return
         fp32_strict()  # as the reference ran: PyTorch code a solution keeps must not run in TF32
         strict = _precision_state()
         launchers = triton_warm.record_launchers() if request.device == "cuda" else []
@@ -254,8 +273,6 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
         report["changed_inputs"] = kept.changed()
     except CandidateFailure as failure:
         report["error"] = failure.report_error()
-    except _OutOfMemoryError as err:
-        report["error"] = _harness_out_of_memory(err).report_error()
     with _phase(report, "save"):
         report["outputs"] = _save_all(request.scratch, saved)
     report["denials"] = denials()
@@ -264,16 +281,6 @@ def run_candidate(payload: str, prepared: Standby | None = None) -> int:
     report["clock"] = [started_at, _wall_clock()]
     report["standby_clock"] = list(prepared.clock) if prepared.clock else None
     write_report(request, report, key)
-    return 0
-
-
-def _harness_out_of_memory(err: BaseException) -> CandidateFailure:
-    """The harness's own GPU copies (of a call's arguments, of its outputs) ran out of memory: a forward's error
-    is caught in `_forward`, so only these get here. Within this process's share, other processes held the
-    memory (GPU_MEMORY_TAKEN: tried again); past it, the memory the candidate keeps is to blame. Uncaught, the
-    process ended without a report and the candidate was judged crashed (level2/7 on an H100 shared by three
-    runs, 2026-12-06)."""
-    return CandidateFailure(failure_kind(err, "runtime"), f"the harness ran out of GPU memory: {_describe(err)}")
 
 
 def _forget_trusted_modules() -> None:
