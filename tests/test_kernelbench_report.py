@@ -157,7 +157,7 @@ def test_svg_is_valid_xml_marks_failures_and_is_reproducible(results, kernelbenc
 
 
 @pytest.mark.parametrize("results, table", [("kernelbench_h200.json", "kernelbench_h200.md"),
-                                            ("kernelbench_h100_2026-12-05.json", "kernelbench_h100.md")])
+                                            ("kernelbench_h100.json", "kernelbench_h100.md")])
 def test_committed_results_match_the_committed_table(results, table):
     """Each table in docs/ is rendered from its results file in scripts/results/: their rows must agree."""
     rendered = report.markdown(report.Report.load(ROOT / "scripts" / "results" / results))
