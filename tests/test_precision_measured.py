@@ -165,3 +165,16 @@ def test_the_limit_is_a_multiple_of_eager_s_error_with_floors_for_tiny_errors():
     assert precision_limit(1e-6, 1.0, 1e-4) == PRECISION_VS_EAGER * 1e-6
     assert precision_limit(0.0, 1000.0, 1e-4) == PRECISION_ULPS * eps * 1000.0    # eager exact, large outputs
     assert precision_limit(0.0, 1e-3, 1e-4) == PRECISION_TOLERANCE_SHARE * 1e-4   # eager exact, small outputs
+
+
+def test_the_memory_of_an_fp64_forward_is_given_back_once_it_is_kept(tmp_path, monkeypatch):
+    """Up to 26 GB at full size, which the allocator would otherwise hold until the job ends while other runs'
+    candidates on the GPU run out of memory."""
+    monkeypatch.setattr(reference, "_fp64_references", OrderedDict())
+    references = _first_set(GEMM, tmp_path)
+    released = []
+    monkeypatch.setattr(reference.torch.cuda, "empty_cache", lambda: released.append(len(reference._fp64_references)))
+    references.fp64(reference.FIRST_SET)
+    assert released == [1]                   # after the reference was computed and kept
+    references.fp64(reference.FIRST_SET)     # kept: nothing computed, nothing to give back
+    assert released == [1]

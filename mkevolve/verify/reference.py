@@ -347,6 +347,10 @@ class ReferenceSet:
         sampled = 2 * _nbytes(floating) > FP64_REFERENCE_BYTES
         _forget_fp64_until_free(16 * FP64_SAMPLED_POSITIONS * len(floating) if sampled else 2 * _nbytes(floating))
         _fp64_references[key] = self._compute_fp64(name, expected, sampled)
+        # The forward in fp64 peaked at 5.5 to 26 GB on a GPU for the full-size problems it samples
+        # (scripts/results/precision_cost_sampled_h200_2026-12-06.json), which PyTorch's allocator would keep
+        # until the job ends while other runs' candidates on the GPU ran out of memory: give it back now.
+        torch.cuda.empty_cache()
         return _fp64_references[key]
 
     def _compute_fp64(self, name: str, expected: list, sampled: bool) -> Fp64Reference | None:
