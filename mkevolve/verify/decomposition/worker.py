@@ -161,7 +161,7 @@ class _Run:
         Each call starts from the same seed, as the equivalence trials do: a subproblem that draws (a training
         dropout, split off to stay PyTorch code) draws the same numbers both times and passes; a forward that
         keeps state between calls still differs. Unseeded, the dropout failed here, and level2/83 lost its
-        whole decomposition (0.62x torch.compile on an H100, 1.05x with its convolution and norm in Triton)."""
+        whole decomposition (0.62x torch.compile on an H100; 1.04x with its convolution and norm in Triton)."""
         for index, config in enumerate(sub.configs):
             outputs = []
             try:
