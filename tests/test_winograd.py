@@ -22,9 +22,14 @@ from test_builtin_conv import CASES, TARGET, _check, _problem  # noqa: E402
 WINOGRAD_CASES = [name for name in CASES if name.endswith("_winograd")]
 
 
-@pytest.mark.parametrize("outputs, taps", [(2, 3), (3, 5), (4, 3), (2, 5), (4, 5), (2, 7)])
-def test_transform_computes_the_correlation_exactly(outputs, taps):
-    wt = transform(outputs, taps)
+HALF = Fraction(1, 2)
+
+
+@pytest.mark.parametrize("outputs, taps, points", [
+    (2, 3, None), (3, 5, None), (4, 3, None), (2, 5, None), (4, 5, None), (2, 7, None),
+    (2, 5, (0, 1, -1, HALF, -2)), (3, 5, (0, 1, -1, HALF, -HALF, 2))])   # scripts/winograd_points.py's others
+def test_transform_computes_the_correlation_exactly(outputs, taps, points):
+    wt = transform(outputs, taps) if points is None else transform(outputs, taps, tuple(map(Fraction, points)))
     rng = random.Random(outputs * 10 + taps)
     for _ in range(3):
         d = [Fraction(rng.randint(-9, 9), rng.randint(1, 4)) for _ in range(wt.alpha)]
@@ -122,3 +127,15 @@ def test_winograd_convolution_matches_pytorch(name, tmp_path):
 def _winograd_variant(path: Path, target: str):
     generated = [generate_kernel(path, v, target) for v in range(variant_count(path, target))]
     return next(g for g in generated if g.description.startswith("Winograd"))
+
+
+def test_the_point_comparison_emulates_each_tile_within_fp32_rounding():
+    """scripts/winograd_points.py's fp32 emulation computes the correlation (its errors are fp32 rounding, not a
+    wrong transform) and names every point set it compares."""
+    from script_loader import load_script
+
+    points = load_script("winograd_points")
+    rows = points.errors(depth=16, taps=5, outputs=60, seeds=1)
+    assert len(rows) == 1 + sum(len(sets) for sets in points.POINT_SETS.values())
+    assert all(0 < row["median_max_error"] < 1e-5 for row in rows.values())
+    assert rows["direct fp32"]["vs_direct"] == 1.0

@@ -18,7 +18,11 @@ for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81
 convolution is more accurate than that CPU one, and the comparison changes for 5 taps: level2/11's 5x5 layer had
 2.0e-06 with F(3, 5) against 8.6e-07 direct and cuDNN's 6.5e-07, while the 3x3 layers had 8.4e-07 and 8.7e-07
 with F(2, 3) against 9.6e-07 and 1.1e-06 direct (scripts/results/bench_builtin_winograd_h200_2026-12-04.json).
-The GEMMs' fp32 accumulation, amplified by AT's coefficients, makes most of F(3, 5)'s error.
+The GEMMs' fp32 accumulation, amplified by AT's coefficients, makes most of F(3, 5)'s error. Emulated in fp32
+on a CPU (one dim, 320 terms deep, median of 7 draws; scripts/results/winograd_points_cpu_2026-12-06.json),
+F(3, 5) errs by 3.4 to 3.7 times the direct sum whatever its points, and F(2, 5) by 3.0 to 3.1 times at
+symmetric points such as these but 1.9 times at (0, 1, -1, 1/2, -2): a more accurate 5-tap tile, for 3
+products per output instead of 2.33, not yet timed on a GPU.
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ class WinogradTransform:
         return self.outputs + self.taps - 1
 
 
-def transform(outputs: int, taps: int) -> WinogradTransform:
+def transform(outputs: int, taps: int, points: tuple[Fraction, ...] = _POINTS) -> WinogradTransform:
+    """F(outputs, taps) from the first alpha - 1 of `points` and infinity (distinct points; the generator's
+    are _POINTS, scripts/winograd_points.py compares others)."""
     alpha = outputs + taps - 1
-    if not 2 <= alpha <= len(_POINTS) + 1:
-        raise ValueError(f"F({outputs}, {taps}) needs {alpha - 1} finite points; {len(_POINTS)} are defined")
-    points = _POINTS[:alpha - 1]
+    if not 2 <= alpha <= len(points) + 1:
+        raise ValueError(f"F({outputs}, {taps}) needs {alpha - 1} finite points; {len(points)} are given")
+    points = points[:alpha - 1]
     # the point at infinity: the leading coefficient, which reaches only the last output through the last tap
     at = [[p ** i for p in points] + [Fraction(int(i == outputs - 1))] for i in range(outputs)]
     g = [[p ** k / _product(p - q for q in points if q != p) for k in range(taps)] for p in points]
