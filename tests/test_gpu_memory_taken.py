@@ -68,6 +68,12 @@ def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
     assert "held by other processes" in stopped.value.reason
 
 
+def _process_holds(monkeypatch, reserved_mib: int, share_mib: int) -> None:
+    """The harness's process holds `reserved_mib` of a `share_mib` share of the GPU's memory."""
+    monkeypatch.setattr(harness, "_memory_share_bytes", share_mib * MIB)
+    monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
+
+
 def _inputs_run_out_of_memory(monkeypatch, reserved_mib: int, share_mib: int) -> None:
     """The harness's copy of the inputs to the GPU fails with the OOM message above, the process holding
     `reserved_mib` of a `share_mib` share."""
@@ -75,8 +81,7 @@ def _inputs_run_out_of_memory(monkeypatch, reserved_mib: int, share_mib: int) ->
         raise torch.cuda.OutOfMemoryError(OOM)
 
     monkeypatch.setattr(harness, "load_config", load_config)
-    monkeypatch.setattr(harness, "_memory_share_bytes", share_mib * MIB)
-    monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
+    _process_holds(monkeypatch, reserved_mib, share_mib)
 
 
 def _request(folder: str, key: str, device: str) -> harness.CandidateRequest:
@@ -146,8 +151,7 @@ def _harness_runs_out_of_memory(monkeypatch, tmp_path, reserved_mib: int, where:
         monkeypatch.setattr(harness.autotune_memory, "use_choices", out_of_memory)
     else:
         monkeypatch.setattr(harness, "_shifted_copies", out_of_memory)
-    monkeypatch.setattr(harness, "_memory_share_bytes", 1024 * MIB)
-    monkeypatch.setattr(harness, "_memory_reserved", lambda: reserved_mib * MIB)
+    _process_holds(monkeypatch, reserved_mib, share_mib=1024)
     scratch = tmp_path / f"reserved_{reserved_mib}"
     scratch.mkdir()
     (scratch / "solution.py").write_text(SOLUTION)
