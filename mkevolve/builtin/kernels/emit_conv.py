@@ -71,6 +71,7 @@ _MAX_BLOCK_K = 64
 _MAX_UNROLLED_STEPS = 32
 _MIN_IMAGE_POSITIONS = 2048   # output positions per image from which tiles stay inside one image
 _OUTER_PRODUCT_ACCUMULATORS = 64   # fp32 sums a thread of an outer-product tile holds (and as many partial ones)
+_OUTER_PRODUCT_CHANNELS = 16       # BLOCK_N of an outer-product tile, at most: its thread then holds 4 positions
 
 
 def _instance_channels(conv: Conv) -> list[tuple[int, int]]:
@@ -339,10 +340,17 @@ def _outer_product_tile(tile: MatmulTile) -> MatmulTile:
     then holding as many positions as keep its running tile at _OUTER_PRODUCT_ACCUMULATORS sums (BLOCK_N
     channels a position, `_outer_product_lines`), so each weight row it loads serves several positions.
     More warps a tile than one per 32 positions left ptxas (sm_90, Triton 3.6) at 32 registers and 1 to 5 KB
-    of stack a thread."""
+    of stack a thread.
+
+    BLOCK_N stops at _OUTER_PRODUCT_CHANNELS: a step's 64 FMAs a thread then wait on 4 x loads and 4 16-byte
+    weight loads, against 2 and 8 at 32 channels x 2 positions and 1 and 16 at 64 x 1. On an H100, with the
+    same sums, that took the kernels of level2/67, 87 and 71 (64 output channels: 64 x 1 before) from 6.12 to
+    4.81 ms, 5.4 to 4.2-4.5 and 1.34 to 1.12, those of 23 and 7 (32 x 2 before) from 1.27 to 1.09 and 5.63 to
+    5.58 (scripts/results/generator_trees_h100_2026-12-06_b.json); 1 x 32 took 7 from 5.5 to 7.3 ms."""
     warps = max(1, min(tile.warps, tile.block_m // 32))
-    positions = max(1, _OUTER_PRODUCT_ACCUMULATORS // tile.block_n)
-    return replace(tile, block_m=32 * warps * positions, warps=warps)
+    block_n = min(tile.block_n, _OUTER_PRODUCT_CHANNELS)
+    positions = max(1, _OUTER_PRODUCT_ACCUMULATORS // block_n)
+    return replace(tile, block_m=32 * warps * positions, block_n=block_n, warps=warps)
 
 
 def _per_tap_block_k(conv: Conv) -> int:
