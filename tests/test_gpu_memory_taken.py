@@ -56,7 +56,8 @@ def test_a_candidate_whose_memory_was_taken_runs_again_after_pauses(monkeypatch,
     calls = _fake_runs(monkeypatch, [True, True, False])
     report: CandidateReport = candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
     assert len(calls) == 3 and not report.gpu_memory_taken
-    assert report.phases["gpu_memory_wait"] == 3 * candidate_run.GPU_MEMORY_PAUSE_S
+    # the pauses, and the last try's wait for the GPU alone (none here: no other job holds it)
+    assert report.phases["gpu_memory_wait"] == pytest.approx(3 * candidate_run.GPU_MEMORY_PAUSE_S, abs=1.0)
 
 
 def test_after_the_last_try_the_candidate_has_no_verdict(monkeypatch, tmp_path):
@@ -203,3 +204,47 @@ def test_a_check_that_runs_out_of_gpu_memory_itself_runs_again_then_has_no_verdi
     result, calls = _check_running_out(monkeypatch, failures=candidate_run.GPU_MEMORY_TRIES)
     assert result.status is Status.NOT_RUN and result.reason.startswith(CANDIDATE_NOT_STARTED)
     assert "ran out of GPU memory" in result.reason and len(calls) == candidate_run.GPU_MEMORY_TRIES
+
+
+def test_the_last_try_has_the_gpu_alone_and_its_candidate_takes_no_hold(monkeypatch, tmp_path):
+    """Others' memory ran out twice: the third try waits until every other job has let go of the GPU, and the
+    candidate process it starts is told so (it would otherwise wait for its own worker's hold)."""
+    from mkevolve.workers import gpu_share
+
+    monkeypatch.setenv(gpu_share.LOCK_ENV, str(tmp_path / "gpu0"))
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    alone = []
+
+    def run_once(request, references, plans, scratch, device):
+        alone.append(gpu_share.held_alone())
+        (scratch / harness.REPORT_FILE).write_text("{}")
+        return parse_report(_report(harness.GPU_MEMORY_TAKEN if len(alone) < 3 else "runtime"))
+
+    monkeypatch.setattr(candidate_run, "_run_once", run_once)
+    monkeypatch.setattr(candidate_run.time, "sleep", lambda seconds: None)
+    candidate_run.run_candidate_process(None, [], [], tmp_path, torch.device("cpu"))
+    assert alone == [False, False, True] and not gpu_share.held_alone()
+
+
+def test_a_candidate_started_while_its_worker_holds_the_gpu_alone_is_told_so(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from mkevolve.workers import gpu_share
+
+    monkeypatch.setenv(gpu_share.LOCK_ENV, str(tmp_path / "gpu0"))
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    told = []
+
+    def start(entry, candidate, scratch, timeout_s, memory_limit_mb):
+        told.append(harness.CandidateRequest.from_json(candidate.to_json()).gpu_held_alone)
+        return SimpleNamespace(timed_out=False, memory_exceeded=False, code=1, describe=lambda: "exit 1")
+
+    monkeypatch.setattr(candidate_run, "start_candidate", start)
+    for name in ("problem.py", "solution.py"):
+        (tmp_path / name).write_text("import torch\n")
+    request = SimpleNamespace(solution_path=str(tmp_path / "solution.py"), problem_path=str(tmp_path / "problem.py"),
+                              eval_mode=False, seed=0, trusted_files=[], timeout_s=10.0, memory_limit_gb=1.0)
+    for hold in (gpu_share.gpu_alone(), gpu_share.job_on_gpu()):
+        with hold, pytest.raises(Rejected):     # no report: the fake process wrote none
+            candidate_run._run_once(request, [], [], tmp_path, torch.device("cpu"))
+    assert told == [True, False]

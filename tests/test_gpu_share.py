@@ -331,3 +331,33 @@ def test_the_baseline_s_inductor_compile_lets_a_timer_have_the_gpu(tmp_path, mon
         assert not after.wait(0.3), "the worker did not take its hold back after the compile"
     assert after.wait(5)
     assert timed_during_compile == [True] and compiled == graph.forward
+
+
+def test_an_alone_hold_inside_another_keeps_the_gpu_until_the_outer_one_ends(tmp_path):
+    """A worker holding the GPU alone for a candidate's last try may time a baseline inside: the inner block
+    must not unlock the outer hold (flock locks belong to the open file, not to the block)."""
+    share, other = GpuShare(str(tmp_path / "gpu0")), GpuShare(str(tmp_path / "gpu0"))
+    with share.alone():
+        assert share.held_alone
+        with share.alone():
+            pass
+        _, entered = _in_thread(lambda: other.shared().__enter__())
+        assert not entered.wait(0.3), "the inner alone() let another job onto the GPU"
+    assert not share.held_alone
+    assert entered.wait(5)
+
+
+def test_a_candidate_process_whose_worker_holds_the_gpu_alone_takes_no_hold(tmp_path, monkeypatch):
+    """Its worker waits for it with the GPU held alone: a hold of its own would wait for the worker forever."""
+    from mkevolve.workers import gpu_share
+
+    path = str(tmp_path / "gpu0")
+    monkeypatch.setenv(LOCK_ENV, path)
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    monkeypatch.setattr(gpu_share, "_process_hold", [])
+    worker = GpuShare(path)
+    with worker.alone():
+        gpu_share.give_up_locks()
+        _, done = _in_thread(lambda: (gpu_share.hold_for_process_life(), gpu_share.gpu_alone().__enter__()))
+        assert done.wait(5), "the candidate process waited for its own worker's hold"
+        assert not gpu_share.held_alone()

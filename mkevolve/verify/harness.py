@@ -123,6 +123,7 @@ class CandidateRequest:
     triton_cache: str = ""       # Triton's cache for candidate processes, never read by a trusted one
     trusted_files: list[str] = field(default_factory=list)
     preload: list[str] = field(default_factory=list)   # the problem's imports of installed packages
+    gpu_held_alone: bool = False  # its worker holds the GPU alone for the whole process: take no hold
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -305,6 +306,8 @@ def prepare_and_confine(request: CandidateRequest):
     os.environ["HOME"] = os.environ["TMPDIR"] = str(scratch)
     os.chdir(scratch)  # relative paths the candidate writes land in its scratch folder
     if request.device == "cuda":
+        if request.gpu_held_alone:
+            gpu_share.give_up_locks()       # a hold would wait for the worker's, which waits for this process
         gpu_share.hold_for_process_life()   # opens the lock files now, before the confinement
         gpu_share.lend_while_triton_compiles()
     elif os.environ.get("TRITON_INTERPRET") == "1":

@@ -46,6 +46,7 @@ class GpuShare:
         self._gpu = os.open(f"{path}.gpu", os.O_RDONLY | os.O_CREAT, 0o666)
         self._holding_shared = False
         self._lent_to_cpu_work = False      # given up by lend(), taken back by resume()
+        self._alone = False                 # inside alone(): a nested alone() holds nothing more
 
     @contextmanager
     def shared(self) -> Iterator[None]:
@@ -57,17 +58,28 @@ class GpuShare:
 
     @contextmanager
     def alone(self) -> Iterator[None]:
-        """Nothing else runs on this GPU inside; a shared hold of this process is given up meanwhile."""
+        """Nothing else runs on this GPU inside; a shared hold of this process is given up meanwhile. Inside
+        another alone() of this process it holds the GPU already, and an unlock on the way out would end the
+        outer hold early (flock locks are per open file, not per block)."""
+        if self._alone:
+            yield
+            return
         with self.lent():
             fcntl.flock(self._gate, fcntl.LOCK_EX)
             try:
                 fcntl.flock(self._gpu, fcntl.LOCK_EX)
+                self._alone = True
                 try:
                     yield
                 finally:
+                    self._alone = False
                     fcntl.flock(self._gpu, fcntl.LOCK_UN)
             finally:
                 fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    @property
+    def held_alone(self) -> bool:
+        return self._alone
 
     @contextmanager
     def lent(self) -> Iterator[None]:
@@ -139,9 +151,24 @@ def hold_for_process_life() -> None:
 
 
 def gpu_alone() -> ContextManager:
-    """Held around timed runs."""
+    """Held around timed runs, and by a worker around a candidate process's last try after others' memory
+    ran out (verify/candidate_run.py)."""
     share = _process_share()
     return share.alone() if share else nullcontext()
+
+
+def held_alone() -> bool:
+    """Whether this process holds its GPU alone now: a candidate process it starts must then take no hold of
+    its own, which would wait for this one forever (`give_up_locks`)."""
+    share = _process_share()
+    return share is not None and share.held_alone
+
+
+def give_up_locks() -> None:
+    """In a candidate process whose worker holds the GPU alone for it: no hold of its own from here on (every
+    hold and lend of this module becomes nothing), so it neither waits for its worker nor lets another job in."""
+    os.environ.pop(LOCK_ENV, None)
+    _shares.clear()
 
 
 def lend_while_triton_compiles() -> None:
