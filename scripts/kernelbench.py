@@ -25,14 +25,15 @@ median time of the problems finished so far (this part's and earlier parts'). Th
 always starts. Each run gets `--time-budget`: the part's time left less --run-reserve (200 s), so its
 searches stop asking for kernels while there is still time to finish the check in progress, compose best/
 (subproblems without a kernel keep their PyTorch code), check it end to end and time it; a row whose
-searches were cut says so (time_budget_spent). A step that runs into the limit anyway is stopped. A
-stopped `mkevolve run` is resumed by the next part (`mkevolve run --resume`: subproblems already evolved
-and candidates already checked are kept), up to MAX_RUN_PARTS parts in all, after which the problem is
-recorded as over the limit; its run_s adds up the parts. A stopped timing is retried at the start of the
-next part, unless it already had a whole part to itself. A run directory gone with its machine starts the
-problem afresh. Each part's record keeps its wall time, the verdicts its runs reached in it (and per
-GPU-minute) and, with CUDA, the GPUs' utilisation sampled every 0.5 s by nvidia-smi: the share of samples
-in which a kernel ran, and the mean.
+searches were cut says so (time_budget_spent), as does one whose search had candidates without a verdict
+(no_verdict: their check never ran, with lanes mostly because other runs held the GPU's memory). A step
+that runs into the limit anyway is stopped. A stopped `mkevolve run` is resumed by the next part
+(`mkevolve run --resume`: subproblems already evolved and candidates already checked are kept), up to
+MAX_RUN_PARTS parts in all, after which the problem is recorded as over the limit; its run_s adds up the
+parts. A stopped timing is retried at the start of the next part, unless it already had a whole part to
+itself. A run directory gone with its machine starts the problem afresh. Each part's record keeps its
+wall time, the verdicts its runs reached in it (and per GPU-minute) and, with CUDA, the GPUs' utilisation
+sampled every 0.5 s by nvidia-smi: the share of samples in which a kernel ran, and the mean.
 
 Lanes: with --lanes N, N problems run at once, lane i on visible GPU i mod (number of GPUs), each run and
 its timing given that one GPU. Problems on one GPU share its untimed work; every timed section, the runs'
@@ -118,6 +119,7 @@ class Row:
     run_parts: int | None = None          # parts the run spanned: more than 1 when a part's limit stopped it
     time_budget_s: float | None = None    # the --time-budget the run's last part gave it (--run-reserve)
     time_budget_spent: bool | None = None  # its searches stopped asking for kernels at that budget
+    no_verdict: int | None = None         # the search's candidates that got no verdict (their check never ran)
     measure_s: float | None = None        # wall time of pack + timing, seconds
     wall_s: float | None = None           # run_s + measure_s
     anchor_eager_ms: float | None = None  # anchors_h200.tsv, for a sanity check of our eager/compile times
@@ -195,6 +197,7 @@ class RunInfo:
     llm_calls: int | None = None
     tokens: int | None = None
     time_budget_spent: bool | None = None
+    no_verdict: int | None = None
     note: str = ""
 
 
@@ -237,6 +240,13 @@ def read_run(run_dir: Path) -> RunInfo:
     events = run_events(run_dir)
     info.llm_calls, info.tokens = read_llm_use(run_dir, events)
     info.time_budget_spent = any(e.get("kind") == "time_budget_spent" for e in events)
+    info.no_verdict = sum(1 for e in events if e.get("kind") == "candidate" and e.get("status") == "not_run")
+    if info.no_verdict:
+        # a smaller search than asked for: with several runs on a GPU, mostly its memory held by the others
+        first = next((e.get("reason") or "" for e in events
+                      if e.get("kind") == "verdict" and e.get("status") == "not_run"), "")
+        info.note = (f"{info.note} {info.no_verdict} candidate(s) of the search got no verdict"
+                     f"{' (' + first[:160] + ')' if first else ''}").strip()
     return info
 
 

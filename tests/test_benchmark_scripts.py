@@ -345,6 +345,22 @@ def test_read_run_of_a_partial_solution(tmp_path):
     assert (info.llm_calls, info.tokens) == (8, 32)        # two clients' totals added up
 
 
+def test_a_run_whose_candidates_got_no_verdict_says_how_many(tmp_path):
+    """A row measured after a smaller search than asked for (other runs held the GPU's memory) says so."""
+    run = fake_run(tmp_path / "run", pytorch=[])
+    reason = "the candidate process could not be run: in each of its 3 tries the GPU's memory was held"
+    with (run / "events.jsonl").open("a") as events:
+        for event in [{"kind": "verdict", "status": "not_run", "reason": reason},
+                      {"kind": "candidate", "id": "c0000", "status": "not_run"},
+                      {"kind": "candidate", "id": "c0001", "status": "ok"},
+                      {"kind": "candidate", "id": "c0002", "status": "not_run"}]:
+            events.write(json.dumps(event) + "\n")
+    info = kb.read_run(run)
+    assert info.no_verdict == 2 and info.note.startswith("2 candidate(s) of the search got no verdict")
+    assert reason in info.note
+    assert kb.read_run(fake_run(tmp_path / "clean", pytorch=[])).no_verdict == 0
+
+
 def test_read_run_without_best(tmp_path):
     run = fake_run(tmp_path / "run", pytorch=[], correct=False)
     (run / "events.jsonl").write_text('{"kind": "llm_call", "cached": false, "prompt_tokens": 7}\n'
