@@ -158,7 +158,8 @@ def failure_kind(err: BaseException, kind: str) -> str:
     """`kind`, or GPU_MEMORY_TAKEN for a CUDA out-of-memory error within this process's share: other
     processes on the GPU held the memory (on an H100 shared by three runs, four of one run's candidates
     failed so while their process held under 1 GB), which says nothing about the candidate. A candidate that
-    forges one gains only its own check run again (candidate_run.GPU_MEMORY_TRIES in all) and no verdict."""
+    forges one gains only its own check run again (candidate_run.GPU_MEMORY_TRIES in all, the last with the
+    GPU alone: other jobs wait, its own timing had the GPU alone already) and no verdict."""
     if not _memory_share_bytes or not isinstance(err, _OutOfMemoryError):
         return kind
     try:
