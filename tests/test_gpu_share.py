@@ -334,8 +334,9 @@ def test_the_baseline_s_inductor_compile_lets_a_timer_have_the_gpu(tmp_path, mon
 
 
 def test_an_alone_hold_inside_another_keeps_the_gpu_until_the_outer_one_ends(tmp_path):
-    """A worker holding the GPU alone for a candidate's last try may time a baseline inside: the inner block
-    must not unlock the outer hold (flock locks belong to the open file, not to the block)."""
+    """Code that times alone may run where its process holds the GPU alone already (a worker around a
+    candidate's last try): the inner block must not unlock the outer hold (flock locks belong to the open
+    file, not to the block)."""
     share, other = GpuShare(str(tmp_path / "gpu0")), GpuShare(str(tmp_path / "gpu0"))
     with share.alone():
         assert share.held_alone
