@@ -31,6 +31,9 @@ CASES = {
     "conv3d_rgb": ("nn.Conv3d(3, 16, 3, padding=1)", (1, 3, 4, 5, 4), "y * 2.0"),
     # 8 channels x 27 taps: more steps than an outer-product kernel unrolls whole (conv3d_rgb's 81 too)
     "conv3d_8ch_rolled": ("nn.Conv3d(8, 16, 3)", (1, 8, 4, 5, 4), "torch.relu(y)"),
+    # more output channels than an outer-product tile's 16: two programs along them, the weight zero-padded
+    # to 32 and the second tile's last 8 channels masked
+    "conv2d_8ch_24out": ("nn.Conv2d(8, 24, 3, padding=1)", (2, 8, 5, 6), "y + 0.5"),
     # 16 channels or more per group, but not a multiple of 16: tl.dot, each step spanning taps
     "conv2d_24ch": ("nn.Conv2d(24, 16, 3, padding=1)", (1, 24, 5, 4), "y - 1.0"),
     # a multiple of 16 channels per group: every step reads one tap
