@@ -248,3 +248,29 @@ def test_a_candidate_started_while_its_worker_holds_the_gpu_alone_is_told_so(mon
         with hold, pytest.raises(Rejected):     # no report: the fake process wrote none
             candidate_run._run_once(request, [], [], tmp_path, torch.device("cpu"))
     assert told == [True, False]
+
+
+def test_a_check_runs_again_without_what_it_kept_and_its_last_try_has_the_gpu_alone(monkeypatch, tmp_path):
+    from mkevolve.verify import correctness, reference
+    from mkevolve.verify.result import EvalResult
+    from mkevolve.workers import gpu_share
+
+    monkeypatch.setenv(gpu_share.LOCK_ENV, str(tmp_path / "gpu0"))
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    reference._expected[("kept", 0, 0, "cpu")] = [torch.zeros(4)]
+    reference._expected_bytes[("kept", 0, 0, "cpu")] = 16
+    alone = []
+
+    def evaluate_once(request, errors):
+        alone.append(gpu_share.held_alone())
+        if len(alone) < candidate_run.GPU_MEMORY_TRIES:
+            assert len(alone) > 1 or reference._expected     # the first try finds what was kept
+            raise torch.cuda.OutOfMemoryError(OOM)
+        assert not reference._expected, "the last try ran with the previous tries' kept references"
+        return EvalResult(status=Status.OK)
+
+    monkeypatch.setattr(correctness, "_evaluate_once", evaluate_once)
+    monkeypatch.setattr(correctness.time, "sleep", lambda seconds: None)
+    request = correctness.KernelEvalRequest(problem_path="p.py", solution_path="s.py")
+    assert correctness.evaluate_kernel(request).status is Status.OK
+    assert alone == [False, False, True] and not gpu_share.held_alone()

@@ -362,3 +362,34 @@ def test_a_candidate_process_whose_worker_holds_the_gpu_alone_takes_no_hold(tmp_
         _, done = _in_thread(lambda: (gpu_share.hold_for_process_life(), gpu_share.gpu_alone().__enter__()))
         assert done.wait(5), "the candidate process waited for its own worker's hold"
         assert not gpu_share.held_alone()
+
+
+def test_a_process_holding_the_gpu_alone_gives_it_up_while_it_waits_for_another(tmp_path, monkeypatch):
+    """A check's last try holds the GPU alone; when it waits for a lock another job holds (a baseline being
+    timed, a reference set being written), that job may need the GPU before it lets go: the wait gives the
+    hold up, and takes it back alone once the other has let go of the GPU."""
+    from mkevolve.workers import gpu_share
+
+    path = str(tmp_path / "gpu0")
+    monkeypatch.setenv(LOCK_ENV, path)
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    other, key = GpuShare(path), tmp_path / "baseline.lock"
+    holder_has_key, holder_done = threading.Event(), threading.Event()
+
+    def holder():          # holds the key's lock, then needs the GPU before it lets go
+        with open(key, "a") as lock:
+            gpu_share.fcntl.flock(lock, gpu_share.fcntl.LOCK_EX)
+            holder_has_key.set()
+            with other.shared():
+                time.sleep(0.2)
+        holder_done.set()
+
+    with gpu_share.gpu_alone():
+        _in_thread(holder)
+        assert holder_has_key.wait(5)
+        with open(key, "a") as lock:
+            _, locked = _in_thread(lambda: gpu_share.lock_file(lock))
+            assert locked.wait(5), "the wait for the key's lock kept the GPU from the job holding it"
+        assert holder_done.wait(5) and gpu_share.held_alone()
+        _, entered = _in_thread(lambda: other.shared().__enter__())
+        assert not entered.wait(0.3), "the hold was not taken back alone after the wait"

@@ -13,7 +13,7 @@ import random
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,12 +27,12 @@ from mkevolve.verify.candidate_run import (GPU_MEMORY_PAUSE_S, GPU_MEMORY_TRIES,
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
 from mkevolve.verify.reference import (ReferenceSet, ReferenceSpaceError, cache_root, determinism_mark,
-                                      largest_error, reference_set)
+                                      forget_kept, largest_error, reference_set)
 from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, Status, Timing, timed_phase
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
 from mkevolve.workers import wire
-from mkevolve.workers.gpu_share import gpu_lent
+from mkevolve.workers.gpu_share import gpu_alone, gpu_lent
 
 _checked_references: set[tuple[str, bool]] = set()
 # A subproblem instantiated at many shapes (a MobileNetV2's 35 dense convolutions) is checked at every shape
@@ -90,16 +90,20 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     """The whole check of one ModelNew against one problem; never raises for a bad candidate.
 
     Where the check's own GPU work (references, reading back and comparing outputs) runs out of memory, other
-    processes on the GPU held it, or what this one keeps cached: the cache is let go and the check runs again
-    after a pause, GPU_MEMORY_TRIES times in all, as a candidate's process is; then it has no verdict. Before,
-    the error ended the job and the candidate was judged crashed (level2/7 on an H100 shared by three runs)."""
+    processes on the GPU held it, or what this one keeps: what it keeps is let go (`reference.forget_kept`) and
+    the check runs again after a pause, GPU_MEMORY_TRIES times in all, the last with the GPU alone, as a
+    candidate's process is; then it has no verdict. Before, the error ended the job and the candidate was judged
+    crashed (level2/7 on an H100 shared by three runs); with three shared tries, one of level2/87's checks in
+    such a part went without a verdict after 246 s."""
     fp32_strict()
     for attempt in range(1, GPU_MEMORY_TRIES + 1):
         errors = _Errors(request.atol, request.rtol)
         try:
-            return _evaluate_once(request, errors)
+            with gpu_alone() if attempt == GPU_MEMORY_TRIES else nullcontext():
+                return _evaluate_once(request, errors)
         except torch.cuda.OutOfMemoryError as err:
             reason = str(err).strip().splitlines()[0][:300]
+        forget_kept()
         torch.cuda.empty_cache()
         if attempt < GPU_MEMORY_TRIES:
             time.sleep(GPU_MEMORY_PAUSE_S * attempt)

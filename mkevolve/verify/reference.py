@@ -49,7 +49,7 @@ from mkevolve.problem import (Problem, build_model, call_inputs, clone_values, f
                               make_inputs, shifted_values, to_device)
 from mkevolve.verify.timing import default_cache_dir
 from mkevolve.workers import wire
-from mkevolve.workers.gpu_share import gpu_lent, lock_file
+from mkevolve.workers.gpu_share import gpu_lent, gpu_yielded, lock_file
 
 _SALT_FILE = "salt"
 # Reference outputs, and the inputs that timed calls take shifted, that a trusted worker keeps between
@@ -439,7 +439,7 @@ def _salt(references_dir: Path) -> bytes:
 def make_room(folder: Path, needed: int, what: str) -> None:
     """Evict reference folders beside `folder` that no check is using, least recently used first, until
     `needed` bytes fit with the reserve to spare. While they do not and other checks hold folders, wait for
-    those (up to SPACE_WAIT_S, the GPU lent meanwhile); then a ReferenceSpaceError naming `what`."""
+    those (up to SPACE_WAIT_S, the GPU given up meanwhile); then a ReferenceSpaceError naming `what`."""
     deadline = time.monotonic() + SPACE_WAIT_S
     while not _evict_until_it_fits(folder, needed):
         held = _folders_by_last_use(folder.parent, keep=folder)
@@ -448,7 +448,7 @@ def make_room(folder: Path, needed: int, what: str) -> None:
             raise ReferenceSpaceError(
                 f"reference cache {folder.parent}: {needed / gib:.1f} GiB needed for {what}, {free / gib:.1f} "
                 f"GiB free ({DISK_RESERVE_BYTES / gib:.0f} GiB kept free); point MKEVOLVE_CACHE at a larger disk")
-        with gpu_lent():
+        with gpu_yielded():    # the checks holding folders may need the GPU to finish
             time.sleep(_SPACE_POLL_S)
 
 
@@ -542,6 +542,16 @@ def _read_kept(path: Path, device: torch.device) -> list:
             del _expected[oldest], _expected_bytes[oldest]
     _expected.move_to_end(key)
     return _expected[key]
+
+
+def forget_kept() -> None:
+    """Let go of everything this (trusted) process keeps between checks: reference outputs and shifted inputs,
+    fp64 references and the reference Model kept for recomputing. A check that ran out of GPU memory runs again
+    with its memory back (verify/correctness.py); all of it is read or computed again where needed."""
+    _expected.clear()
+    _expected_bytes.clear()
+    _fp64_references.clear()
+    _recompute_models.clear()
 
 
 def _nbytes(values) -> int:

@@ -8,7 +8,9 @@ one machine take turns too. A gate file gives timing priority: once a timer wait
 starts new GPU work until the timed runs are done, so a steady stream of jobs cannot starve it. A job
 lends its hold while it does long CPU work: a worker while its candidate process runs (that process holds
 its own), Inductor compiles a baseline, reference sets are written or a candidate's outputs read back; a
-candidate process while Triton compiles a kernel.
+candidate process while Triton compiles a kernel. A check or candidate that ran out of the GPU memory other
+jobs held gets its last try with the GPU alone, a candidate process then taking no hold of its own; every wait
+for another job's lock gives up whatever hold the waiter has (`lock_file`), so that job can finish its GPU work.
 
 The lock keeps honest jobs apart; it cannot hold a hostile one. A candidate process holds its share
 itself, and its code can let go of it (closing the lock's descriptor is not an audited operation) or keep
@@ -80,6 +82,24 @@ class GpuShare:
     @property
     def held_alone(self) -> bool:
         return self._alone
+
+    @contextmanager
+    def yielded(self) -> Iterator[None]:
+        """Every hold of this process given up inside, alone included, and taken back after (alone through
+        the gate again): around a wait for another process, which may need the GPU before it lets go."""
+        if not self._alone:
+            with self.lent():
+                yield
+            return
+        self._alone = False
+        fcntl.flock(self._gpu, fcntl.LOCK_UN)
+        fcntl.flock(self._gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
+            fcntl.flock(self._gpu, fcntl.LOCK_EX)
+            self._alone = True
 
     @contextmanager
     def lent(self) -> Iterator[None]:
@@ -204,14 +224,26 @@ def resume_after_compiles() -> None:
 
 
 def gpu_lent() -> ContextManager:
-    """Held by a trusted worker while a candidate process it started works on the same GPU."""
+    """Held by a trusted worker while a candidate process it started works on the same GPU. A hold alone is
+    kept: that candidate takes none of its own (`held_alone`)."""
     share = _process_share()
     return share.lent() if share else nullcontext()
+
+
+def gpu_yielded() -> ContextManager:
+    """Held while this process waits for another one, its GPU hold given up whatever it is (`yielded`)."""
+    share = _process_share()
+    return share.yielded() if share else nullcontext()
 
 
 def lock_file(lock: IO) -> None:
     """Take an exclusive flock on `lock` (kept until the file closes), with this process's GPU hold given up
     while it waits. The holder may need the GPU alone before it lets go (a baseline is timed under its
-    key's lock): a waiter that kept its shared hold would wait for it forever, and it for the waiter."""
-    with gpu_lent():
+    key's lock): a waiter that kept its hold would wait for it forever, and it for the waiter."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)    # free: no hold to give up
+        return
+    except BlockingIOError:
+        pass
+    with gpu_yielded():
         fcntl.flock(lock, fcntl.LOCK_EX)
