@@ -191,7 +191,7 @@ def _check_running_out(monkeypatch, failures: int):
         return EvalResult(status=Status.OK)
 
     monkeypatch.setattr(correctness, "_evaluate_once", evaluate_once)
-    monkeypatch.setattr(correctness.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(candidate_run.time, "sleep", lambda seconds: None)
     request = correctness.KernelEvalRequest(problem_path="p.py", solution_path="s.py")
     return correctness.evaluate_kernel(request), calls
 
@@ -270,7 +270,7 @@ def test_a_check_runs_again_without_what_it_kept_and_its_last_try_has_the_gpu_al
         return EvalResult(status=Status.OK)
 
     monkeypatch.setattr(correctness, "_evaluate_once", evaluate_once)
-    monkeypatch.setattr(correctness.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(candidate_run.time, "sleep", lambda seconds: None)
     request = correctness.KernelEvalRequest(problem_path="p.py", solution_path="s.py")
     assert correctness.evaluate_kernel(request).status is Status.OK
     assert alone == [False, False, True] and not gpu_share.held_alone()

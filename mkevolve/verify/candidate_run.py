@@ -18,6 +18,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from typing import ContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -311,6 +312,20 @@ GPU_MEMORY_TRIES = 3
 GPU_MEMORY_PAUSE_S = 5.0
 
 
+def gpu_memory_try(attempt: int) -> ContextManager:
+    """How try `attempt` (from 1) of work that ran out of the GPU memory others held holds the GPU: alone on the
+    last, shared before. A check's own tries (verify/correctness.py) follow the same rule."""
+    return gpu_share.gpu_alone() if attempt == GPU_MEMORY_TRIES else nullcontext()
+
+
+def pause_after_gpu_memory_try(attempt: int) -> float:
+    """The pause after a try that ran out of memory, seconds (none after the last): others' candidates end."""
+    if attempt >= GPU_MEMORY_TRIES:
+        return 0.0
+    time.sleep(GPU_MEMORY_PAUSE_S * attempt)
+    return GPU_MEMORY_PAUSE_S * attempt
+
+
 def run_candidate_process(request, references: list[ReferenceSet], plans: list[CallPlan], scratch: Path,
                           device: torch.device) -> CandidateReport:
     """Start the candidate in a fresh process, wait for it, and read its signed report; again while the GPU's
@@ -319,7 +334,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
     paused = 0.0
     for attempt in range(1, GPU_MEMORY_TRIES + 1):
         waited_from = time.time()
-        with gpu_share.gpu_alone() if attempt == GPU_MEMORY_TRIES else nullcontext():
+        with gpu_memory_try(attempt):
             paused += time.time() - waited_from     # the last try's wait for the GPU alone
             report = _run_once(request, references, plans, scratch, device)
         if not report.gpu_memory_taken:
@@ -328,8 +343,7 @@ def run_candidate_process(request, references: list[ReferenceSet], plans: list[C
             return report
         if attempt < GPU_MEMORY_TRIES:
             (scratch / REPORT_FILE).unlink()
-            time.sleep(GPU_MEMORY_PAUSE_S * attempt)
-            paused += GPU_MEMORY_PAUSE_S * attempt
+        paused += pause_after_gpu_memory_try(attempt)
     raise Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: in each of its {GPU_MEMORY_TRIES} tries the GPU's "
                                    f"memory was held by other processes ({report.error.reason[:300]})")
 

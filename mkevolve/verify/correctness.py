@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import random
 import secrets
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import torch
 
 from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER, TOLERANCE
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
-from mkevolve.verify.candidate_run import (GPU_MEMORY_PAUSE_S, GPU_MEMORY_TRIES, TIMING_SETS, CallPlan,
-                                           CandidateReport, OutputCheck, gpu_accounting, plan_calls,
+from mkevolve.verify.candidate_run import (GPU_MEMORY_TRIES, TIMING_SETS, CallPlan, CandidateReport, OutputCheck,
+                                           gpu_accounting, gpu_memory_try, pause_after_gpu_memory_try, plan_calls,
                                            remember_autotune_choices, run_candidate_process, scratch_folder)
 from mkevolve.verify import module_state
 from mkevolve.verify.cheating import Rule, Violation, dot_precision, headline
@@ -32,7 +31,7 @@ from mkevolve.verify.result import CANDIDATE_NOT_STARTED, EvalResult, Rejected, 
 from mkevolve.verify.timing import (baseline_key, cached_baseline, combine, default_cache_dir, summarize,
                                     time_forward)
 from mkevolve.workers import wire
-from mkevolve.workers.gpu_share import gpu_alone, gpu_lent
+from mkevolve.workers.gpu_share import gpu_lent
 
 _checked_references: set[tuple[str, bool]] = set()
 # A subproblem instantiated at many shapes (a MobileNetV2's 35 dense convolutions) is checked at every shape
@@ -99,14 +98,13 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     for attempt in range(1, GPU_MEMORY_TRIES + 1):
         errors = _Errors(request.atol, request.rtol)
         try:
-            with gpu_alone() if attempt == GPU_MEMORY_TRIES else nullcontext():
+            with gpu_memory_try(attempt):
                 return _evaluate_once(request, errors)
         except torch.cuda.OutOfMemoryError as err:
             reason = str(err).strip().splitlines()[0][:300]
         forget_kept()
         torch.cuda.empty_cache()
-        if attempt < GPU_MEMORY_TRIES:
-            time.sleep(GPU_MEMORY_PAUSE_S * attempt)
+        pause_after_gpu_memory_try(attempt)
     return Rejected(Status.NOT_RUN, f"{CANDIDATE_NOT_STARTED}: in each of its {GPU_MEMORY_TRIES} tries the check "
                                     f"ran out of GPU memory ({reason})").to_result()
 
