@@ -375,7 +375,7 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
                                eval_mode=False, construct_seed=0, configs=[])
     plan.keep_state(["bn.running_mean"])
     report = {"violations": [], "launches": 0, "times_ms": [[]], "skipped": [[]]}
-    saved = {}
+    saved = harness._SavedOutputs("", report)
     kept = harness._KeptArguments()
     harness._run_calls(request, Echo(), plan.calls, inputs, _FixedClock(call_ms), report, saved,
                        harness._precision_state(), kept)
@@ -383,7 +383,7 @@ def test_slow_forwards_are_timed_fewer_times_but_every_checked_call_still_runs(c
     # the two checked timed calls run even after the median is settled, and are timed as well
     assert timed <= len(times) <= timed + 2 and timing_done(times)
     checked = {c.save for c in plan.checks}
-    assert set(saved) == checked | {plan.state_name("first"), plan.state_name("last")}   # none skipped
+    assert set(saved.waiting) == checked | {plan.state_name("first"), plan.state_name("last")}   # none skipped
     # every checked call's arguments and one drawn among the others, left as given
     assert len(kept.calls) == len(checked) + 1 and kept.changed() == []
     assert len(seen) == plan.length - (TIMED_RUNS - len(times))
@@ -546,6 +546,45 @@ def test_kept_outputs_are_written_with_their_digests_and_errors_named(tmp_path, 
         back = wire.read_values(tmp_path / entries[name]["file"])
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(back, saved[name]))
     assert set(entries["c"]) == {"error"} and "can be sent" in entries["c"]["error"]
+
+
+def test_kept_outputs_past_the_waiting_budget_are_saved_at_once(tmp_path, monkeypatch):
+    """Seven 2 GB outputs kept on the GPU to the end made a 16 GB process: past _WAITING_OUTPUT_BYTES the
+    waiting ones are saved then, and each output is reported once, whenever it was saved."""
+    from mkevolve.verify import harness
+
+    monkeypatch.setattr(harness, "_WAITING_OUTPUT_BYTES", 100)
+    report = {"phases": {}}
+    saved = harness._SavedOutputs(str(tmp_path), report)
+    saved.keep("a", [torch.zeros(10)])              # 40 bytes wait
+    saved.keep("b", [torch.ones(10), 7])            # 80
+    assert list(saved.waiting) == ["a", "b"] and saved.entries == {}
+    saved.keep("c", [torch.full((10,), 2.0)])       # 120: all three are saved
+    assert saved.waiting == {} and saved.waiting_bytes == 0 and list(saved.entries) == ["a", "b", "c"]
+    saved.keep("d", [torch.full((3,), 3.0)])
+    assert list(saved.waiting) == ["d"]
+    saved.save()
+    assert list(saved.entries) == ["a", "b", "c", "d"] and "save" in report["phases"]
+    back = wire.read_values(tmp_path / saved.entries["b"]["file"])
+    assert torch.equal(back[0], torch.ones(10)) and back[1] == 7
+
+
+def test_saving_gives_up_even_a_hold_alone_while_it_writes(tmp_path, monkeypatch):
+    """Outputs saved between timed calls are written while the process holds the GPU alone: the writes, seconds
+    for full-size outputs, let other jobs run, and the hold is back, alone, for the next timed call."""
+    from mkevolve.verify import harness
+    from mkevolve.workers import gpu_share
+
+    monkeypatch.setenv(gpu_share.LOCK_ENV, str(tmp_path / "lock" / "gpu0"))
+    monkeypatch.setattr(gpu_share, "_shares", {})
+    held_while_writing = []
+    write = harness._write
+    monkeypatch.setattr(harness, "_write", lambda *a: (held_while_writing.append(gpu_share.held_alone()),
+                                                       write(*a))[1])
+    with gpu_share.gpu_alone():
+        harness._save_all(str(tmp_path), {"a": [torch.ones(2)]})
+        assert gpu_share.held_alone()
+    assert held_while_writing == [False]
 
 
 def test_value_files_ignore_a_patched_tensor_property(tmp_path, monkeypatch):

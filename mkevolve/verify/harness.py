@@ -83,6 +83,8 @@ _SAVERS = 8  # threads that write kept outputs at once
 # alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
 # past its 16 GB of host memory.
 _HOST_BATCH_BYTES = 4 << 30
+# Bytes of kept outputs that wait on the device: past it they are saved at once (`_SavedOutputs`).
+_WAITING_OUTPUT_BYTES = 4 << 30
 # Bytes of arguments of checked calls after each config's first kept for the input-state comparison (on the
 # device, until the profiler stops): all of them for most problems; past it, one drawn call per config.
 _KEPT_ARGUMENT_BYTES = 1 << 30
@@ -259,7 +261,7 @@ def _run_and_report(request: CandidateRequest, key: bytes, report: dict, prepare
         autotuned = autotune_memory.use_choices(autotune_memory.known_choices(), request.device)
         denials = prepare_and_confine(request)
     clock = _GpuClock() if request.device == "cuda" else None
-    saved: dict[str, list] = {}
+    saved = _SavedOutputs(request.scratch, report)
     kept = _KeptArguments()             # checked calls' arguments, compared once the profiler has stopped
     try:
         with _phase(report, "import"):
@@ -275,8 +277,8 @@ def _run_and_report(request: CandidateRequest, key: bytes, report: dict, prepare
         report["changed_inputs"] = kept.changed()
     except CandidateFailure as failure:
         report["error"] = failure.report_error()
-    with _phase(report, "save"):
-        report["outputs"] = _save_all(request.scratch, saved)
+    saved.save()
+    report["outputs"] = saved.entries
     report["denials"] = denials()
     report["launcher_signatures"] = list(launchers)
     report["autotune_choices"] = list(autotuned)
@@ -458,7 +460,7 @@ def _draw_below(n: int) -> int:
 
 
 def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, init: list,
-                inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: dict[str, list],
+                inputs: dict[str, list], clock: "_GpuClock | None", report: dict, saved: "_SavedOutputs",
                 strict: tuple, kept: _KeptArguments) -> None:
     device = torch.device(request.device)
     with _phase(report, "build"):
@@ -487,7 +489,7 @@ def _run_config(request: CandidateRequest, model_cls: type, config: ConfigRun, i
 
 
 def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict[str, list],
-               clock: "_GpuClock | None", report: dict, saved: dict[str, list], strict: tuple,
+               clock: "_GpuClock | None", report: dict, saved: "_SavedOutputs", strict: tuple,
                kept: _KeptArguments, start: int = 0) -> None:
     """`strict`: the precision switches as set before the import; a call that runs with others (set at
     import, in __init__ or in a forward) is reported. `start`: the first call's position in its config.
@@ -511,12 +513,12 @@ def _run_calls(request: CandidateRequest, model, calls: list[Call], inputs: dict
         if call.save:
             # A snapshot: a candidate that returns one buffer every call must not rewrite what was kept.
             # The arguments the reference writes into follow, as the trusted side's expected values do.
-            saved[call.save] = (_snapshot(out, report, already_checked=call.guard)
-                                + _copies([args[i] for i in call.written]))
+            saved.keep(call.save, _snapshot(out, report, already_checked=call.guard)
+                       + _copies([args[i] for i in call.written]))
         kept.add(len(report["times_ms"]) - 1, inputs[call.inputs], args, call.written, first=position == 0,
                  checked=call.save is not None, shift=call.shift)
         if call.state:
-            saved[call.state] = _copies(_module_buffers(model))
+            saved.keep(call.state, _copies(_module_buffers(model)))
 
 
 def _precision_state() -> tuple:
@@ -683,19 +685,47 @@ class _GpuClock:
 # ---- what goes back ------------------------------------------------------------------------------------
 
 
+class _SavedOutputs:
+    """Kept outputs on their way to the scratch folder. They wait on the device, where nothing is copied
+    between the timed calls, until more than _WAITING_OUTPUT_BYTES wait; those are then saved at once. A
+    full-size convolution keeps seven 2 GB outputs: kept to the end, they made a 16 GB process, and other
+    workers' candidates beside it ran out of GPU memory."""
+
+    def __init__(self, scratch: str, report: dict):
+        self.scratch, self.report = scratch, report
+        self.waiting: dict[str, list] = {}
+        self.waiting_bytes = 0
+        self.entries: dict[str, dict] = {}   # what `_save_all` reported of those saved so far, by name
+
+    def keep(self, name: str, values: list) -> None:
+        self.waiting[name] = values
+        self.waiting_bytes += _tensor_bytes(values)
+        if self.waiting_bytes > _WAITING_OUTPUT_BYTES:
+            self.save()
+
+    def save(self) -> None:
+        with _phase(self.report, "save"):
+            self.entries.update(_save_all(self.scratch, self.waiting))
+        self.waiting, self.waiting_bytes = {}, 0
+
+
+def _tensor_bytes(values: list) -> int:
+    return sum(_numel(v) * _element_size(v) for v in values if type(v) is _Tensor)
+
+
 def _save_all(scratch: str, saved: dict[str, list]) -> dict[str, dict]:
     """Every kept output, by up to _SAVERS threads at once, _HOST_BATCH_BYTES at most: the copy to the host,
     the file write and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after another on
     an H200 host). The copies read the GPU and keep this process's hold on it; the writes and hashes, seconds
-    for full-size outputs, lend it. Threads from `_thread` itself, bound at import: concurrent.futures is
-    Python code the candidate can patch, and it would hand the outputs to whatever it was patched with."""
+    for full-size outputs, give it up, even a hold alone between timed calls (taken back, alone, after).
+    Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
+    patch, and it would hand the outputs to whatever it was patched with."""
     entries: dict[str, dict] = {}
-    sizes = {name: sum(_numel(v) * _element_size(v) for v in values if type(v) is _Tensor)
-             for name, values in saved.items()}
+    sizes = {name: _tensor_bytes(values) for name, values in saved.items()}
     for batch in _host_batches(sizes):
         host: dict[str, list] = {}
         failed = _in_threads(batch, lambda name: host.__setitem__(name, _to_host(saved[name])))
-        with gpu_share.gpu_lent():
+        with gpu_share.gpu_yielded():
             failed.update(_in_threads([n for n in batch if n not in failed],
                                       lambda name: entries.__setitem__(name, _write(scratch, name, host[name]))))
         for name, error in failed.items():  # reported as this output's error; the trusted side rejects it
