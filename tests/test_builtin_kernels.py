@@ -462,33 +462,3 @@ def test_the_meta_trace_warm_up_starts_one_thread_per_process():
     for thread in warming:
         thread.join(60)
         assert not thread.is_alive()
-
-
-def test_a_dense_operand_full_over_a_space_is_read_by_the_space_s_flat_index():
-    """level2/23's GroupNorm: x [N, G, C/G, S] is full over the reduced dims while the weight [G, C/G, 1] splits
-    them into two groups. x's offset there is the flat index times one stride (its loads stay contiguous), and
-    only the weight pays the div/mod; a transposed x (not dense) keeps a stride per group."""
-    from mkevolve.builtin.kernels.indexing import GroupIndices, Indexer, Operand, Space
-
-    frame = ((2, 4, 3, 5),)
-    offsets = {}
-    for dense in (True, False):
-        x, weight = Operand("x", frame, dense=dense), Operand("w", ((4, 3, 1),))
-        indexer = Indexer(frame, [Space("outer", (0, 1)), Space("reduced", (2, 3))], [x, weight])
-        assert len(indexer.groups) == 4           # the weight is broadcast over dims 0 and 3 only
-        indices = GroupIndices(indexer, {0: "o", 1: "r"}, [], "f")
-        offsets[dense] = indexer.offset(x, indices), indexer.offset(weight, indices)
-    assert offsets[True] == ("o * x_s1 + r * x_s3", "f_i1 * w_s1 + f_i2 * w_s2")
-    assert offsets[False] == ("f_i0 * x_s0 + f_i1 * x_s1 + f_i2 * x_s2 + f_i3 * x_s3", "f_i1 * w_s1 + f_i2 * w_s2")
-
-
-def test_a_space_of_dims_that_are_not_adjacent_keeps_a_stride_per_group():
-    """Dims 0 and 2 in one space, dim 1 in another: x's strides over the space are not row-major in it."""
-    from mkevolve.builtin.kernels.indexing import GroupIndices, Indexer, Operand, Space
-
-    frame = ((2, 3, 5),)
-    x, weight = Operand("x", frame), Operand("w", ((2, 1, 1),))
-    indexer = Indexer(frame, [Space("rows", (0, 2)), Space("cols", (1,))], [x, weight])
-    indices = GroupIndices(indexer, {0: "m", 1: "n"}, [], "f")
-    assert not indexer.flat_over(x, 0)
-    assert indexer.offset(x, indices) == "f_i0 * x_s0 + f_i1 * x_s1 + n * x_s2"

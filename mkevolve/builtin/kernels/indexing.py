@@ -104,19 +104,7 @@ class Indexer:
         """The operand's offset depends on this group under some config (and needs a stride for it)."""
         if self.same_layout_as_frame(operand):
             return False
-        if self.flat_over(operand, group.space):
-            return group == self.groups_of(group.space)[-1]
         return any(self.status(operand, d, c) == FULL for d in group.dims for c in range(len(self.frame)))
-
-    def flat_over(self, operand: Operand, space_index: int) -> bool:
-        """A dense operand full over a space of several groups whose dims are adjacent: its strides over the
-        space are row-major, so its offset there is the space's flat index times its innermost stride. The
-        div/mod of each group is then left to the operands broadcast along some (a GroupNorm's weight),
-        and a contiguous run of the flat index stays contiguous in memory: the loads vectorize."""
-        dims = self.spaces[space_index].dims
-        if not operand.dense or len(self.groups_of(space_index)) < 2 or dims != tuple(range(dims[0], dims[-1] + 1)):
-            return False
-        return all(self.status(operand, d, c) != BCAST for d in dims for c in range(len(self.frame)))
 
     def groups_of(self, space_index: int) -> list[Group]:
         return [g for g in self.groups if g.space == space_index]
@@ -141,9 +129,9 @@ class Indexer:
         return params
 
     def kernel_signature(self) -> list[KernelParam]:
-        """`kernel_params()` as the kernel declares them, each with its comment. Group sizes are constexpr: a
-        div/mod by a known constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens
-        of instructions per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
+        """`kernel_params()` as the kernel declares them, each with its comment. Group sizes are constexpr: a div/mod by a known
+        constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens of instructions
+        per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
         params = [KernelParam(self.size_name(g), f"{self.frame_name} size over {_dims(g)} (divides the flat index)",
                               constexpr=True) for g in self.groups if self.needs_size(g)]
         for operand in self.operands:
@@ -177,16 +165,10 @@ class Indexer:
         return (len(self.spaces) == 1 and operand.dense and self.spaces[0].dims == tuple(range(self.rank))
                 and all(self.status(operand, d, c) != BCAST for d in range(self.rank) for c in range(len(self.frame))))
 
-    def _index(self, operand: Operand, group: Group, indices: "GroupIndices") -> str:
-        """What multiplies the operand's stride over `group`: the group's own index, or the space's flat
-        index where the operand is read flat over it (its innermost group: `flat_over`)."""
-        return indices.flat[group.space] if self.flat_over(operand, group.space) else indices.get(group)
-
     def offset(self, operand: Operand, indices: "GroupIndices") -> str:
         if self.same_layout_as_frame(operand):
             return indices.flat[0]
-        terms = [f"{self._index(operand, g, indices)} * {self.stride_name(operand, g)}"
-                 for g in self.groups if self.reads(operand, g)]
+        terms = [f"{indices.get(g)} * {self.stride_name(operand, g)}" for g in self.groups if self.reads(operand, g)]
         return " + ".join(terms) if terms else ""
 
 
