@@ -85,3 +85,24 @@ def test_run_profiles_every_subkernel(tmp_path):
                                   timeout=600.0)])[0]
     assert outcome.ok and isinstance(outcome.value, SubkernelProfile)
     assert set(outcome.value.runtime_ms) == set(manifest.subkernels)
+
+
+def test_outputs_saved_while_the_profiler_records_are_not_taken_for_the_forward_s_copies(tmp_path, monkeypatch):
+    """Each device tensor the harness saves early is one profiled copy to the host, whatever its size (a
+    300 MB one included): all of them leave the profile, and a copy the forward made is still in it."""
+    import torch
+
+    from mkevolve.verify import harness
+    from mkevolve.verify.kernel_audit import ActivityRecorder
+
+    monkeypatch.setattr(harness, "_WAITING_OUTPUT_BYTES", 0)     # every kept output is saved at once
+    saved = harness._SavedOutputs(str(tmp_path), {"phases": {}})
+    for forward_copies in (0, 1):
+        with ActivityRecorder() as recorder:
+            saved.keep("big", [torch.ones(75 << 20, device="cuda")])
+            saved.keep("small", [torch.ones(3, device="cuda"), torch.ones(2), 4])
+            if forward_copies:
+                torch.ones(5, device="cuda").cpu()
+        names = harness._without_own_copies(recorder.names, saved.host_copies)
+        assert names.count(harness._HOST_COPY_NAME) == forward_copies
+        saved.host_copies = 0

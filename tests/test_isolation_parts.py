@@ -569,6 +569,18 @@ def test_kept_outputs_past_the_waiting_budget_are_saved_at_once(tmp_path, monkey
     assert torch.equal(back[0], torch.ones(10)) and back[1] == 7
 
 
+def test_only_the_harness_s_own_copies_to_the_host_are_left_out_of_the_profile():
+    """Outputs saved while the profiler records are copied to the host by the harness: that many copies leave
+    the names the trusted side reads, and a further one (the forward's `.cpu()`) stays, to be rejected."""
+    from mkevolve.verify import harness
+
+    copy = harness._HOST_COPY_NAME
+    names = ["k", copy, "Memcpy HtoD (Pageable -> Device)", copy, "k", copy]
+    assert harness._without_own_copies(names, 2) == ["k", "Memcpy HtoD (Pageable -> Device)", "k", copy]
+    assert harness._without_own_copies(names, 3).count(copy) == 0
+    assert harness._without_own_copies(names, 0) == names
+
+
 def test_saving_gives_up_even_a_hold_alone_while_it_writes(tmp_path, monkeypatch):
     """Outputs saved between timed calls are written while the process holds the GPU alone: the writes, seconds
     for full-size outputs, let other jobs run, and the hold is back, alone, for the next timed call."""

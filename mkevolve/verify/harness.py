@@ -56,6 +56,7 @@ _equal, _isnan, _nan_to_num = _TensorBase.equal, _TensorBase.isnan, _TensorBase.
 _is_floating_point = _TensorBase.is_floating_point
 _shape_of, _dtype_of = (_TensorBase.__dict__[name].__get__ for name in ("shape", "dtype"))   # C getters
 _numel, _element_size = _TensorBase.numel, _TensorBase.element_size
+_is_cuda = _TensorBase.__dict__["is_cuda"].__get__
 _is_contiguous, _reshape, _narrow, _copy_, _new_empty = (_TensorBase.is_contiguous, _TensorBase.reshape,
                                                          _TensorBase.narrow, _TensorBase.copy_, _TensorBase.new_empty)
 _no_torch_function, _no_torch_dispatch = torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch
@@ -83,8 +84,12 @@ _SAVERS = 8  # threads that write kept outputs at once
 # alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
 # past its 16 GB of host memory.
 _HOST_BATCH_BYTES = 4 << 30
-# Bytes of kept outputs that wait on the device: past it they are saved at once (`_SavedOutputs`).
-_WAITING_OUTPUT_BYTES = 4 << 30
+# Bytes of kept outputs that wait on the device: past it they are saved at once (`_SavedOutputs`). A 2 GB
+# output is saved as it is made; the process then holds one on the GPU besides the forward's own.
+_WAITING_OUTPUT_BYTES = 1 << 30
+# The profiler's name for a copy from the device to pageable host memory, as `.cpu()` makes one: the harness's
+# own copies of outputs saved while it records are left out of what the trusted side reads as the forward's.
+_HOST_COPY_NAME = "Memcpy DtoH (Device -> Pageable)"
 # Bytes of arguments of checked calls after each config's first kept for the input-state comparison (on the
 # device, until the profiler stops): all of them for most problems; past it, one drawn call per config.
 _KEPT_ARGUMENT_BYTES = 1 << 30
@@ -273,7 +278,8 @@ def _run_and_report(request: CandidateRequest, key: bytes, report: dict, prepare
             with _phase(report, "profiler_stop"):
                 prepared.recorder.__exit__(None, None, None)
             # Autotuning alone launches thousands of identical cache-clearing fills: keep each name once.
-            report["activities"] = list(dict.fromkeys(prepared.recorder.names))
+            names = _without_own_copies(prepared.recorder.names, saved.host_copies)
+            report["activities"] = list(dict.fromkeys(names))
         report["changed_inputs"] = kept.changed()
     except CandidateFailure as failure:
         report["error"] = failure.report_error()
@@ -689,13 +695,15 @@ class _SavedOutputs:
     """Kept outputs on their way to the scratch folder. They wait on the device, where nothing is copied
     between the timed calls, until more than _WAITING_OUTPUT_BYTES wait; those are then saved at once. A
     full-size convolution keeps seven 2 GB outputs: kept to the end, they made a 16 GB process, and other
-    workers' candidates beside it ran out of GPU memory."""
+    workers' candidates beside it ran out of GPU memory. The copies to the host run while the profiler
+    records, so they are counted (`host_copies`) and left out of the forward's activities."""
 
     def __init__(self, scratch: str, report: dict):
         self.scratch, self.report = scratch, report
         self.waiting: dict[str, list] = {}
         self.waiting_bytes = 0
         self.entries: dict[str, dict] = {}   # what `_save_all` reported of those saved so far, by name
+        self.host_copies = 0                 # device tensors copied to the host so far, one profiled copy each
 
     def keep(self, name: str, values: list) -> None:
         self.waiting[name] = values
@@ -704,9 +712,24 @@ class _SavedOutputs:
             self.save()
 
     def save(self) -> None:
+        self.host_copies += sum(1 for values in self.waiting.values() for v in values
+                                if type(v) is _Tensor and _is_cuda(v) and _numel(v) > 0)
         with _phase(self.report, "save"):
             self.entries.update(_save_all(self.scratch, self.waiting))
         self.waiting, self.waiting_bytes = {}, 0
+
+
+def _without_own_copies(names: list[str], copies: int) -> list[str]:
+    """The profiler's names less `copies` of the harness's own copies to the host. A copy the candidate's code
+    makes is one more, and is still there for the trusted side to reject. (Each one the harness counted did
+    run: a copy that failed leaves its output unreadable, and the candidate is rejected for that.)"""
+    kept = []
+    for name in names:
+        if copies and name == _HOST_COPY_NAME:
+            copies -= 1
+        else:
+            kept.append(name)
+    return kept
 
 
 def _tensor_bytes(values: list) -> int:
