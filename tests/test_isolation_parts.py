@@ -591,8 +591,12 @@ def test_saving_gives_up_even_a_hold_alone_while_it_writes(tmp_path, monkeypatch
     monkeypatch.setattr(gpu_share, "_shares", {})
     held_while_writing = []
     write = harness._write
-    monkeypatch.setattr(harness, "_write", lambda *a: (held_while_writing.append(gpu_share.held_alone()),
-                                                       write(*a))[1])
+
+    def noting_the_hold(*args):
+        held_while_writing.append(gpu_share.held_alone())
+        return write(*args)
+
+    monkeypatch.setattr(harness, "_write", noting_the_hold)
     with gpu_share.gpu_alone():
         harness._save_all(str(tmp_path), {"a": [torch.ones(2)]})
         assert gpu_share.held_alone()

@@ -84,8 +84,8 @@ _SAVERS = 8  # threads that write kept outputs at once
 # alone): eight 2.2 GB sets of a full-size ConvTranspose2d (KernelBench level2/19) at once took a candidate
 # past its 16 GB of host memory.
 _HOST_BATCH_BYTES = 4 << 30
-# Bytes of kept outputs that wait on the device: past it they are saved at once (`_SavedOutputs`). A 2 GB
-# output is saved as it is made; the process then holds one on the GPU besides the forward's own.
+# Bytes of kept outputs that wait on the device: past it they are saved at once (`_SavedOutputs`). An output
+# larger than this (a full-size convolution's 2 GB) is saved as soon as it is made.
 _WAITING_OUTPUT_BYTES = 1 << 30
 # The profiler's name for a copy from the device to pageable host memory, as `.cpu()` makes one: the harness's
 # own copies of outputs saved while it records are left out of what the trusted side reads as the forward's.
