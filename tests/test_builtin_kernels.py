@@ -462,3 +462,42 @@ def test_the_meta_trace_warm_up_starts_one_thread_per_process():
     for thread in warming:
         thread.join(60)
         assert not thread.is_alive()
+
+
+PAD_TO_MATCH = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x, skip):
+        diff = skip.size(2) - x.size(2)
+        return F.pad(x, (0, 0, diff // 2, diff - diff // 2), mode="{mode}") + skip
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 5, 4), torch.randn(2, 3, 8, 4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+def test_a_pad_computed_from_shapes_is_named_as_unsupported(mode, tmp_path):
+    """A U-Net's pad to its skip connection's size is computed from shapes at run time: an unsupported
+    subproblem, named, rather than a kernel that pads by the first config's amounts."""
+    path = tmp_path / "pad_to_match.py"
+    path.write_text(PAD_TO_MATCH.replace("{mode}", mode))
+    with pytest.raises(UnsupportedSubproblem, match="pad depends on tensor shapes"):
+        generate_kernel(path, 0, TARGET)
+
+
+def test_a_convolution_with_a_padding_mode_pads_in_a_kernel_of_its_own_then_convolves_unpadded():
+    generated = generate_kernel(SUBPROBLEMS / "conv_padding_modes.py", 0, TARGET)
+    assert generated.description.startswith("reflect pad of dims 2 to 3; direct convolution")
+    for mode in ("circular pad of dim 2", "replicate pad of dims 2 to 3"):
+        assert mode in generated.description
+    assert "PAD0=0, PAD1=0" in generated.source          # the convolution itself pads nothing

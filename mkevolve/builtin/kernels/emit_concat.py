@@ -1,12 +1,14 @@
-"""Data movement kernels: torch.cat (one copy launch per part) and gathers (nn.Embedding, index_select,
-torch.gather)."""
+"""Data movement kernels: torch.cat (one copy launch per part), gathers (nn.Embedding, index_select,
+torch.gather) and padding (F.pad, the nn.*Pad* layers)."""
 
 from __future__ import annotations
+
+import math
 
 from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, block_autotune, indent, make_operands, output_param
 from .errors import UnsupportedSubproblem
-from .ir import Concat, Gather, Program
+from .ir import Concat, Gather, Pad, Program
 from .kernel_plan import KernelPlan
 from .signature import KernelParam, constexpr, signature
 
@@ -132,10 +134,6 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     rank, dim = anchor.rank, anchor.dim
     sizes = [f"n{d}" for d in range(1, rank)]
     index_strides, table_strides = [f"is{d}" for d in range(rank)], [f"ts{d}" for d in range(rank)]
-    unravel = []           # the output position's index per dim, innermost first
-    for d in range(rank - 1, 0, -1):
-        unravel += [f"i{d} = rest % n{d}", f"rest = rest // n{d}"]
-    unravel.append("i0 = rest")
     at_index = " + ".join(f"i{d} * is{d}" for d in range(rank))
     at_table = " + ".join(("picked" if d == dim else f"i{d}") + f" * ts{d}" for d in range(rank))
     decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
@@ -151,10 +149,7 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
 {signature(name, params)}
     # out[i] = table[i with dim {dim} replaced by index[i]]: the output has the index's shape, so its
     # flat position unravels into the index's coordinates (sizes constexpr: div/mod become shifts).
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    rest = offs
-{indent(unravel, 4)}
+{indent(_unravel(rank), 4)}
     picked = tl.load(index_ptr + {at_index}, mask=mask, other=0).to(tl.int64)
     x = tl.load(table_ptr + {at_table}, mask=mask)
     tl.store(out_ptr + offs, x, mask=mask)
@@ -169,6 +164,81 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
 {indent(lines, 4)}
 '''
     return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, description=f"gather along dim {dim}")
+
+
+# How each mode finds the input index `j` of an output position that falls outside the input (size `D`):
+# F.pad's modes, for pads smaller than the dim (PyTorch's own limit for reflect and circular).
+_PAD_INDEX = {
+    "constant": [],                                            # outside: the mask, and the fill value
+    "reflect": ["j = tl.where(j < 0, -j, j)", "j = tl.where(j >= D, 2 * D - 2 - j, j)"],
+    "replicate": ["j = tl.minimum(tl.maximum(j, 0), D - 1)"],
+    "circular": ["j = tl.where(j < 0, j + D, tl.where(j >= D, j - D, j))"],
+}
+_PAD_MEANING = {"constant": "outside the input, the fill value", "reflect": "mirrored at the edges, without them",
+                "replicate": "the edge repeated", "circular": "wrapped around"}
+
+
+def emit_pad(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    """F.pad: each output position reads the input at its position less the pad before it, along each padded
+    dim; outside the input, at the mode's index (or, constant, the fill value)."""
+    anchor: Pad = kernel.anchor
+    if kernel.target is not None:
+        raise UnsupportedSubproblem("padding written into a module buffer")
+    x = make_operands(kernel.leaves)[anchor.x.id]
+    rank, first = anchor.rank, anchor.rank - len(anchor.pads)
+    padded = range(first, rank)
+    index, inside = [], []
+    for d, (before, _) in zip(padded, anchor.pads):
+        index.append(f"j{d} = i{d}" + (f" - {before}" if before > 0 else f" + {-before}" if before < 0 else ""))
+        index += [line.replace("j", f"j{d}").replace("D", f"D{d}") for line in _PAD_INDEX[anchor.mode]]
+        inside.append(f"(j{d} >= 0) & (j{d} < D{d})")
+    at = " + ".join((f"j{d}" if d >= first else f"i{d}") + f" * s{d}" for d in range(rank))
+    mask = "mask & " + " & ".join(inside) if anchor.mode == "constant" else "mask"
+    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    params = ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
+               KernelParam("numel", "output elements")]
+              + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
+              + [constexpr(f"D{d}", f"input size along padded dim {d}") for d in padded]
+              + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in range(rank)]
+              + [constexpr("BLOCK", "output elements per program")])
+    source = f'''{decorator}@triton.jit
+{signature(name, params)}
+    # {anchor.mode} padding of {_dims_text(padded)}: output position i reads the input at i less the
+    # pad before it ({_PAD_MEANING[anchor.mode]}). Sizes are constexpr: the div/mod become shifts.
+{indent(_unravel(rank) + index, 4)}
+    x = tl.load(x_ptr + {at}, mask={mask}, other={_float_literal(anchor.value)})
+    tl.store(out_ptr + offs, x, mask=mask)
+'''
+    sizes = "".join(f"{x.name}.shape[{d}] + {lo + hi}, " for d, (lo, hi) in zip(padded, anchor.pads))
+    call = (f"{name}[grid]({x.name}, out, numel, *out.shape[1:], "
+            + "".join(f"{x.name}.shape[{d}], " for d in padded) + f"*{x.name}.stride()")
+    lines = [f"out = torch.empty((*{x.name}.shape[:{first}], {sizes}), device={x.name}.device, dtype=torch.float32)",
+             "numel = out.numel()", "if numel:", *("    " + line for line in _flat_launch(call, variant)),
+             "return out"]
+    launcher = f'''def {name}_launch({x.name}):
+{indent(lines, 4)}
+'''
+    return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,
+                        description=f"{anchor.mode} pad of {_dims_text(padded)}")
+
+
+def _unravel(rank: int) -> list[str]:
+    """Kernel lines that take a program's block of flat output positions (`offs`, `mask`) and split each
+    into its index per dim, i0 .. i{rank - 1}, by the output sizes n1 .. n{rank - 1}."""
+    lines = ["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
+             "rest = offs"]
+    for d in range(rank - 1, 0, -1):     # innermost first
+        lines += [f"i{d} = rest % n{d}", f"rest = rest // n{d}"]
+    return lines + ["i0 = rest"]
+
+
+def _dims_text(dims: range) -> str:
+    return f"dim {dims[0]}" if len(dims) == 1 else f"dims {dims[0]} to {dims[-1]}"
+
+
+def _float_literal(value: float) -> str:
+    """A float as Triton source: inf and nan through float()."""
+    return repr(value) if math.isfinite(value) else f'float("{value}")'
 
 
 def _flat_launch(call: str, variant: Variant) -> list[str]:

@@ -14,7 +14,7 @@ from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import Concat, Gather, IntOp, Scalar, Value, is_integer
+from .ir import Concat, Gather, IntOp, Pad, Scalar, Value, is_integer
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def _convolution(b: Builder, call: Call):
 def _conv_module(b: Builder, call: Call):
     module = call.module
     if call.module_attr("padding_mode") != "zeros":
-        raise UnsupportedSubproblem(f"{type(module).__name__} with padding_mode={module.padding_mode!r}")
+        return _conv_padded_first(b, call)
     transposed = isinstance(module, nn.modules.conv._ConvTransposeNd)
     if transposed and call.arg(1, "output_size", None) is not None:
         raise UnsupportedSubproblem("ConvTranspose with an explicit output_size")
@@ -263,6 +263,70 @@ def _conv_module(b: Builder, call: Call):
                 transposed=transposed, output_padding=call.module_attr("output_padding"),
                 groups=[m.groups for m in call.modules], geometry_from=call.path if varying else None,
                 **{name: values if varying else values[0] for name, values in geometry.items()})
+
+
+# --- padding ----------------------------------------------------------------------------------------
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def pad(b: Builder, x: Value, amounts, mode: str = "constant", value=None) -> Value:
+    """F.pad: `amounts` are (before, after) counts from the last dim backwards, as F.pad takes them."""
+    amounts = [int(a) for a in b.const(list(amounts), "pad")]
+    if mode not in PAD_MODES:
+        raise UnsupportedSubproblem(f"padding mode {mode!r} (supported: {', '.join(PAD_MODES)})")
+    if len(amounts) % 2 or len(amounts) // 2 > x.rank:
+        raise UnsupportedSubproblem(f"pad {tuple(amounts)} of a rank-{x.rank} tensor")
+    count = len(amounts) // 2
+    pads = tuple((amounts[2 * k], amounts[2 * k + 1]) for k in reversed(range(count)))   # in dim order
+    if mode != "constant" and min(amounts, default=0) < 0:
+        raise UnsupportedSubproblem(f"{mode} padding with a negative amount {tuple(amounts)}")
+    first = x.rank - count
+    shapes = tuple(shape[:first] + tuple(n + lo + hi for n, (lo, hi) in zip(shape[first:], pads))
+                   for shape in x.shapes)
+    if any(n <= 0 for shape in shapes for n in shape[first:]):
+        raise UnsupportedSubproblem(f"pad {tuple(amounts)} leaves an empty dim")
+    fill = 0.0 if value is None else float(b.const(value, "pad value"))
+    return b.program.add(Pad(shapes, x=x, pads=pads, mode=mode, value=fill))
+
+
+def _pad(b: Builder, call: Call):
+    return pad(b, call.arg(0, "input"), call.arg(1, "pad"), b.const(call.arg(2, "mode", "constant"), "pad mode"),
+               call.arg(3, "value", None))
+
+
+def _constant_pad_nd(b: Builder, call: Call):
+    """aten.constant_pad_nd(input, pad, value=0), what F.pad's constant mode becomes."""
+    return pad(b, call.arg(0, "input"), call.arg(1, "pad"), "constant", call.arg(2, "value", 0.0))
+
+
+def _pad_module_mode(module: nn.Module) -> str:
+    for stem, mode in (("Constant", "constant"), ("Zero", "constant"), ("Reflection", "reflect"),
+                       ("Replication", "replicate"), ("Circular", "circular")):
+        if type(module).__name__.startswith(stem):
+            return mode
+    raise UnsupportedSubproblem(f"module {type(module).__name__}")
+
+
+def _pad_module(b: Builder, call: Call):
+    mode = _pad_module_mode(call.module)
+    value = call.module_attr("value") if mode == "constant" else None
+    return pad(b, call.arg(0, "input"), call.module_attr("padding"), mode, value)
+
+
+_PAD_MODULES = tuple(getattr(nn, f"{stem}Pad{d}d") for stem in ("Zero", "Constant", "Reflection", "Replication",
+                                                                  "Circular") for d in (1, 2, 3)
+                     if hasattr(nn, f"{stem}Pad{d}d"))
+
+
+def _conv_padded_first(b: Builder, call: Call):
+    """A convolution whose padding_mode is "reflect", "replicate" or "circular" pads its input that way, then
+    convolves it unpadded, as nn.Conv*d does (its `_reversed_padding_repeated_twice` is F.pad's argument)."""
+    padded = pad(b, call.arg(0, "input"), call.module_attr("_reversed_padding_repeated_twice"),
+                 call.module_attr("padding_mode"))
+    return conv(b, padded, module_param(b, call, "weight"), module_param(b, call, "bias"), transposed=False,
+                stride=call.module_attr("stride"), padding=0, dilation=call.module_attr("dilation"),
+                output_padding=0, groups=[m.groups for m in call.modules])
 
 
 # --- pooling ----------------------------------------------------------------------------------------
@@ -531,7 +595,7 @@ FUNCTIONS: dict[str, Handler] = {
     "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
     "cat": _cat, "concat": _cat, "concatenate": _cat,
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
-    "gather": _gather_along,
+    "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd,
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
@@ -558,6 +622,7 @@ MODULES: dict[type, Handler] = {
     nn.TransformerEncoderLayer: _transformer_encoder_layer, nn.TransformerDecoderLayer: _transformer_decoder_layer,
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                                      nn.ConvTranspose3d)},
+    **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,

@@ -202,6 +202,22 @@ class Concat(Value):
 
 
 @dataclass(eq=False, repr=False)
+class Pad(Value):
+    """F.pad, the nn.*Pad* layers and a convolution's non-zero padding_mode: `x` with (before, after) elements
+    added along each of its last len(`pads`) dims, `pads` in dim order (a negative count crops). The added
+    elements are `value` ("constant"), or read from `x` mirrored without its edge ("reflect"), its edge
+    repeated ("replicate") or wrapped around ("circular")."""
+
+    x: Value | None = None
+    pads: tuple[tuple[int, int], ...] = ()
+    mode: str = "constant"
+    value: float = 0.0
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+@dataclass(eq=False, repr=False)
 class IndexMask(Value):
     """`ones_like(x)`, or its `.tril(diagonal)` / `.triu(diagonal)`: a value of the last two indices alone.
 
