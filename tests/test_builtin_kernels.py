@@ -501,3 +501,16 @@ def test_a_convolution_with_a_padding_mode_pads_in_a_kernel_of_its_own_then_conv
     for mode in ("circular pad of dim 2", "replicate pad of dims 2 to 3"):
         assert mode in generated.description
     assert "PAD0=0, PAD1=0" in generated.source          # the convolution itself pads nothing
+
+
+@pytest.mark.parametrize("call, reason", [("F.interpolate(x, scale_factor=2, mode='bicubic')", "mode='bicubic'"),
+                                          ("F.interpolate(x, size=(8, 8), mode='bilinear', antialias=True)",
+                                           "antialias=True")])
+def test_interpolation_it_cannot_write_is_named(call, reason, tmp_path):
+    path = tmp_path / "resize.py"
+    path.write_text("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                    f"class Model(nn.Module):\n    def forward(self, x):\n        return {call}\n\n\n"
+                    "def get_inputs():\n    return [torch.randn(1, 2, 4, 4)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    with pytest.raises(UnsupportedSubproblem, match=reason):
+        generate_kernel(path, 0, TARGET)

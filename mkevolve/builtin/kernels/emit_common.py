@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .configs import Variant
 from .indexing import GroupIndices, Indexer, Operand
 from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View
 from .kernel_plan import KernelPlan
@@ -190,3 +191,30 @@ def block_autotune(blocks: tuple[tuple[int, int], ...], key: list[str]) -> str:
     """An autotune decorator over (BLOCK, num_warps) pairs, for kernels that walk flat output blocks."""
     configs = "".join(f'        triton.Config({{"BLOCK": {b}}}, num_warps={w}),\n' for b, w in blocks)
     return f"@triton.autotune(\n    configs=[\n{configs}    ],\n    key={key!r},\n)\n"
+
+
+def unravel_lines(rank: int) -> list[str]:
+    """Kernel lines that take a program's block of flat output positions (`offs`, `mask`) and split each
+    into its index per dim, i0 .. i{rank - 1}, by the output sizes n1 .. n{rank - 1} (constexpr: the div/mod
+    become multiplies and shifts)."""
+    lines = ["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
+             "rest = offs"]
+    for d in range(rank - 1, 0, -1):     # innermost first
+        lines += [f"i{d} = rest % n{d}", f"rest = rest // n{d}"]
+    return lines + ["i0 = rest"]
+
+
+def flat_launch(call: str, variant: Variant) -> list[str]:
+    """The launcher lines of a kernel over `numel` flat elements: an autotuned BLOCK, or the variant's own."""
+    if variant.autotune:
+        return ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
+    block, warps = variant.pointwise[0]
+    return [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]
+
+
+def flat_launcher(name: str, params: list[str], setup: list[str], call: str, variant: Variant) -> str:
+    """The launcher of a kernel over an output's flat elements: `setup` makes `out` (and whatever `call`
+    takes), then `call` runs over `numel` elements; an empty output launches nothing."""
+    lines = setup + ["numel = out.numel()", "if numel:", *("    " + line for line in flat_launch(call, variant)),
+                     "return out"]
+    return f"def {name}_launch({', '.join(params)}):\n{indent(lines, 4)}\n"

@@ -3,13 +3,13 @@ torch.gather) and padding (F.pad, the nn.*Pad* layers)."""
 
 from __future__ import annotations
 
-import math
-
 from .configs import Variant
-from .emit_common import KernelSource, LauncherArg, block_autotune, indent, make_operands, output_param
+from .emit_common import (KernelSource, LauncherArg, block_autotune, flat_launch, flat_launcher, indent,
+                          make_operands, output_param, unravel_lines)
 from .errors import UnsupportedSubproblem
 from .ir import Concat, Gather, Pad, Program
 from .kernel_plan import KernelPlan
+from .pointwise_ops import literal
 from .signature import KernelParam, constexpr, signature
 
 # out[o, start + l, i] = part[o, l, i]: one launch per part.
@@ -52,7 +52,7 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     dim = anchor.dim
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = f"{name}[grid](src, out, start, numel, length, inner, total, *src.stride()"
-    launch = _flat_launch(call, variant)
+    launch = flat_launch(call, variant)
     lines = [f"parts = ({', '.join(parts)},)",
              f"total = sum(p.shape[{dim}] for p in parts)",
              f"out = torch.empty((*parts[0].shape[:{dim}], total, *parts[0].shape[{dim + 1}:]), "
@@ -109,7 +109,7 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = f"{name}[grid](src, flat_index, out, numel, flat_index.numel(), inner, *src.stride()"
-    launch = _flat_launch(call, variant)
+    launch = flat_launch(call, variant)
     lines = [f"out = torch.empty((*{table}.shape[:{dim}], *{index}.shape, *{table}.shape[{dim + 1}:]), "
              f"device={table}.device, dtype=torch.float32)",
              f"outer, inner = {table}.shape[:{dim}].numel(), {table}.shape[{dim + 1}:].numel()",
@@ -149,7 +149,7 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
 {signature(name, params)}
     # out[i] = table[i with dim {dim} replaced by index[i]]: the output has the index's shape, so its
     # flat position unravels into the index's coordinates (sizes constexpr: div/mod become shifts).
-{indent(_unravel(rank), 4)}
+{indent(unravel_lines(rank), 4)}
     picked = tl.load(index_ptr + {at_index}, mask=mask, other=0).to(tl.int64)
     x = tl.load(table_ptr + {at_table}, mask=mask)
     tl.store(out_ptr + offs, x, mask=mask)
@@ -157,12 +157,9 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     call = (f"{name}[grid]({table}, {index}, out, numel, *{index}.shape[1:], *{index}.stride(), "
             f"*{table}.stride()")
-    launch = _flat_launch(call, variant)
-    lines = [f"out = torch.empty({index}.shape, device={table}.device, dtype=torch.float32)",
-             "numel = out.numel()", "if numel:", *("    " + line for line in launch), "return out"]
-    launcher = f'''def {name}_launch({", ".join(a.name for a in tensor_args)}):
-{indent(lines, 4)}
-'''
+    launcher = flat_launcher(name, [a.name for a in tensor_args],
+                             [f"out = torch.empty({index}.shape, device={table}.device, dtype=torch.float32)"],
+                             call, variant)
     return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, description=f"gather along dim {dim}")
 
 
@@ -205,45 +202,18 @@ def emit_pad(kernel: KernelPlan, name: str, variant: Variant, program: Program) 
 {signature(name, params)}
     # {anchor.mode} padding of {_dims_text(padded)}: output position i reads the input at i less the
     # pad before it ({_PAD_MEANING[anchor.mode]}). Sizes are constexpr: the div/mod become shifts.
-{indent(_unravel(rank) + index, 4)}
-    x = tl.load(x_ptr + {at}, mask={mask}, other={_float_literal(anchor.value)})
+{indent(unravel_lines(rank) + index, 4)}
+    x = tl.load(x_ptr + {at}, mask={mask}, other={literal(anchor.value)})
     tl.store(out_ptr + offs, x, mask=mask)
 '''
     sizes = "".join(f"{x.name}.shape[{d}] + {lo + hi}, " for d, (lo, hi) in zip(padded, anchor.pads))
     call = (f"{name}[grid]({x.name}, out, numel, *out.shape[1:], "
             + "".join(f"{x.name}.shape[{d}], " for d in padded) + f"*{x.name}.stride()")
-    lines = [f"out = torch.empty((*{x.name}.shape[:{first}], {sizes}), device={x.name}.device, dtype=torch.float32)",
-             "numel = out.numel()", "if numel:", *("    " + line for line in _flat_launch(call, variant)),
-             "return out"]
-    launcher = f'''def {name}_launch({x.name}):
-{indent(lines, 4)}
-'''
+    launcher = flat_launcher(name, [x.name], [f"out = torch.empty((*{x.name}.shape[:{first}], {sizes}), "
+                                              f"device={x.name}.device, dtype=torch.float32)"], call, variant)
     return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,
                         description=f"{anchor.mode} pad of {_dims_text(padded)}")
 
 
-def _unravel(rank: int) -> list[str]:
-    """Kernel lines that take a program's block of flat output positions (`offs`, `mask`) and split each
-    into its index per dim, i0 .. i{rank - 1}, by the output sizes n1 .. n{rank - 1}."""
-    lines = ["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
-             "rest = offs"]
-    for d in range(rank - 1, 0, -1):     # innermost first
-        lines += [f"i{d} = rest % n{d}", f"rest = rest // n{d}"]
-    return lines + ["i0 = rest"]
-
-
 def _dims_text(dims: range) -> str:
     return f"dim {dims[0]}" if len(dims) == 1 else f"dims {dims[0]} to {dims[-1]}"
-
-
-def _float_literal(value: float) -> str:
-    """A float as Triton source: inf and nan through float()."""
-    return repr(value) if math.isfinite(value) else f'float("{value}")'
-
-
-def _flat_launch(call: str, variant: Variant) -> list[str]:
-    """The launcher lines of a kernel over `numel` flat elements: an autotuned BLOCK, or the variant's own."""
-    if variant.autotune:
-        return ['grid = lambda meta: (_cdiv(numel, meta["BLOCK"]),)', call + ")"]
-    block, warps = variant.pointwise[0]
-    return [f"grid = (_cdiv(numel, {block}),)", call + f", BLOCK={block}, num_warps={warps})"]

@@ -14,7 +14,7 @@ from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import Concat, Gather, IntOp, Pad, Scalar, Value, is_integer
+from .ir import Concat, Gather, IntOp, Pad, Resize, Scalar, Value, is_integer
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -329,6 +329,57 @@ def _conv_padded_first(b: Builder, call: Call):
                 output_padding=0, groups=[m.groups for m in call.modules])
 
 
+# --- resampling -------------------------------------------------------------------------------------
+
+# F.interpolate's modes the kernel writes, by the name it takes them under: (bi/tri)linear is linear along
+# each spatial dim.
+RESIZE_MODES = {"nearest": "nearest", "nearest-exact": "nearest-exact", "linear": "linear", "bilinear": "linear",
+                "trilinear": "linear"}
+
+
+def resize(b: Builder, x: Value, size, scale_factor, mode: str, align_corners, recompute_scale_factor) -> Value:
+    """F.interpolate, with its arguments as it takes them. "area" is an adaptive average pool to the output's
+    sizes, as PyTorch computes it."""
+    if mode not in RESIZE_MODES and mode != "area":
+        raise UnsupportedSubproblem(f"interpolate with mode={mode!r} (supported: {', '.join(RESIZE_MODES)}, area)")
+    spatial = x.rank - 2
+    if spatial < 1 or (size is None) == (scale_factor is None):
+        raise UnsupportedSubproblem(f"interpolate of a rank-{x.rank} tensor with size={size!r}, "
+                                    f"scale_factor={scale_factor!r}")
+    sizes = tuple_arg(b.const(size, "interpolate size"), spatial, "size") if size is not None else None
+    factors = None
+    if scale_factor is not None:
+        given = b.const(scale_factor, "interpolate scale_factor")
+        factors = tuple(float(f) for f in (given if isinstance(given, (tuple, list)) else [given] * spatial))
+        if len(factors) != spatial:
+            raise UnsupportedSubproblem(f"scale_factor {given!r} for {spatial} spatial dims")
+    shapes = tuple(shape[:2] + (sizes or tuple(int(n * f) for n, f in zip(shape[2:], factors)))
+                   for shape in x.shapes)
+    if any(n <= 0 for shape in shapes for n in shape[2:]):
+        raise UnsupportedSubproblem(f"interpolate to an empty size: {shapes[0]}")
+    if mode == "area":
+        return b.adaptive_pool("avg", x, [shape[2:] for shape in shapes])
+    return b.program.add(Resize(shapes, x=x, mode=RESIZE_MODES[mode], align_corners=bool(align_corners),
+                                size=sizes, scale_factor=factors,
+                                recompute_scale_factor=bool(recompute_scale_factor)))
+
+
+def _interpolate(b: Builder, call: Call):
+    if call.arg(6, "antialias", False):
+        raise UnsupportedSubproblem("interpolate with antialias=True")
+    return resize(b, call.arg(0, "input"), call.arg(1, "size", None), call.arg(2, "scale_factor", None),
+                  b.const(call.arg(3, "mode", "nearest"), "interpolate mode"),
+                  b.const(call.arg(4, "align_corners", None), "align_corners"),
+                  b.const(call.arg(5, "recompute_scale_factor", None), "recompute_scale_factor"))
+
+
+def _upsample_module(b: Builder, call: Call):
+    """nn.Upsample, and its UpsamplingNearest2d and UpsamplingBilinear2d (align_corners=True) forms."""
+    return resize(b, call.arg(0, "input"), call.module_attr("size"), call.module_attr("scale_factor"),
+                  call.module_attr("mode"), call.module_attr("align_corners"),
+                  call.module_attr("recompute_scale_factor"))
+
+
 # --- pooling ----------------------------------------------------------------------------------------
 
 def _pool_geometry(b: Builder, spatial: int, kernel, stride, padding, dilation):
@@ -595,7 +646,7 @@ FUNCTIONS: dict[str, Handler] = {
     "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
     "cat": _cat, "concat": _cat, "concatenate": _cat,
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
-    "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd,
+    "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
@@ -623,6 +674,7 @@ MODULES: dict[type, Handler] = {
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                                      nn.ConvTranspose3d)},
     **{cls: _pad_module for cls in _PAD_MODULES},
+    **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,

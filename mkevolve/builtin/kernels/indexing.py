@@ -129,9 +129,9 @@ class Indexer:
         return params
 
     def kernel_signature(self) -> list[KernelParam]:
-        """`kernel_params()` as the kernel declares them, each with its comment. Group sizes are constexpr: a div/mod by a known
-        constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens of instructions
-        per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
+        """`kernel_params()` as the kernel declares them, each with its comment. Group sizes are constexpr: a
+        div/mod by a known constant compiles to a multiply and a shift, where one by a runtime int64 costs dozens
+        of instructions per element. A new size compiles a new kernel, as torch.compile's static shapes do."""
         params = [KernelParam(self.size_name(g), f"{self.frame_name} size over {_dims(g)} (divides the flat index)",
                               constexpr=True) for g in self.groups if self.needs_size(g)]
         for operand in self.operands:

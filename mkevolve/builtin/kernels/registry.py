@@ -42,9 +42,11 @@ from .emit_conv import conv_flops, conv_uses_dot, emit_conv
 from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool
+from .emit_resize import emit_resize
 from .emit_rows import emit_rows
 from .emit_winograd import emit_winograd, winograd_fits
-from .ir import AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program, Value
+from .ir import (AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program, Resize,
+                 Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -111,14 +113,15 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("concat", emit_concat, Concat),
     KernelKind("gather", emit_gather, Gather),
     KernelKind("pad", emit_pad, Pad),
+    KernelKind("resize", emit_resize, Resize),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
 )
 
 _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
-# The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding
-# and a training-mode batch norm's statistics.
+# The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
+# interpolation and a training-mode batch norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 
