@@ -505,8 +505,9 @@ def test_a_convolution_with_a_padding_mode_pads_in_a_kernel_of_its_own_then_conv
 
 @pytest.mark.parametrize("call, reason", [("F.interpolate(x, scale_factor=2, mode='bicubic')", "mode='bicubic'"),
                                           ("F.interpolate(x, size=(8, 8), mode='bilinear', antialias=True)",
-                                           "antialias=True")])
-def test_interpolation_it_cannot_write_is_named(call, reason, tmp_path):
+                                           "antialias=True"),
+                                          ("torch.roll(x, 3)", "roll without dims")])
+def test_resampling_or_reordering_it_cannot_write_is_named(call, reason, tmp_path):
     path = tmp_path / "resize.py"
     path.write_text("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
                     f"class Model(nn.Module):\n    def forward(self, x):\n        return {call}\n\n\n"

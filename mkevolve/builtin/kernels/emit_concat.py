@@ -1,5 +1,5 @@
 """Data movement kernels: torch.cat (one copy launch per part), gathers (nn.Embedding, index_select,
-torch.gather) and padding (F.pad, the nn.*Pad* layers)."""
+torch.gather), padding (F.pad, the nn.*Pad* layers) and reordering copies (flip, roll, repeat, pixel shuffle)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from .configs import Variant
 from .emit_common import (KernelSource, LauncherArg, block_autotune, flat_launch, flat_launcher, indent,
                           make_operands, output_param, unravel_lines)
 from .errors import UnsupportedSubproblem
-from .ir import Concat, Gather, Pad, Program
+from .ir import Concat, Gather, Pad, Program, Reindex
 from .kernel_plan import KernelPlan
 from .pointwise_ops import literal
 from .signature import KernelParam, constexpr, signature
@@ -213,6 +213,79 @@ def emit_pad(kernel: KernelPlan, name: str, variant: Variant, program: Program) 
                                               f"device={x.name}.device, dtype=torch.float32)"], call, variant)
     return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,
                         description=f"{anchor.mode} pad of {_dims_text(padded)}")
+
+
+def _reindex_lines(anchor: Reindex) -> list[str]:
+    """Kernel lines giving the input index j{d} of each input dim from the output indices i{d}."""
+    rank_in, lead = anchor.x.rank, anchor.rank - anchor.x.rank
+    if anchor.kind == "flip":
+        return [f"j{d} = D{d} - 1 - i{d}" if d in anchor.dims else f"j{d} = i{d}" for d in range(rank_in)]
+    if anchor.kind == "roll":
+        lines = [f"j{d} = i{d}" for d in range(rank_in) if d not in anchor.dims]
+        for d in anchor.dims:     # k{d}: the shift along d, in [0, D{d}) (the launcher takes it modulo the size)
+            lines += [f"j{d} = i{d} - k{d}", f"j{d} = tl.where(j{d} < 0, j{d} + D{d}, j{d})"]
+        return lines
+    if anchor.kind == "repeat":
+        return [f"j{d} = i{d + lead} % D{d}" for d in range(rank_in)]
+    r, (c, h, w) = anchor.amounts[0], range(rank_in - 3, rank_in)
+    lines = [f"j{d} = i{d}" for d in range(rank_in - 3)]
+    if anchor.kind == "pixel_shuffle":   # output (c, h, w) reads channel c*r*r + (h % r)*r + w % r at (h // r, w // r)
+        return lines + [f"j{c} = i{c} * {r * r} + (i{h} % {r}) * {r} + i{w} % {r}", f"j{h} = i{h} // {r}",
+                        f"j{w} = i{w} // {r}"]
+    return lines + [f"j{c} = i{c} // {r * r}", f"j{h} = i{h} * {r} + (i{c} // {r}) % {r}",   # pixel_unshuffle
+                    f"j{w} = i{w} * {r} + i{c} % {r}"]
+
+
+def _reindex_out_shape(anchor: Reindex, x: str) -> str:
+    """Python source of the output's shape, from the input's."""
+    if anchor.kind in ("flip", "roll"):
+        return f"{x}.shape"
+    if anchor.kind == "repeat":
+        lead = anchor.rank - anchor.x.rank
+        return ("(" + "".join(f"{t}, " for t in anchor.amounts[:lead])
+                + "".join(f"{x}.shape[{d}] * {t}, " for d, t in enumerate(anchor.amounts[lead:])) + ")")
+    r = anchor.amounts[0]
+    if anchor.kind == "pixel_shuffle":
+        return f"(*{x}.shape[:-3], {x}.shape[-3] // {r * r}, {x}.shape[-2] * {r}, {x}.shape[-1] * {r})"
+    return f"(*{x}.shape[:-3], {x}.shape[-3] * {r * r}, {x}.shape[-2] // {r}, {x}.shape[-1] // {r})"
+
+
+_REINDEX_MEANING = {"flip": "reversed along dims {dims}", "roll": "rolled along dims {dims}",
+                    "repeat": "tiled {amounts} times", "pixel_shuffle": "pixel shuffle by {r[0]}",
+                    "pixel_unshuffle": "pixel unshuffle by {r[0]}"}
+
+
+def emit_reindex(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    """flip, roll, repeat and pixel (un)shuffle: each output element copies the input element at the index
+    its own maps to (`_reindex_lines`)."""
+    anchor: Reindex = kernel.anchor
+    if kernel.target is not None:
+        raise UnsupportedSubproblem(f"{anchor.kind} written into a module buffer")
+    x = make_operands(kernel.leaves)[anchor.x.id]
+    rank, rank_in = anchor.rank, anchor.x.rank
+    rolled = anchor.dims if anchor.kind == "roll" else ()
+    what = _REINDEX_MEANING[anchor.kind].format(dims=anchor.dims, amounts=anchor.amounts, r=anchor.amounts[:1])
+    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    params = ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
+               KernelParam("numel", "output elements")]
+              + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
+              + [constexpr(f"D{d}", f"input size along dim {d}") for d in range(rank_in)]
+              + [KernelParam(f"k{d}", f"shift along dim {d}, in [0, D{d})") for d in rolled]
+              + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in range(rank_in)]
+              + [constexpr("BLOCK", "output elements per program")])
+    at = " + ".join(f"j{d} * s{d}" for d in range(rank_in))
+    source = f'''{decorator}@triton.jit
+{signature(name, params)}
+    # A copy, {what}: output element i reads the input at the index j its own maps to.
+{indent(unravel_lines(rank) + _reindex_lines(anchor), 4)}
+    y = tl.load(x_ptr + {at}, mask=mask)
+    tl.store(out_ptr + offs, y, mask=mask)
+'''
+    shifts = "".join(f"{k} % {x.name}.shape[{d}], " for d, k in zip(rolled, anchor.amounts))
+    call = f"{name}[grid]({x.name}, out, numel, *out.shape[1:], *{x.name}.shape, {shifts}*{x.name}.stride()"
+    out = f"out = torch.empty({_reindex_out_shape(anchor, x.name)}, device={x.name}.device, dtype=torch.float32)"
+    return KernelSource(source, flat_launcher(name, [x.name], [out], call, variant), f"{name}_launch",
+                        [LauncherArg(x.name, value=anchor.x)], False, description=what)
 
 
 def _dims_text(dims: range) -> str:

@@ -14,7 +14,7 @@ from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import Concat, Gather, IntOp, Pad, Resize, Scalar, Value, is_integer
+from .ir import Concat, Gather, IntOp, Pad, Reindex, Resize, Scalar, Value, is_integer
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -327,6 +327,76 @@ def _conv_padded_first(b: Builder, call: Call):
     return conv(b, padded, module_param(b, call, "weight"), module_param(b, call, "bias"), transposed=False,
                 stride=call.module_attr("stride"), padding=0, dilation=call.module_attr("dilation"),
                 output_padding=0, groups=[m.groups for m in call.modules])
+
+
+# --- reordering copies: flip, roll, repeat, pixel (un)shuffle -----------------------------------------
+
+def _dims_of(x: Value, dims, what: str) -> tuple[int, ...]:
+    return tuple(d % x.rank for d in _const_ints(dims, what))
+
+
+def _const_ints(values, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints, each a constant (not a traced size)."""
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    if not all(isinstance(v, int) for v in values):
+        raise UnsupportedSubproblem(f"{what} {tuple(values)!r}: it must be constant ints")
+    return tuple(int(v) for v in values)
+
+
+def _flip(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    dims = _dims_of(x, b.const(_varargs(call, 1), "flip dims"), "flip dims")
+    return b.program.add(Reindex(x.shapes, x=x, kind="flip", dims=dims))
+
+
+def _roll(b: Builder, call: Call):
+    x, dims = call.arg(0, "input"), call.arg(2, "dims", None)
+    if dims is None or dims == ():
+        raise UnsupportedSubproblem("torch.roll without dims (a roll of the flattened tensor)")
+    shifts = _const_ints(b.const(call.arg(1, "shifts"), "roll shifts"), "roll shifts")
+    dims = _dims_of(x, b.const(dims, "roll dims"), "roll dims")
+    if len(shifts) != len(dims):
+        raise UnsupportedSubproblem(f"roll by {shifts} along {dims}")
+    return b.program.add(Reindex(x.shapes, x=x, kind="roll", dims=dims, amounts=shifts))
+
+
+def _repeat(b: Builder, call: Call):
+    x = call.arg(0, "input")
+    times = _const_ints(b.const(_varargs(call, 1), "repeat sizes"), "repeat sizes")
+    if len(times) < x.rank:
+        raise UnsupportedSubproblem(f"repeat {times} of a rank-{x.rank} tensor")
+    lead = len(times) - x.rank
+    shapes = tuple(times[:lead] + tuple(n * t for n, t in zip(shape, times[lead:])) for shape in x.shapes)
+    return b.program.add(Reindex(shapes, x=x, kind="repeat", amounts=times))
+
+
+def pixel_shuffle(b: Builder, x: Value, factor, inverse: bool) -> Value:
+    """F.pixel_shuffle (channels c*r*r at (h, w) -> c at (h*r, w*r)) and its inverse, F.pixel_unshuffle."""
+    r = _const_ints(b.const(factor, "pixel shuffle factor"), "pixel shuffle factor")[0]
+    if x.rank < 3 or r < 1:
+        raise UnsupportedSubproblem(f"pixel shuffle of a rank-{x.rank} tensor by {r}")
+    shapes = []
+    for shape in x.shapes:
+        *lead, c, h, w = shape
+        if inverse:
+            shapes.append((*lead, c * r * r, h // r, w // r))
+        else:
+            shapes.append((*lead, c // (r * r), h * r, w * r))
+    kind = "pixel_unshuffle" if inverse else "pixel_shuffle"
+    return b.program.add(Reindex(tuple(shapes), x=x, kind=kind, amounts=(r,)))
+
+
+def _pixel_shuffle(inverse: bool) -> Handler:
+    def handler(b: Builder, call: Call):
+        return pixel_shuffle(b, call.arg(0, "input"), call.arg(1, "upscale_factor" if not inverse
+                                                                  else "downscale_factor"), inverse)
+    return handler
+
+
+def _pixel_shuffle_module(b: Builder, call: Call):
+    inverse = isinstance(call.module, nn.PixelUnshuffle)
+    factor = call.module_attr("downscale_factor" if inverse else "upscale_factor")
+    return pixel_shuffle(b, call.arg(0, "input"), factor, inverse)
 
 
 # --- resampling -------------------------------------------------------------------------------------
@@ -647,6 +717,8 @@ FUNCTIONS: dict[str, Handler] = {
     "cat": _cat, "concat": _cat, "concatenate": _cat,
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
+    "flip": _flip, "roll": _roll, "repeat": _repeat, "pixel_shuffle": _pixel_shuffle(inverse=False),
+    "pixel_unshuffle": _pixel_shuffle(inverse=True),
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
@@ -675,6 +747,7 @@ MODULES: dict[type, Handler] = {
                                      nn.ConvTranspose3d)},
     **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
+    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,

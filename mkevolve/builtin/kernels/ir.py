@@ -218,6 +218,21 @@ class Pad(Value):
 
 
 @dataclass(eq=False, repr=False)
+class Reindex(Value):
+    """A copy whose every output element reads one input element at an index found from its own:
+    "flip" (along `dims`), "roll" (along `dims` by `amounts`), "repeat" (tiled `amounts` times, new leading dims
+    allowed), "pixel_shuffle" and "pixel_unshuffle" (by the factor `amounts[0]`)."""
+
+    x: Value | None = None
+    kind: str = "flip"
+    dims: tuple[int, ...] = ()
+    amounts: tuple[int, ...] = ()
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+@dataclass(eq=False, repr=False)
 class Resize(Value):
     """F.interpolate and nn.Upsample: `x` resampled along its spatial dims (all dims after the first two) to
     the output's sizes, "nearest", "nearest-exact" or "linear" (bilinear and trilinear: linear along each

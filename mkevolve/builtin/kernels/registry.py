@@ -37,7 +37,7 @@ from .configs import Variant
 from .emit_attention import attention_flops, emit_attention
 from .emit_batch_stats import emit_batch_stats
 from .emit_common import KernelSource
-from .emit_concat import emit_concat, emit_gather, emit_pad
+from .emit_concat import emit_concat, emit_gather, emit_pad, emit_reindex
 from .emit_conv import conv_flops, conv_uses_dot, emit_conv
 from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
@@ -45,8 +45,8 @@ from .emit_pool import emit_adaptive_pool, emit_pool
 from .emit_resize import emit_resize
 from .emit_rows import emit_rows
 from .emit_winograd import emit_winograd, winograd_fits
-from .ir import (AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program, Resize,
-                 Value)
+from .ir import (AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program, Reindex,
+                 Resize, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -114,6 +114,7 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("gather", emit_gather, Gather),
     KernelKind("pad", emit_pad, Pad),
     KernelKind("resize", emit_resize, Resize),
+    KernelKind("reindex", emit_reindex, Reindex),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
 )
 
@@ -121,7 +122,7 @@ _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
 # The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
-# interpolation and a training-mode batch norm's statistics.
+# interpolation, reordering copies and a training-mode batch norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 
