@@ -1,4 +1,5 @@
-"""Lowering of linear layers, matmuls, convolutions, pooling, views and shape arithmetic into the tensor program."""
+"""Lowering of linear layers, matmuls, convolutions, pooling, padding, resampling, reordering copies, views and
+shape arithmetic into the tensor program."""
 
 from __future__ import annotations
 
