@@ -116,7 +116,7 @@ class Coverage:
         return not self.pytorch
 
     def line(self) -> str:
-        """Either 'all 3 subkernels in Triton' or 'partial: 2 of 3 in Triton (cumsum runs PyTorch code)'."""
+        """Either 'all 3 subkernels in Triton' or 'partial: 2 of 3 in Triton (logcumsumexp runs PyTorch code)'."""
         if self.complete:
             return f"all {len(self.names)} subkernel{'s' if len(self.names) != 1 else ''} in Triton"
         verb = "runs" if len(self.pytorch) == 1 else "run"

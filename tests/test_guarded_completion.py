@@ -1,13 +1,14 @@
 """Guarded completion: a subproblem without an accepted kernel keeps its own PyTorch code, so a run still
 ends with a verified best/ and says it is partial.
 
-The problem (fixtures/guarded/cumsum_tail.py) is cumsum(relu(linear(x)), dim=1). The builtin decomposer
-cuts it into linear and relu_cumsum; the builtin generator has no kernel for cumsum. Two iterations,
+The problem (fixtures/guarded/logcumsumexp_tail.py) is logcumsumexp(relu(linear(x)), dim=1). The builtin
+decomposer cuts it into linear and relu_logcumsumexp; the builtin generator has no kernel for logcumsumexp. Two
+iterations,
 --refine-every 2:
-  1  linear gets its kernel; relu_cumsum is declined before any call; its PyTorch code stands in: best/,
+  1  linear gets its kernel; relu_logcumsumexp is declined before any call; its PyTorch code stands in: best/,
      partial 1 of 2
-  2  Split of the failing relu_cumsum into relu and cumsum; relu gets its kernel, cumsum is declined:
-     best/, partial 2 of 3
+  2  Split of the failing relu_logcumsumexp into relu and logcumsumexp; relu gets its kernel, logcumsumexp is
+     declined: best/, partial 2 of 3
 
 Then: --swap on that partial best/, the ranking that puts a solution entirely in Triton first, a partial
 composite that fails end to end and falls back to fewer Triton kernels (replayed replies), and a problem
@@ -36,8 +37,8 @@ from mkevolve.run_state import IterationRecord, RunState, Step
 from mkevolve.solution import ORIGIN_PYTORCH, Manifest, is_pytorch_alternative
 from mkevolve.verify.verifier import Verifier
 
-PROBLEM = Path(__file__).resolve().parent / "fixtures" / "guarded" / "cumsum_tail.py"
-DECLINE = "the builtin generator has no kernel for: torch.cumsum"
+PROBLEM = Path(__file__).resolve().parent / "fixtures" / "guarded" / "logcumsumexp_tail.py"
+DECLINE = "the builtin generator has no kernel for: torch.logcumsumexp"
 
 
 class Run(NamedTuple):
@@ -69,22 +70,22 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 def test_a_run_with_an_unwritable_subproblem_ends_with_a_partial_best(partial_run):
     assert partial_run.code == 0
     manifest = Manifest.read(partial_run.dir / BEST)
-    assert list(manifest.subkernels) == ["linear", "relu", "cumsum"]
-    cumsum = manifest.subkernels["cumsum"]
-    assert (cumsum.origin, cumsum.status, cumsum.candidate, cumsum.reason) == (ORIGIN_PYTORCH, "pytorch", None,
-                                                                                DECLINE)
+    assert list(manifest.subkernels) == ["linear", "relu", "logcumsumexp"]
+    scan = manifest.subkernels["logcumsumexp"]
+    assert (scan.origin, scan.status, scan.candidate, scan.reason) == (ORIGIN_PYTORCH, "pytorch", None, DECLINE)
     assert all(manifest.subkernels[n].origin == "builtin" for n in ("linear", "relu"))
-    assert is_pytorch_alternative((partial_run.dir / BEST / "subkernel_implementations" / "cumsum.py").read_text())
-    assert manifest.coverage.pytorch == ["cumsum"] and manifest.status == "ok"
+    implementations = partial_run.dir / BEST / "subkernel_implementations"
+    assert is_pytorch_alternative((implementations / "logcumsumexp.py").read_text())
+    assert manifest.coverage.pytorch == ["logcumsumexp"] and manifest.status == "ok"
 
 
 def test_the_summary_says_partial_last(partial_run):
     lines = [line.strip() for line in partial_run.stdout.splitlines() if line.strip()]
-    assert lines[-1] == "partial: 2 of 3 in Triton (cumsum runs PyTorch code)"
-    assert f"cumsum: PyTorch code: {DECLINE}" in lines
+    assert lines[-1] == "partial: 2 of 3 in Triton (logcumsumexp runs PyTorch code)"
+    assert f"logcumsumexp: PyTorch code: {DECLINE}" in lines
     report = (partial_run.dir / "report.html").read_text()
     assert "partial: 2 of 3 in Triton" in report
-    assert f"cumsum runs its subproblem&#39;s PyTorch code, not a Triton kernel: {DECLINE}." in report
+    assert f"logcumsumexp runs its subproblem&#39;s PyTorch code, not a Triton kernel: {DECLINE}." in report
 
 
 @pytest.mark.slow
@@ -92,33 +93,34 @@ def test_partial_best_verifies_again_and_eval_says_what_runs_pytorch(partial_run
     with Verifier(RunConfig(workers=1, trials=2)) as verifier:
         undeclared = verifier.check_composite(PROBLEM, partial_run.dir / BEST)
         evaluation = evaluate_solution(partial_run.dir / BEST, PROBLEM, verifier)
-    assert not undeclared.passed and "cumsum" in undeclared.reason  # the PyTorch file is trusted only if declared
+    assert not undeclared.passed and "logcumsumexp" in undeclared.reason  # the PyTorch file is trusted only if declared
     assert evaluation.passed, evaluation.diagnosis
-    assert evaluation.coverage.line() == "partial: 2 of 3 in Triton (cumsum runs PyTorch code)"
-    cumsum = evaluation.subkernel("cumsum")
-    assert cumsum.kind is SubkernelKind.PYTORCH and cumsum.reason == DECLINE
+    assert evaluation.coverage.line() == "partial: 2 of 3 in Triton (logcumsumexp runs PyTorch code)"
+    logcumsumexp = evaluation.subkernel("logcumsumexp")
+    assert logcumsumexp.kind is SubkernelKind.PYTORCH and logcumsumexp.reason == DECLINE
     assert [evaluation.subkernel(n).status for n in ("linear", "relu")] == ["ok", "ok"]
 
 
 def test_every_iteration_composes_and_the_failing_subproblem_is_split(partial_run):
     history = RunState.load(partial_run.dir).history
     assert [(r.refinement, r.subproblems, r.pytorch, r.e2e_status, r.kept) for r in history] == [
-        ("none", ["linear", "relu_cumsum"], ["relu_cumsum"], "ok", True),
-        ("split", ["linear", "relu", "cumsum"], ["cumsum"], "ok", True),
+        ("none", ["linear", "relu_logcumsumexp"], ["relu_logcumsumexp"], "ok", True),
+        ("split", ["linear", "relu", "logcumsumexp"], ["logcumsumexp"], "ok", True),
     ]
-    assert history[0].subkernels["relu_cumsum"].reason == DECLINE
-    assert [e["subproblem"] for e in events(partial_run.dir, "llm_call") if e["agent"] == "split"] == ["relu_cumsum"]
+    assert history[0].subkernels["relu_logcumsumexp"].reason == DECLINE
+    splits = [e["subproblem"] for e in events(partial_run.dir, "llm_call") if e["agent"] == "split"]
+    assert splits == ["relu_logcumsumexp"]
 
 
 def test_a_declined_subproblem_costs_no_call(partial_run):
     kernel_calls = [e["subproblem"] for e in events(partial_run.dir, "llm_call")
                     if e["agent"] in ("generate", "debug", "refine")]
-    assert "relu_cumsum" not in kernel_calls and "cumsum" not in kernel_calls
+    assert "relu_logcumsumexp" not in kernel_calls and "logcumsumexp" not in kernel_calls
     assert {"linear", "relu"} <= set(kernel_calls)
     declined = {e["subproblem"]: (e["calls"], e["exhausted"]) for e in events(partial_run.dir, "beam")
                 if e["exhausted"]}
-    assert declined == {"relu_cumsum": (0, DECLINE), "cumsum": (0, DECLINE)}
-    assert not (partial_run.dir / "iterations" / "iter_01" / "candidates" / "relu_cumsum").exists()
+    assert declined == {"relu_logcumsumexp": (0, DECLINE), "logcumsumexp": (0, DECLINE)}
+    assert not (partial_run.dir / "iterations" / "iter_01" / "candidates" / "relu_logcumsumexp").exists()
 
 
 def _record(index: int, speedup: float | None, pytorch: list[str], status: str = "ok") -> IterationRecord:
@@ -158,10 +160,10 @@ def test_swap_of_a_partial_best_considers_only_its_triton_subkernels(partial_run
     display = RunDisplay(RunView(problem=PROBLEM.name, iterations=2), Console(file=io.StringIO(), width=200))
     with SpeedVerifier(config) as verifier:
         Orchestrator(PROBLEM, config, run_dir, RunState.load(run_dir), make_client(config), verifier, display).run()
-    assert verifier.declared == {"linear", "cumsum"}  # the PyTorch code already there stays declared
+    assert verifier.declared == {"linear", "logcumsumexp"}  # the PyTorch code already there stays declared
     swapped = Manifest.read(run_dir / BEST)
-    assert swapped.coverage.pytorch == ["linear", "cumsum"] and swapped.speedup == 1.2
-    assert swapped.subkernels["cumsum"].reason == DECLINE and "below tau" in swapped.subkernels["linear"].reason
+    assert swapped.coverage.pytorch == ["linear", "logcumsumexp"] and swapped.speedup == 1.2
+    assert swapped.subkernels["logcumsumexp"].reason == DECLINE and "below tau" in swapped.subkernels["linear"].reason
 
 
 @pytest.mark.slow
@@ -191,7 +193,7 @@ def test_a_composite_that_fails_end_to_end_falls_back_to_pytorch_until_it_passes
 def test_a_run_with_no_kernel_at_all_still_ends_with_a_verified_pytorch_best(tmp_path, capsys):
     problem = tmp_path / "scan_only.py"
     problem.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-                       "    def forward(self, x):\n        return torch.cumsum(x, dim=1)\n\n\n"
+                       "    def forward(self, x):\n        return torch.logcumsumexp(x, dim=1)\n\n\n"
                        "def get_inputs():\n    return [torch.randn(4, 8)]\n\n\n"
                        "def get_init_inputs():\n    return []\n")
     code = main(["run", str(problem), "--out", str(tmp_path / "runs"), "--iterations", "1", "--budget", "2",
@@ -202,7 +204,7 @@ def test_a_run_with_no_kernel_at_all_still_ends_with_a_verified_pytorch_best(tmp
     assert code == 0 and (run_dir / BEST).exists()
     manifest = Manifest.read(run_dir / BEST)
     assert [e.origin for e in manifest.subkernels.values()] == [ORIGIN_PYTORCH]
-    assert "partial: 0 of 1 in Triton (cumsum runs PyTorch code)" in out
+    assert "partial: 0 of 1 in Triton (logcumsumexp runs PyTorch code)" in out
     assert DECLINE in out
     assert {e["agent"] for e in events(run_dir, "llm_call")} == {"decompose"}  # no kernel request
 

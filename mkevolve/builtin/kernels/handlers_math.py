@@ -1,4 +1,5 @@
-"""Lowering of elementwise ops, reductions, softmax and the normalisation layers into the tensor program."""
+"""Lowering of elementwise ops, reductions, scans (cumsum, cumprod), softmax and the normalisation layers into the
+tensor program."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import Assign, BatchStats, IntOp, Param, Scalar, Value
+from .ir import Assign, BatchStats, IntOp, Param, Scalar, Scan, Value
 
 # --- elementwise ------------------------------------------------------------------------------------
 
@@ -559,8 +560,24 @@ def _gelu_module(b: Builder, call: Call):
     return b.pw("gelu_tanh" if approximate == "tanh" else "gelu", call.arg(0, "input"))
 
 
+# --- scans --------------------------------------------------------------------------------------------
+
+def _scan(kind: str) -> Handler:
+    """torch.cumsum / cumprod (and their Tensor methods) along `dim`, in fp32."""
+    def handler(b: Builder, call: Call):
+        x = call.arg(0, "input")
+        dtype = call.arg(2, "dtype", None)
+        if dtype not in (None, torch.float32):
+            raise UnsupportedSubproblem(f"cum{kind} with dtype={dtype}")
+        dim = int(b.const(call.arg(1, "dim"), f"cum{kind} dim")) % max(x.rank, 1)
+        return b.program.add(Scan(x.shapes, x=x, dim=dim, kind=kind))
+    return handler
+
+
+
 FUNCTIONS: dict[str, Handler] = {name: _unary(op) for name, op in _UNARY.items()}
 FUNCTIONS.update({
+    "cumsum": _scan("sum"), "cumprod": _scan("prod"),
     "add": _arith("add"), "sub": _arith("sub"), "subtract": _arith("sub"), "mul": _arith("mul"),
     "multiply": _arith("mul"), "div": _arith("div"), "divide": _arith("div"), "true_divide": _arith("div"),
     "operator.add": _arith("add"), "operator.sub": _arith("sub"), "operator.mul": _arith("mul"),

@@ -233,6 +233,18 @@ class Reindex(Value):
 
 
 @dataclass(eq=False, repr=False)
+class Scan(Value):
+    """torch.cumsum ("sum") and torch.cumprod ("prod") of `x` along `dim`."""
+
+    x: Value | None = None
+    dim: int = 0
+    kind: str = "sum"
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+@dataclass(eq=False, repr=False)
 class Resize(Value):
     """F.interpolate and nn.Upsample: `x` resampled along its spatial dims (all dims after the first two) to
     the output's sizes, "nearest", "nearest-exact" or "linear" (bilinear and trilinear: linear along each

@@ -43,10 +43,11 @@ from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool
 from .emit_resize import emit_resize
+from .emit_scan import emit_scan
 from .emit_rows import emit_rows
 from .emit_winograd import emit_winograd, winograd_fits
 from .ir import (AdaptivePool, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program, Reindex,
-                 Resize, Value)
+                 Resize, Scan, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -115,6 +116,7 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("pad", emit_pad, Pad),
     KernelKind("resize", emit_resize, Resize),
     KernelKind("reindex", emit_reindex, Reindex),
+    KernelKind("scan", emit_scan, Scan),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
 )
 
@@ -122,7 +124,7 @@ _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
 # The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
-# interpolation, reordering copies and a training-mode batch norm's statistics.
+# interpolation, reordering copies, scans and a training-mode batch norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 
