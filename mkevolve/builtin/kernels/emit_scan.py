@@ -43,8 +43,8 @@ def emit_scan(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         "for r0 in range(0, R, BLOCK_R):",
         "    r = r0 + tl.arange(0, BLOCK_R)",
         "    mask = (r[:, None] < R) & imask[None, :]",
-        "    x = tl.load(x_ptr + o * stride_o + r[:, None] * stride_r + i[None, :] * stride_i, mask=mask, "
-        f"other={start})",
+        "    at = o * stride_o + r[:, None].to(tl.int64) * stride_r + i[None, :] * stride_i  # past 2**31 elements too",
+        f"    x = tl.load(x_ptr + at, mask=mask, other={start})",
         f"    y = {scan}(x, axis=0) {combine} total[None, :]",
         "    tl.store(out_ptr + (o * R + r[:, None]) * I + i[None, :], y, mask=mask)",
         "    last = tl.minimum(r0 + BLOCK_R, R) - 1",
