@@ -15,9 +15,9 @@ from .ir import Program, Scan
 from .kernel_plan import KernelPlan
 from .signature import KernelParam, constexpr, signature
 
-# How each kind starts, scans a chunk and adds the running total to it.
+# Per kind: the running total's start, the chunk's scan, and how the total before a chunk joins its scan.
 _SCANS = {"sum": ("0.0", "tl.cumsum", "+"), "prod": ("1.0", "tl.cumprod", "*")}
-# Elements of a [BLOCK_R, BLOCK_I] chunk, at most: 4 fp32 values a thread at 4 warps.
+# Elements of a [BLOCK_R, BLOCK_I] chunk, at most: 16 fp32 values a thread at 4 warps.
 _CHUNK_ELEMENTS = 2048
 _MAX_BLOCK_I = 32      # inner positions a program takes: a whole 128-byte line of each row
 
@@ -53,8 +53,7 @@ def emit_scan(kernel: KernelPlan, name: str, variant: Variant, program: Program)
     source = f'''@triton.jit
 {signature(name, params)}
     # Cumulative {anchor.kind} along R of an (O, R, I) view: one outer position and BLOCK_I inner ones per
-    # program, R walked in chunks, each scanned in registers and {"added to" if anchor.kind == "sum" else
-    "multiplied by"} the total before it.
+    # program, R walked in chunks, each scanned in registers and joined ({combine}) to the total before it.
 {indent(body, 4)}
 '''
     dim = anchor.dim

@@ -574,7 +574,6 @@ def _scan(kind: str) -> Handler:
     return handler
 
 
-
 FUNCTIONS: dict[str, Handler] = {name: _unary(op) for name, op in _UNARY.items()}
 FUNCTIONS.update({
     "cumsum": _scan("sum"), "cumprod": _scan("prod"),
