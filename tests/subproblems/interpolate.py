@@ -6,7 +6,7 @@ import torch.nn.functional as F
 class Model(nn.Module):
     """F.interpolate and nn.Upsample in the forms decoders write: nearest and nearest-exact by a factor or to
     a size, bilinear with and without align_corners, trilinear, linear on a sequence, a fractional factor,
-    area (an adaptive average pool)."""
+    area (an adaptive average pool), and nn.Upsample built inside forward."""
 
     def __init__(self):
         super().__init__()
@@ -18,7 +18,11 @@ class Model(nn.Module):
                 self.up(x), self.up_corners(x), F.interpolate(x, scale_factor=1.7, mode="bilinear"),
                 F.interpolate(v, size=(3, 5, 4), mode="trilinear", align_corners=True),
                 F.interpolate(s, scale_factor=0.5, mode="linear", recompute_scale_factor=True),
-                F.interpolate(x, size=(3, 11)), F.interpolate(x, scale_factor=0.5, mode="area"))
+                F.interpolate(x, size=(3, 11)), F.interpolate(x, scale_factor=0.5, mode="area"),
+                # built in forward, an nn.Upsample is traced to aten.upsample_*
+                nn.Upsample(scale_factor=(1, 2, 2))(v),
+                nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True)(x),
+                nn.Upsample(scale_factor=1.5, mode="bilinear")(x))
 
 
 def get_inputs():

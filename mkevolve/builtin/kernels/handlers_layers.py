@@ -444,6 +444,28 @@ def _interpolate(b: Builder, call: Call):
                   b.const(call.arg(5, "recompute_scale_factor", None), "recompute_scale_factor"))
 
 
+def _aten_upsample(mode: str) -> Handler:
+    """aten.upsample_* (what an nn.Upsample built inside forward traces to): (input, output_size,
+    [align_corners for linear modes,] scale factors), the factors one list (the .vec form) or one per dim."""
+    def handler(b: Builder, call: Call):
+        size, rest = call.args[1], list(call.args[2:])
+        align = rest.pop(0) if mode in ("linear", "bilinear", "trilinear") else None
+        factors = rest[0] if len(rest) == 1 and (rest[0] is None or isinstance(rest[0], (tuple, list))) else rest
+        if factors is not None and all(f is None for f in factors):
+            factors = None
+        if size is not None and factors is not None:
+            factors = None        # the sizes decide the output; the ratio is then the sizes' (PyTorch's too)
+        return resize(b, call.arg(0, "input"), size, factors, mode, align, False)
+    return handler
+
+
+_ATEN_UPSAMPLES = {f"aten.upsample_nearest{d}d": _aten_upsample("nearest") for d in (1, 2, 3)}
+_ATEN_UPSAMPLES.update({f"aten._upsample_nearest_exact{d}d": _aten_upsample("nearest-exact") for d in (1, 2, 3)})
+_ATEN_UPSAMPLES.update({"aten.upsample_linear1d": _aten_upsample("linear"),
+                        "aten.upsample_bilinear2d": _aten_upsample("bilinear"),
+                        "aten.upsample_trilinear3d": _aten_upsample("trilinear")})
+
+
 def _upsample_module(b: Builder, call: Call):
     """nn.Upsample, and its UpsamplingNearest2d and UpsamplingBilinear2d (align_corners=True) forms."""
     return resize(b, call.arg(0, "input"), call.module_attr("size"), call.module_attr("scale_factor"),
@@ -719,7 +741,7 @@ FUNCTIONS: dict[str, Handler] = {
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "pixel_shuffle": _pixel_shuffle(inverse=False),
-    "pixel_unshuffle": _pixel_shuffle(inverse=True),
+    "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
     "addmm": _addmm,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
