@@ -22,7 +22,9 @@ class Model(nn.Module):
                 # built in forward, an nn.Upsample is traced to aten.upsample_*
                 nn.Upsample(scale_factor=(1, 2, 2))(v),
                 nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True)(x),
-                nn.Upsample(scale_factor=1.5, mode="bilinear")(x))
+                nn.Upsample(scale_factor=1.5, mode="bilinear")(x),
+                # aten's own form may give both: the size makes the shape, the factors the coordinates
+                torch.ops.aten.upsample_bilinear2d.default(x, [7, 9], False, 1.5, 1.5))
 
 
 def get_inputs():

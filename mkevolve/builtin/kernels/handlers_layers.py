@@ -409,12 +409,13 @@ RESIZE_MODES = {"nearest": "nearest", "nearest-exact": "nearest-exact", "linear"
 
 
 def resize(b: Builder, x: Value, size, scale_factor, mode: str, align_corners, recompute_scale_factor) -> Value:
-    """F.interpolate, with its arguments as it takes them. "area" is an adaptive average pool to the output's
-    sizes, as PyTorch computes it."""
+    """F.interpolate, with its arguments as it takes them; aten.upsample_* may pass both a size and factors, the
+    size then deciding the output's shape and the factors its coordinates. "area" is an adaptive average pool
+    to the output's sizes, as PyTorch computes it."""
     if mode not in RESIZE_MODES and mode != "area":
         raise UnsupportedSubproblem(f"interpolate with mode={mode!r} (supported: {', '.join(RESIZE_MODES)}, area)")
     spatial = x.rank - 2
-    if spatial < 1 or (size is None) == (scale_factor is None):
+    if spatial < 1 or (size is None and scale_factor is None):
         raise UnsupportedSubproblem(f"interpolate of a rank-{x.rank} tensor with size={size!r}, "
                                     f"scale_factor={scale_factor!r}")
     sizes = tuple_arg(b.const(size, "interpolate size"), spatial, "size") if size is not None else None
@@ -453,8 +454,8 @@ def _aten_upsample(mode: str) -> Handler:
         factors = rest[0] if len(rest) == 1 and (rest[0] is None or isinstance(rest[0], (tuple, list))) else rest
         if factors is not None and all(f is None for f in factors):
             factors = None
-        if size is not None and factors is not None:
-            factors = None        # the sizes decide the output; the ratio is then the sizes' (PyTorch's too)
+        if factors is not None and None in factors:
+            raise UnsupportedSubproblem(f"{call.name} with scales for some dims only: {factors}")
         return resize(b, call.arg(0, "input"), size, factors, mode, align, False)
     return handler
 

@@ -249,13 +249,14 @@ class Resize(Value):
     """F.interpolate and nn.Upsample: `x` resampled along its spatial dims (all dims after the first two) to
     the output's sizes, "nearest", "nearest-exact" or "linear" (bilinear and trilinear: linear along each
     dim). The output's sizes are `size`, or each input size times its `scale_factor`, rounded down; an output
-    position maps to an input coordinate through the ratio PyTorch uses (emit_resize.ratio_source)."""
+    position maps to an input coordinate through the ratio PyTorch uses (emit_resize.ratio_source), from
+    `scale_factor` where there is one (aten.upsample_* may give both)."""
 
     x: Value | None = None
     mode: str = "nearest"
     align_corners: bool = False
     size: tuple[int, ...] | None = None              # as given, per spatial dim
-    scale_factor: tuple[float, ...] | None = None    # as given, per spatial dim (None: `size` was)
+    scale_factor: tuple[float, ...] | None = None    # as given, per spatial dim
     recompute_scale_factor: bool = False             # the ratio from the sizes even where a factor was given
 
     def operands(self) -> list[Value]:
