@@ -18,9 +18,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import ContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ContextManager
 
 import torch
 

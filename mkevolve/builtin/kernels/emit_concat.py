@@ -163,13 +163,13 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     return KernelSource(source, launcher, f"{name}_launch", tensor_args, False, description=f"gather along dim {dim}")
 
 
-# How each mode finds the input index `j` of an output position that falls outside the input (size `D`):
+# How each mode finds the input index {j} of an output position that falls outside the input (size {D}):
 # F.pad's modes, for pads smaller than the dim (PyTorch's own limit for reflect and circular).
 _PAD_INDEX = {
     "constant": [],                                            # outside: the mask, and the fill value
-    "reflect": ["j = tl.where(j < 0, -j, j)", "j = tl.where(j >= D, 2 * D - 2 - j, j)"],
-    "replicate": ["j = tl.minimum(tl.maximum(j, 0), D - 1)"],
-    "circular": ["j = tl.where(j < 0, j + D, tl.where(j >= D, j - D, j))"],
+    "reflect": ["{j} = tl.where({j} < 0, -{j}, {j})", "{j} = tl.where({j} >= {D}, 2 * {D} - 2 - {j}, {j})"],
+    "replicate": ["{j} = tl.minimum(tl.maximum({j}, 0), {D} - 1)"],
+    "circular": ["{j} = tl.where({j} < 0, {j} + {D}, tl.where({j} >= {D}, {j} - {D}, {j}))"],
 }
 _PAD_MEANING = {"constant": "outside the input, the fill value", "reflect": "mirrored at the edges, without them",
                 "replicate": "the edge repeated", "circular": "wrapped around"}
@@ -187,7 +187,7 @@ def emit_pad(kernel: KernelPlan, name: str, variant: Variant, program: Program) 
     index, inside = [], []
     for d, (before, _) in zip(padded, anchor.pads):
         index.append(f"j{d} = i{d}" + (f" - {before}" if before > 0 else f" + {-before}" if before < 0 else ""))
-        index += [line.replace("j", f"j{d}").replace("D", f"D{d}") for line in _PAD_INDEX[anchor.mode]]
+        index += [line.format(j=f"j{d}", D=f"D{d}") for line in _PAD_INDEX[anchor.mode]]
         inside.append(f"(j{d} >= 0) & (j{d} < D{d})")
     at = " + ".join((f"j{d}" if d >= first else f"i{d}") + f" * s{d}" for d in range(rank))
     mask = "mask & " + " & ".join(inside) if anchor.mode == "constant" else "mask"

@@ -301,23 +301,17 @@ def _constant_pad_nd(b: Builder, call: Call):
     return pad(b, call.arg(0, "input"), call.arg(1, "pad"), "constant", call.arg(2, "value", 0.0))
 
 
-def _pad_module_mode(module: nn.Module) -> str:
-    for stem, mode in (("Constant", "constant"), ("Zero", "constant"), ("Reflection", "reflect"),
-                       ("Replication", "replicate"), ("Circular", "circular")):
-        if type(module).__name__.startswith(stem):
-            return mode
-    raise UnsupportedSubproblem(f"module {type(module).__name__}")
+# The nn.*Pad*d layers, by the F.pad mode each pads in.
+_PAD_MODULES = {getattr(nn, f"{stem}Pad{d}d"): mode
+                for stem, mode in (("Zero", "constant"), ("Constant", "constant"), ("Reflection", "reflect"),
+                                   ("Replication", "replicate"), ("Circular", "circular"))
+                for d in (1, 2, 3) if hasattr(nn, f"{stem}Pad{d}d")}
 
 
 def _pad_module(b: Builder, call: Call):
-    mode = _pad_module_mode(call.module)
+    mode = _PAD_MODULES[type(call.module)]
     value = call.module_attr("value") if mode == "constant" else None
     return pad(b, call.arg(0, "input"), call.module_attr("padding"), mode, value)
-
-
-_PAD_MODULES = tuple(getattr(nn, f"{stem}Pad{d}d") for stem in ("Zero", "Constant", "Reflection", "Replication",
-                                                                  "Circular") for d in (1, 2, 3)
-                     if hasattr(nn, f"{stem}Pad{d}d"))
 
 
 def _conv_padded_first(b: Builder, call: Call):
