@@ -538,7 +538,11 @@ def test_kept_outputs_are_written_with_their_digests_and_errors_named(tmp_path, 
     monkeypatch.setattr(harness, "_SAVERS", 2)
     saved = {"a": [torch.arange(6.0).reshape(2, 3), 3], "b": [torch.ones(4, dtype=torch.float64)],
              "c": [torch.ones(2), object()]}
-    entries = harness._save_all(str(tmp_path), saved)
+    outputs = harness._SavedOutputs(str(tmp_path), {"phases": {}})
+    for name, values in saved.items():
+        outputs.keep(name, values)
+    outputs.save()
+    entries = outputs.entries
     assert list(entries) == ["a", "b", "c"]
     for name in ("a", "b"):
         data = (tmp_path / entries[name]["file"]).read_bytes()
@@ -581,26 +585,64 @@ def test_only_the_harness_s_own_copies_to_the_host_are_left_out_of_the_profile()
     assert harness._without_own_copies(names, 0) == names
 
 
-def test_saving_gives_up_even_a_hold_alone_while_it_writes(tmp_path, monkeypatch):
-    """Outputs saved between timed calls are written while the process holds the GPU alone: the writes, seconds
-    for full-size outputs, let other jobs run, and the hold is back, alone, for the next timed call."""
+def test_saves_between_calls_write_in_the_background_and_the_last_one_waits_with_the_gpu_lent(tmp_path,
+                                                                                              monkeypatch):
+    """Outputs saved between timed calls are copied under the hold alone and written by threads while the
+    calls go on: keep() returns with the write still running and the hold still alone (taking it back had
+    cost seconds a candidate). The last save waits for every write with the hold given up, and each output is
+    reported, in the order kept, with the file it was written to. (A save waits for the last batch's writes
+    before its own copies without giving up its hold: they had the calls' time to finish.)"""
+    import threading
+
     from mkevolve.verify import harness
     from mkevolve.workers import gpu_share
 
     monkeypatch.setenv(gpu_share.LOCK_ENV, str(tmp_path / "lock" / "gpu0"))
     monkeypatch.setattr(gpu_share, "_shares", {})
-    held_while_writing = []
+    monkeypatch.setattr(harness, "_WAITING_OUTPUT_BYTES", 10)
+    let_write, writing = threading.Event(), threading.Event()
+    held_while_waiting = []
     write = harness._write
 
-    def noting_the_hold(*args):
-        held_while_writing.append(gpu_share.held_alone())
-        return write(*args)
+    def slow_write(scratch, name, host):
+        writing.set()
+        assert let_write.wait(10)
+        return write(scratch, name, host)
 
-    monkeypatch.setattr(harness, "_write", noting_the_hold)
+    finish = harness._SavedOutputs._finish_writes
+
+    def noting_the_hold(self):
+        if self.writes.running:
+            held_while_waiting.append(gpu_share.held_alone())
+        finish(self)
+
+    monkeypatch.setattr(harness, "_write", slow_write)
+    monkeypatch.setattr(harness._SavedOutputs, "_finish_writes", noting_the_hold)
+    saved = harness._SavedOutputs(str(tmp_path), {"phases": {}})
     with gpu_share.gpu_alone():
-        harness._save_all(str(tmp_path), {"a": [torch.ones(2)]})
+        saved.keep("a", [torch.ones(5)])                 # 20 bytes: saved at once, written in the background
+        assert writing.wait(10) and saved.entries == {"a": None} and gpu_share.held_alone()
+        saved.keep("b", [torch.zeros(1)])                # waits on the device
+        let_write.set()
+        saved.save()    # waits for a's write before b's copy, the hold kept; then for b's, the hold lent
         assert gpu_share.held_alone()
-    assert held_while_writing == [False]
+    assert held_while_waiting == [True, False]
+    assert list(saved.entries) == ["a", "b"] and saved.writes.running == []
+    for name, value in (("a", torch.ones(5)), ("b", torch.zeros(1))):
+        assert torch.equal(wire.read_values(tmp_path / saved.entries[name]["file"])[0], value)
+
+
+def test_an_output_whose_write_raises_is_reported_as_its_error(tmp_path, monkeypatch):
+    from mkevolve.verify import harness
+
+    def failing_write(scratch, name, host):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(harness, "_write", failing_write)
+    saved = harness._SavedOutputs(str(tmp_path), {"phases": {}})
+    saved.keep("a", [torch.ones(2)])
+    saved.save()
+    assert saved.entries == {"a": {"error": "OSError while saving"}}
 
 
 def test_value_files_ignore_a_patched_tensor_property(tmp_path, monkeypatch):

@@ -696,27 +696,79 @@ class _SavedOutputs:
     between the timed calls, until more than _WAITING_OUTPUT_BYTES wait; those are then saved at once. A
     full-size convolution keeps seven 2 GB outputs: kept to the end, they made a 16 GB process, and other
     workers' candidates beside it ran out of GPU memory. The copies to the host run while the profiler
-    records, so they are counted (`host_copies`) and left out of the forward's activities."""
+    records, so they are counted (`host_copies`) and left out of the forward's activities.
+
+    Saving is two steps. The copies to the host read the GPU under this process's hold. The writes and
+    hashes, seconds for full-size outputs, need no GPU: a save between calls leaves them to threads while
+    the calls go on, and waits for them only before its next copies (one batch on the host at a time);
+    the last save waits for them with the GPU hold given up. Waiting with the hold given up between calls
+    had cost a median 10 s a candidate on a shared H100, most of it to take the GPU back alone.
+    Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
+    patch, and it would hand the outputs to whatever it was patched with."""
 
     def __init__(self, scratch: str, report: dict):
         self.scratch, self.report = scratch, report
         self.waiting: dict[str, list] = {}
         self.waiting_bytes = 0
-        self.entries: dict[str, dict] = {}   # what `_save_all` reported of those saved so far, by name
+        self.entries: dict[str, dict | None] = {}  # by name, in the order kept: None while being written
         self.host_copies = 0                 # device tensors copied to the host so far, one profiled copy each
+        self.writes = _Threads()             # the last batch's writes, running while the calls go on
 
     def keep(self, name: str, values: list) -> None:
         self.waiting[name] = values
         self.waiting_bytes += _tensor_bytes(values)
         if self.waiting_bytes > _WAITING_OUTPUT_BYTES:
-            self.save()
+            self.save(wait=False)
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """Every waiting output copied to the host and written, in batches of at most _SAVERS outputs and
+        _HOST_BATCH_BYTES; with wait=False the last batch is still being written on return."""
         self.host_copies += sum(1 for values in self.waiting.values() for v in values
                                 if type(v) is _Tensor and _is_cuda(v) and _numel(v) > 0)
+        waiting = self.waiting
         with _phase(self.report, "save"):
-            self.entries.update(_save_all(self.scratch, self.waiting))
+            for batch in _host_batches({name: _tensor_bytes(values) for name, values in waiting.items()}):
+                self._finish_writes()
+                self.entries.update(dict.fromkeys(batch))
+                host: dict[str, list] = {}
+                copies = _Threads()
+                copies.start(batch, lambda name: host.__setitem__(name, _to_host(waiting[name])))
+                self._note_failures(copies.join())
+                self.writes.start([n for n in batch if n in host],
+                                  lambda name: self.entries.__setitem__(name, _write(self.scratch, name, host[name])))
+            if wait:
+                with gpu_share.gpu_yielded():
+                    self._finish_writes()
         self.waiting, self.waiting_bytes = {}, 0
+
+    def _finish_writes(self) -> None:
+        self._note_failures(self.writes.join())
+
+    def _note_failures(self, failed: dict[str, str]) -> None:
+        for name, error in failed.items():  # reported as this output's error; the trusted side rejects it
+            self.entries[name] = {"error": f"{error} while saving"}
+
+
+class _Threads:
+    """work(name) for each name, each in a thread of its own; join() waits for all that were started and
+    returns the exception type of each that raised."""
+
+    def __init__(self):
+        self.running: list = []     # one lock per thread, released as it ends
+        self.failed: dict[str, str] = {}
+
+    def start(self, names: list[str], work) -> None:
+        for name in names:
+            finished = _allocate_lock()
+            finished.acquire()
+            _start_thread(_run_one, (work, name, self.failed, finished))
+            self.running.append(finished)
+
+    def join(self) -> dict[str, str]:
+        for finished in self.running:
+            finished.acquire()
+        failed, self.running, self.failed = self.failed, [], {}
+        return failed
 
 
 def _without_own_copies(names: list[str], copies: int) -> list[str]:
@@ -736,26 +788,6 @@ def _tensor_bytes(values: list) -> int:
     return sum(_numel(v) * _element_size(v) for v in values if type(v) is _Tensor)
 
 
-def _save_all(scratch: str, saved: dict[str, list]) -> dict[str, dict]:
-    """Every kept output, by up to _SAVERS threads at once, _HOST_BATCH_BYTES at most: the copy to the host,
-    the file write and the hash all let go of the GIL (seven 32 MB outputs took 0.4 s one after another on
-    an H200 host). The copies read the GPU and keep this process's hold on it; the writes and hashes, seconds
-    for full-size outputs, give it up, even a hold alone between timed calls (taken back, alone, after).
-    Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
-    patch, and it would hand the outputs to whatever it was patched with."""
-    entries: dict[str, dict] = {}
-    sizes = {name: _tensor_bytes(values) for name, values in saved.items()}
-    for batch in _host_batches(sizes):
-        host: dict[str, list] = {}
-        failed = _in_threads(batch, lambda name: host.__setitem__(name, _to_host(saved[name])))
-        with gpu_share.gpu_yielded():
-            failed.update(_in_threads([n for n in batch if n not in failed],
-                                      lambda name: entries.__setitem__(name, _write(scratch, name, host[name]))))
-        for name, error in failed.items():  # reported as this output's error; the trusted side rejects it
-            entries[name] = {"error": f"{error} while saving"}
-    return {name: entries[name] for name in saved}
-
-
 def _host_batches(sizes: dict[str, int]) -> list[list[str]]:
     """The names in order, in groups of at most _SAVERS whose sizes (bytes) add up to at most
     _HOST_BATCH_BYTES (a larger one is a group of its own)."""
@@ -768,20 +800,6 @@ def _host_batches(sizes: dict[str, int]) -> list[list[str]]:
         batches[-1].append(name)
         total += size
     return batches
-
-
-def _in_threads(names: list[str], work) -> dict[str, str]:
-    """work(name) for every name, each in a thread of its own; the exception type of each that raised."""
-    failed: dict[str, str] = {}
-    waits = []
-    for name in names:
-        finished = _allocate_lock()
-        finished.acquire()
-        _start_thread(_run_one, (work, name, failed, finished))
-        waits.append(finished)
-    for finished in waits:
-        finished.acquire()
-    return failed
 
 
 def _run_one(work, name: str, failed: dict[str, str], finished) -> None:
