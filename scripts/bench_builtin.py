@@ -173,7 +173,7 @@ def _cases() -> list[Case]:
                 return self.gn(x).mean(dim=[1, 2, 3, 4])
         ''', f"[torch.randn{shape}]", f"[8, {shape[1]}]"), 8 * numel, f32 * (numel + 2 * shape[1] + shape[0])))
     cases += _kernelbench_conv_cases()
-    return cases
+    return cases + _data_movement_cases()
 
 
 def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -219,6 +219,37 @@ def _kernelbench_conv_cases() -> list[Case]:
                    32 * 64 * 27),
         _conv_case("convT2d_64_128_k5__11", "nn.ConvTranspose2d(64, 128, 5, padding=1)", (512, 64, 32, 32),
                    (512, 128, 34, 34), 64 * 25, 64 * 128 * 25),
+    ]
+
+
+def _movement_case(name: str, forward: str, x_shape: tuple[int, ...], out_numel: int,
+                   flops_per_output: int = 1) -> Case:
+    """A copy that moves or combines elements (padding, resampling, reordering, scans): memory-bound, so
+    its floor is one read of the input and one write of the output."""
+    return Case(name, _problem(f'''
+        class Model(nn.Module):
+            def forward(self, x):
+                return {forward}
+        ''', f"[torch.randn{x_shape}]", "[]"),
+        flops_per_output * out_numel, 4 * (math.prod(x_shape) + out_numel))
+
+
+def _data_movement_cases() -> list[Case]:
+    """The pad, resize, reindex and scan kernel kinds on 512 MB fp32 tensors."""
+    image = (32, 64, 256, 256)
+    numel = math.prod(image)
+    return [
+        _movement_case("pad_reflect2d", 'F.pad(x, (3, 3, 3, 3), mode="reflect")', image, 32 * 64 * 262 * 262),
+        _movement_case("pad_constant_crop", "F.pad(x, (2, -2, 1, 1), value=-1.0)", image, 32 * 64 * 258 * 256),
+        _movement_case("upsample_bilinear_x2", 'F.interpolate(x, scale_factor=2, mode="bilinear")',
+                       (32, 64, 128, 128), numel, 8),
+        _movement_case("upsample_nearest_x2", 'F.interpolate(x, scale_factor=2, mode="nearest")',
+                       (32, 64, 128, 128), numel),
+        _movement_case("flip_hw", "torch.flip(x, dims=(2, 3))", image, numel),
+        _movement_case("roll_w", "torch.roll(x, shifts=5, dims=3)", image, numel),
+        _movement_case("pixel_shuffle_2", "F.pixel_shuffle(x, 2)", (32, 256, 128, 128), numel),
+        _movement_case("cumsum_last", "torch.cumsum(x, dim=1)", (32768, 4096), 32768 * 4096),
+        _movement_case("cumsum_middle", "torch.cumsum(x, dim=1)", (64, 4096, 512), 64 * 4096 * 512),
     ]
 
 
