@@ -106,3 +106,5 @@ def test_outputs_saved_while_the_profiler_records_are_not_taken_for_the_forward_
         names = harness._without_own_copies(recorder.names, saved.host_copies)
         assert names.count(harness._HOST_COPY_NAME) == forward_copies
         saved.host_copies = 0
+    saved.save()        # the last writes, still running in the background
+    assert all(entry and "file" in entry for entry in saved.entries.values())
