@@ -11,6 +11,7 @@ from torch import nn
 
 from mkevolve.builtin import expansions
 from mkevolve.builtin.decomposer import UnsupportedModule, decomposition_files
+from mkevolve.builtin.kernels import variant_count
 from mkevolve.codebase import PROBLEM_FILE, PROBLEMS_DIR
 from mkevolve.verify.decomposition.worker import run_checks
 
@@ -67,6 +68,35 @@ def test_scaled_dot_product_attention_is_expanded(tmp_path):
     core = _with(subs, "softmax", "tril")   # the causal mask is part of the attention core
     assert core and not any("nn.Linear(" in subs[n] for n in core)
     assert len(_with(subs, "nn.Linear(")) >= 2
+    # ... and so is `weights @ v`: only a fused attention kernel computes the mask, so the builtin generator
+    # has a kernel for the core (cut after the softmax, the scores' subproblem had none)
+    assert subs[core[0]].count("torch.matmul(") == 2
+    (tmp_path / "core.py").write_text(subs[core[0]])
+    assert variant_count(tmp_path / "core.py", "cpu") > 0
+
+
+def test_causal_attention_alone_is_one_subproblem(tmp_path):
+    """A forward that is only a causally masked attention is not cut in two (its scores would get no kernel)."""
+    problem = tmp_path / "causal.py"
+    problem.write_text("""import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def get_inputs():
+    return [torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8)]
+
+
+def get_init_inputs():
+    return []
+""")
+    subs = _checked_decomposition(problem, tmp_path / "decomposed")
+    assert len(subs) == 1 and _with(subs, "softmax", "tril")
 
 
 def test_registered_causal_mask_reaches_the_subproblem_that_masks(tmp_path):

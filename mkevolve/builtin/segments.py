@@ -22,6 +22,7 @@ class Segmentation:
         self.traced = traced
         self.unit_of = traced.unit_of()
         self.order_follow_ups = order_follow_ups   # off only to tell whether follow-ups' draws force one group
+        self.attention_tails = _masked_attention_tails(traced, self.unit_of)
 
     def groups(self, cuts: list[int]) -> list[range]:
         bounds = [0] + sorted(cuts) + [len(self.traced.units)]
@@ -36,7 +37,7 @@ class Segmentation:
             if unit.kind is Kind.RANDOM:
                 start, anchored, closed = open_group, False, True      # a group of its own
             elif unit.kind is Kind.ANCHOR:
-                start = open_group and (anchored or closed)
+                start = open_group and (anchored or closed) and unit.index not in self.attention_tails
                 anchored, closed = True, False
             elif closed:
                 start, anchored, closed = True, False, False
@@ -62,7 +63,10 @@ class Segmentation:
         return {n for unit in self.traced.units[:cut] for n in unit.nodes}
 
     def valid_cut(self, cut: int) -> bool:
-        """Every value a later subproblem takes is one contiguous tensor; returned values are tensors."""
+        """Every value a later subproblem takes is one contiguous tensor; returned values are tensors; a masked
+        attention's `weights @ v` stays with its softmax (`_masked_attention_tails`)."""
+        if cut in self.attention_tails:
+            return False
         values = self.traced.values
         later = {n for unit in self.traced.units[cut:] for n in unit.nodes}
         made = self._made_before(cut)
@@ -235,10 +239,14 @@ class Segmentation:
     def one_kernel(self) -> bool:
         """The whole forward is one anchor (a GEMM, convolution or normalisation) and the elementwise chain
         after it: one kernel with a fused epilogue. Cutting it would write the anchor's output to memory
-        and read it back, for nothing."""
+        and read it back, for nothing. So is a masked attention alone (scores, mask, softmax, `weights @ v`):
+        cut, its scores would get no kernel."""
         working = [u for u in self.traced.units if u.kind is not Kind.VIEW]
-        return (bool(working) and working[0].kind is Kind.ANCHOR and working[0].label in EPILOGUE_ANCHORS
-                and all(u.kind is Kind.POINTWISE for u in working[1:]))
+        if not working or working[0].kind is not Kind.ANCHOR:
+            return False
+        if working[-1].index in self.attention_tails:
+            return [u.kind for u in working].count(Kind.ANCHOR) == 2
+        return working[0].label in EPILOGUE_ANCHORS and all(u.kind is Kind.POINTWISE for u in working[1:])
 
     def decompose_cuts(self) -> list[int]:
         cuts = self._first_cuts()
@@ -267,6 +275,50 @@ class Segmentation:
                                 "after building later subproblems' layers: exact only as one subproblem, since a "
                                 "top-level may re-initialise its subproblems' tensors only in a loop over "
                                 "self.modules() (or the like) that draws after every layer is built")
+
+
+_ATTENTION_PRODUCTS = {"matmul", "bmm"}
+_SOFTMAXES = {"softmax", "_softmax"}
+_INDEX_MASKS = {"tril", "triu"}
+
+
+def _masked_attention_tails(traced: TracedModule, unit_of: dict[fx.Node, int]) -> set[int]:
+    """The units that are a causally masked attention's `weights @ v`: a matmul whose left operand is (through
+    views) a softmax of scores masked by tril/triu of ones (as F.scaled_dot_product_attention(is_causal=True)
+    expands). Only a fused attention kernel computes such a mask, from its query and key offsets: cut between
+    the softmax and this product, the scores' subproblem would get no kernel."""
+    units = traced.units
+
+    def source(node: fx.Node) -> fx.Node:
+        while node in unit_of and units[unit_of[node]].kind is Kind.VIEW and node.all_input_nodes:
+            node = node.all_input_nodes[0]
+        return node
+
+    def masked(softmax: fx.Node) -> bool:
+        """Whether a tril/triu feeds the softmax, searched back to the scores' own anchor."""
+        seen, todo = set(), list(softmax.all_input_nodes)
+        while todo:
+            node = todo.pop()
+            if node in seen or node not in unit_of:
+                continue
+            seen.add(node)
+            unit = units[unit_of[node]]
+            if unit.label in _INDEX_MASKS:
+                return True
+            if unit.kind is not Kind.ANCHOR:
+                todo += node.all_input_nodes
+        return False
+
+    tails = set()
+    for unit in units:
+        if unit.kind is Kind.ANCHOR and unit.label in _ATTENTION_PRODUCTS and unit.nodes[0].args:
+            weights = unit.nodes[0].args[0]
+            if not isinstance(weights, fx.Node):
+                continue
+            weights = source(weights)
+            if weights in unit_of and units[unit_of[weights]].label in _SOFTMAXES and masked(weights):
+                tails.add(unit.index)
+    return tails
 
 
 def hoist_late_loops(traced: TracedModule) -> TracedModule:
