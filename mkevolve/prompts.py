@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jinja2
 
-from mkevolve.config import TOLERANCE
+from mkevolve.config import EAGER_ERROR_SLACK, TOLERANCE
 from mkevolve.verify.cheating.rules import Rule
 from mkevolve.verify.decomposition.static import REINIT_ITERATORS
 
@@ -46,6 +46,7 @@ def environment() -> jinja2.Environment:
     # The default tolerance, from the one place the verifier takes it too (a looser --atol/--rtol
     # is the user's choice; the prompts keep asking for the strict one).
     env.globals["tolerance"] = f"{TOLERANCE:.0e}".replace("e-0", "e-")  # "1e-4"
+    env.globals["eager_error_slack"] = f"{EAGER_ERROR_SLACK:g}"
     # The rules the checker enforces, each with its id and what it asks: _rules.j2 lists them all.
     env.globals["rules"] = list(Rule)
     # What a top-level's __init__ may loop over to re-initialise its subproblems (the purity check's list).

@@ -178,3 +178,62 @@ def test_the_memory_of_an_fp64_forward_is_given_back_once_it_is_kept(tmp_path, m
     assert released == [1]                   # after the reference was computed and kept
     references.fp64(reference.FIRST_SET)     # kept: nothing computed, nothing to give back
     assert released == [1]
+
+
+OFFSET_PROBLEM = '''import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return (x + 4096.0) - 4096.0     # fp32 keeps x only to 2**-11 steps: eager errs up to 2.4e-4
+
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+SHIFTED_KERNEL = '''import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+
+@triton.jit
+def shifted(x_ptr, out_ptr, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + SHIFT, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        shifted[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), SHIFT={shift}, BLOCK=1024)
+        return out
+'''
+
+
+def test_a_kernel_more_exact_than_eager_passes_and_one_far_from_both_does_not(tmp_path):
+    """Eager fp32 misses fp64 by 2.4e-4 here, so an exact kernel misses eager by as much: more than
+    atol=rtol=1e-4 allows. The comparison's atol grows by EAGER_ERROR_SLACK times eager's own error (an honest
+    long cumsum on an H100 missed eager by 3.2e-4 while eager missed fp64 by 3.1e-4 and it by 6.7e-5), and no
+    further: a kernel 2e-3 off is still wrong, and says by how much the tolerance grew."""
+    problem = tmp_path / "offset.py"
+    problem.write_text(OFFSET_PROBLEM)
+
+    def shifted_by(shift: float) -> Path:
+        solution = tmp_path / f"shifted_{shift}.py"
+        solution.write_text(SHIFTED_KERNEL.replace("{shift}", repr(shift)))
+        return solution
+
+    exact = _evaluate(problem, shifted_by(0.0), tmp_path / "cache")
+    assert exact.status is Status.OK, exact.reason
+    assert 2e-4 < exact.eager_error_vs_fp64 <= 2.45e-4 and exact.error_vs_fp64 == 0
+    far = _evaluate(problem, shifted_by(2e-3), tmp_path / "cache")
+    assert far.status is Status.INCORRECT and "for eager fp32's own error" in far.reason, far.reason
+    assert 5e-4 < far.atol < 6e-4                       # 1e-4 + 2 x eager's error

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from mkevolve.config import PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER, TOLERANCE
+from mkevolve.config import (EAGER_ERROR_SLACK, PRECISION_TOLERANCE_SHARE, PRECISION_ULPS, PRECISION_VS_EAGER,
+                             TOLERANCE)
 from mkevolve.problem import Problem, ProblemError, check_reference, fp32_strict, load_problem
 from mkevolve.verify.candidate_run import (GPU_MEMORY_TRIES, TIMING_SETS, CallPlan, CandidateReport, OutputCheck,
                                            gpu_accounting, gpu_memory_try, pause_after_gpu_memory_try, plan_calls,
@@ -63,6 +64,8 @@ class KernelEvalRequest:
 class _Errors:
     atol: float = TOLERANCE
     rtol: float = TOLERANCE
+    slack: float = 0.0            # added to atol for the config being compared: EAGER_ERROR_SLACK x eager's error
+    widest_slack: float = 0.0     # the largest of those, reported with atol
     max_abs: float = 0.0
     max_rel: float = 0.0
     tolerance_used: float = 0.0
@@ -121,7 +124,7 @@ def _evaluate_once(request: KernelEvalRequest, errors: _Errors) -> EvalResult:
     if errors.failed_trial is not None or errors.max_abs:
         result.max_abs_err, result.max_rel_err = errors.max_abs, errors.max_rel
         result.tolerance_used = errors.tolerance_used
-        result.atol, result.rtol = request.atol, request.rtol
+        result.atol, result.rtol = request.atol + errors.widest_slack, request.rtol
         result.failed_trial = errors.failed_trial
     result.error_vs_fp64, result.eager_error_vs_fp64 = errors.error_vs_fp64, errors.eager_error_vs_fp64
     result.phases = errors.phases
@@ -288,6 +291,10 @@ def _check_outputs(problem: Problem, index: int, reference: ReferenceSet, plan: 
     on the same tensors: the last trial against the reference run in fp64, the timed or late calls against the
     limit that trial sets."""
     last_trial, where = _last_trial(plan), _config_label(problem, index)
+    with _phase(errors, "judge.precision"):
+        exact = reference.fp64(last_trial.input_set)
+    errors.slack = EAGER_ERROR_SLACK * exact.eager_error if exact else 0.0
+    errors.widest_slack = max(errors.widest_slack, errors.slack)
     for check in plan.checks:
         actual = report.output(check.save, scratch, reference.device)
         expected = reference.expected(check.input_set, check.shift)
@@ -458,12 +465,14 @@ def _compare_values(label: str, ref: torch.Tensor, out: torch.Tensor, errors: _E
     rel = diff / ref64.abs().clamp_min(1e-12)
     errors.max_abs = max(errors.max_abs, float(diff.max()) if diff.numel() else 0.0)
     errors.max_rel = max(errors.max_rel, float(rel.max()) if rel.numel() else 0.0)
-    errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff, errors.atol, errors.rtol))
-    if torch.allclose(out, ref, atol=errors.atol, rtol=errors.rtol, equal_nan=True):
+    atol = errors.atol + errors.slack
+    errors.tolerance_used = max(errors.tolerance_used, tolerance_used(ref64, diff, atol, errors.rtol))
+    if torch.allclose(out, ref, atol=atol, rtol=errors.rtol, equal_nan=True):
         return ""
     worst = _position(int(diff.argmax()), ref.shape)
+    slack = f", atol + {errors.slack:.3g} for eager fp32's own error" if errors.slack else ""
     return (f"{label} mismatch: max abs error {float(diff.max()):.3g}, max rel error "
-            f"{float(rel.max()):.3g} ({tolerance_text(errors.atol, errors.rtol)}); worst at index {worst} "
+            f"{float(rel.max()):.3g} ({tolerance_text(errors.atol, errors.rtol)}{slack}); worst at index {worst} "
             f"(expected {float(ref64.flatten()[diff.argmax()]):.6g}, got {float(out64.flatten()[diff.argmax()]):.6g})")
 
 
