@@ -658,6 +658,21 @@ def _split_like(method: str) -> Handler:
     return handler
 
 
+def _glu(b: Builder, call: Call):
+    """F.glu: the first half along `dim` times the sigmoid of the second, the halves as chunk views."""
+    return _gated(b, call.arg(0, "input"), call.arg(1, "dim", -1), call.shapes)
+
+
+def _glu_module(b: Builder, call: Call):
+    return _gated(b, call.arg(0, "input"), call.module_attr("dim"), call.shapes)
+
+
+def _gated(b: Builder, x: Value, dim, shapes: tuple) -> Value:
+    dim = int(b.const(dim, "glu dim"))
+    value, gate = (b.view(x, "chunk", (2, dim), shapes, item=i) for i in range(2))
+    return b.pw("mul", value, b.pw("sigmoid", gate))
+
+
 def _pieces(shapes) -> list[tuple]:
     """Per-config shapes of a tuple result, regrouped as one tuple of per-config shapes per piece."""
     counts = {len(s) for s in shapes}
@@ -753,6 +768,7 @@ FUNCTIONS: dict[str, Handler] = {
     "squeeze": _view_method("squeeze"), "unsqueeze": _view_method("unsqueeze"), "narrow": _view_method("narrow"),
     "select": _view_method("select"), "slice": _aten_slice, "expand_as": _expand_as,
     "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
+    "glu": _glu,
     "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
     "dim": _dim, "ndimension": _dim, "copy": _copy,
 }
@@ -765,7 +781,7 @@ MODULES: dict[type, Handler] = {
                                      nn.ConvTranspose3d)},
     **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
-    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module,
+    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.GLU: _glu_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
