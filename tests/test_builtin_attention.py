@@ -152,3 +152,17 @@ def test_cuda_source_autotunes_and_leaves_nothing_unread(stem):
             written = {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) for t in n.targets
                        if isinstance(t, ast.Name)}
             assert written <= read, f"{stem}: {function.name} never reads {written - read}"
+
+
+@pytest.mark.parametrize("forward, reason", [
+    ('torch.einsum("bhii,bhij->bhj", q, k) + v[..., 0]', "repeated letter or a sum over one operand"),
+    ('torch.einsum("bhqd->bhdq", q) + k + v', "other than of two tensors"),
+    ('torch.einsum("bhqd,bhkd->bhq", q, k) + v[..., 0]', "repeated letter or a sum over one operand"),
+    ('torch.einsum("...qd,...kd->...qk", q, k) + v', "ellipses"),
+    ('torch.einsum("bhqd,bhkd,bhke->bhqe", q, k, v)', "other than of two tensors"),
+])
+def test_einsum_forms_without_a_kernel_say_which(tmp_path, forward, reason):
+    """torch.einsum is written for two tensors whose letters each appear once, none summed in one operand."""
+    path = _problem(tmp_path, "einsum_form", forward, QKV)
+    with pytest.raises(UnsupportedSubproblem, match=reason):
+        generate_kernel(path, 0, TARGET)

@@ -42,6 +42,71 @@ def _matmul(b: Builder, call: Call):
     return fuse_attention(b, a, other) or b.matmul(a, other)
 
 
+def _einsum(b: Builder, call: Call):
+    """torch.einsum of two tensors, each letter once per operand and every letter of only one operand kept: a
+    matmul of permuted views, its batch the letters both operands and the output share, K the letters they
+    share alone. "bhqd,bhkd->bhqk" is q @ k^T (and "bhqk,bhkd->bhqd" after a softmax one fused attention)."""
+    equation, operands = call.args[0], list(call.args[1:])
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = list(operands[0])
+    if not isinstance(equation, str) or len(operands) != 2 or not all(isinstance(o, Value) for o in operands):
+        raise UnsupportedSubproblem("einsum other than of two tensors")
+    (xl, yl), out = _einsum_letters(equation.replace(" ", ""), [o.rank for o in operands])
+    x, y = operands
+    batch = [c for c in out if c in xl and c in yl]
+    rows, cols = [c for c in out if c not in yl], [c for c in out if c not in xl]
+    summed = [c for c in xl if c in yl and c not in out]
+    a, m = _grouped(b, x, xl, [batch, rows, summed]), _grouped(b, y, yl, [batch, summed, cols])
+    product = fuse_attention(b, a, m) or b.matmul(a, m)
+    names = batch + rows + cols      # the product's dims once its M and N are split back into letters
+    shapes = tuple(tuple(xs[xl.index(c)] for c in batch + rows) + tuple(ys[yl.index(c)] for c in cols)
+                   for xs, ys in zip(x.shapes, y.shapes))
+    if shapes != product.shapes:
+        sizes = [b.size(x, xl.index(c)) for c in batch + rows] + [b.size(y, yl.index(c)) for c in cols]
+        product = b.view(product, "reshape", (tuple(sizes),), shapes)
+    return _permuted(b, product, names.index, out)
+
+
+def _einsum_letters(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+    """Each operand's letters and the output's, for the forms `_einsum` computes."""
+    inputs, arrow, out = equation.partition("->")
+    letters = inputs.split(",")
+    if "." in equation or len(letters) != len(ranks) or any(len(t) != r for t, r in zip(letters, ranks)):
+        raise UnsupportedSubproblem(f"einsum {equation!r} (ellipses, or letters that do not match the ranks)")
+    if not arrow:   # implicit output: the letters seen once, in alphabetical order
+        out = "".join(sorted(c for c in set(inputs) - {","} if inputs.count(c) == 1))
+    alone = [c for t in letters for c in t if c not in out and sum(c in u for u in letters) == 1]
+    if any(len(set(t)) != len(t) for t in letters + [out]) or alone:
+        raise UnsupportedSubproblem(f"einsum {equation!r} with a repeated letter or a sum over one operand")
+    return letters, out
+
+
+def _grouped(b: Builder, x: Value, letters: str, groups: list[list[str]]) -> Value:
+    """x permuted to the groups' order, then each group after the first (the batch) merged into one dim (a
+    size-1 dim where the group is empty)."""
+    x = _permuted(b, x, letters.index, [c for group in groups for c in group])
+    sizes, shapes = [b.size(x, d) for d in range(len(groups[0]))], [s[:len(groups[0])] for s in x.shapes]
+    start = len(groups[0])
+    for group in groups[1:]:
+        dims = range(start, start + len(group))
+        size = b.size(x, dims[0]) if group else 1
+        for d in dims[1:]:
+            size = IntOp("mul", size, b.size(x, d))
+        sizes.append(size)
+        shapes = [shape + (math.prod(full[d] for d in dims),) for shape, full in zip(shapes, x.shapes)]
+        start += len(group)
+    shapes = tuple(shapes)
+    return x if shapes == x.shapes else b.view(x, "reshape", (tuple(sizes),), shapes)
+
+
+def _permuted(b: Builder, x: Value, position, wanted) -> Value:
+    """x with its dims reordered so that dim i holds what `wanted[i]` names (`position` gives its dim in x)."""
+    order = tuple(position(w) for w in wanted)
+    if order == tuple(range(x.rank)):
+        return x
+    return b.view(x, "permute", (order,), tuple(tuple(s[d] for d in order) for s in x.shapes))
+
+
 def _bmm(b: Builder, call: Call):
     a, m = call.arg(0, "input"), call.arg(1, "mat2")
     if a.rank != 3 or m.rank != 3:
@@ -768,7 +833,7 @@ FUNCTIONS: dict[str, Handler] = {
     "squeeze": _view_method("squeeze"), "unsqueeze": _view_method("unsqueeze"), "narrow": _view_method("narrow"),
     "select": _view_method("select"), "slice": _aten_slice, "expand_as": _expand_as,
     "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
-    "glu": _glu,
+    "einsum": _einsum, "glu": _glu,
     "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
     "dim": _dim, "ndimension": _dim, "copy": _copy,
 }
