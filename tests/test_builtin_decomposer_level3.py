@@ -143,7 +143,9 @@ def test_the_expanded_attention_matches_torch_with_masks():
     q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
     keep = torch.rand(3, 5) > 0.3
     keep[:, 0] = True
-    for kwargs in ({}, {"attn_mask": keep}, {"attn_mask": torch.randn(3, 5)}, {"scale": 0.3}):
+    none = keep.clone()
+    none[1] = False            # a query with no key left: SDPA gives it 0 (softmax would give NaN)
+    for kwargs in ({}, {"attn_mask": keep}, {"attn_mask": torch.randn(3, 5)}, {"scale": 0.3}, {"attn_mask": none}):
         expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
         assert torch.allclose(expansions._sdpa(q, k, v, **kwargs), expected, atol=1e-5)
     square = torch.randn(2, 2, 5, 4)

@@ -51,6 +51,11 @@ def _apply_mask(scores, mask):
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if enable_gqa:
         raise NotImplementedError("scaled_dot_product_attention(enable_gqa=True) is not expanded")
+    if attn_mask is not None:
+        # SDPA gives 0 to a query whose keys the mask leaves none of, where softmax gives NaN: a mask keeps the
+        # call whole, to mean what the original means (the builtin generator writes it as one attention).
+        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale)
     return attention_core(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 

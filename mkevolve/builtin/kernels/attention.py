@@ -14,7 +14,7 @@ from .builders import Builder
 from .calls import Call
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices
-from .ir import Attention, IndexMask, Matmul, Param, Pointwise, Scalar, Value, View
+from .ir import Attention, IndexMask, Input, Matmul, Param, Pointwise, Scalar, Value, View
 
 NEG_INF = float("-inf")
 
@@ -79,9 +79,11 @@ _COMPARES = {"gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or"}
 
 
 def _is_bool(b: Builder, mask: Value) -> bool:
-    """Compares are bool; so is a bool buffer (seen through views). Inputs are float32 by construction."""
+    """Compares are bool; so are a bool buffer and a bool input (seen through views)."""
     while isinstance(mask, View):
         mask = mask.base
+    if isinstance(mask, Input):
+        return mask.boolean
     if isinstance(mask, Pointwise):
         return mask.op in _COMPARES
     if isinstance(mask, Param):
@@ -93,10 +95,10 @@ def _is_bool(b: Builder, mask: Value) -> bool:
 
 
 def attention(b: Builder, q: Value, kt: Value, v: Value, scores: Value, logits: Value, extras: tuple,
-              normalize: str, causal: bool) -> Value:
+              normalize: str, causal: bool, empty_rows_zero: bool = False) -> Value:
     shapes = tuple(sq[:-1] + (sv[-1],) for sq, sv in zip(q.shapes, v.shapes))
     return b.program.add(Attention(shapes, q=q, kt=kt, v=v, scores=scores, logits=logits, extras=extras,
-                                   normalize=normalize, causal=causal))
+                                   normalize=normalize, causal=causal, empty_rows_zero=empty_rows_zero))
 
 
 def scaled_dot_product_attention(b: Builder, call: Call) -> Value:
@@ -124,7 +126,8 @@ def scaled_dot_product_attention(b: Builder, call: Call) -> Value:
         # a bool mask says which keys a query may see; a float mask is added to the scores
         logits = b.pw("where", mask, logits, NEG_INF) if _is_bool(b, mask) else b.pw("add", logits, mask)
         extras = (mask,)
-    return attention(b, q, kt, v, scores, logits, extras, "softmax", causal)
+    # SDPA gives 0, not softmax's NaN, to a query whose keys are all masked
+    return attention(b, q, kt, v, scores, logits, extras, "softmax", causal, empty_rows_zero=True)
 
 
 class AttentionOutputs(ValuesIndices):

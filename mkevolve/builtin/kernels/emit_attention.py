@@ -206,7 +206,11 @@ def _update(anchor: Attention, logits: str, precision: str) -> list[str]:
 
 
 def _finish(anchor: Attention) -> list[str]:
-    return [f"acc = {divide('acc', 'l_i[:, None]')}"] if anchor.normalize == "softmax" else []
+    if anchor.normalize != "softmax":
+        return []
+    if anchor.empty_rows_zero:   # l_i is 0 only where every key was masked: its weights were all exp(-inf)
+        return [f"acc = tl.where(l_i[:, None] == 0.0, 0.0, {divide('acc', 'l_i[:, None]')})"]
+    return [f"acc = {divide('acc', 'l_i[:, None]')}"]
 
 
 def _tiles(variant: Variant) -> list[tuple[int, int, int]]:

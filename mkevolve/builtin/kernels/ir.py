@@ -65,6 +65,7 @@ class Input(Value):
     index: int = 0
     name: str = ""
     integer: bool = False                # an int64/int32 index tensor: only a Gather may read it
+    boolean: bool = False                # a bool mask: read as a condition (masked_fill, where, logical ops)
 
 
 @dataclass(eq=False, repr=False)
@@ -185,6 +186,7 @@ class Attention(Value):
     extras: tuple = ()
     normalize: str = "softmax"
     causal: bool = False                 # keys after the query are masked: blocks past the diagonal are skipped
+    empty_rows_zero: bool = False        # a query whose keys are all masked gets 0 (SDPA), not NaN (softmax)
 
     def operands(self) -> list[Value]:
         return [self.q, self.kt, self.v, *self.extras]

@@ -260,8 +260,9 @@ class _Lowering:
         if path is not None:
             return self.builder.param(path, shapes)
         index = self.trace.placeholder_inputs.index(node.name)
-        integer = self.trace.configs[0].dtypes[node.name] in INDEX_DTYPES
-        value = self.program.add(Input(shapes, index=index, name=node.name, integer=integer))
+        dtype = self.trace.configs[0].dtypes[node.name]
+        value = self.program.add(Input(shapes, index=index, name=node.name, integer=dtype in INDEX_DTYPES,
+                                       boolean=dtype == torch.bool))
         self.program.inputs.append(value)
         return value
 

@@ -121,9 +121,9 @@ def _build(problem: Problem, config: InputConfig) -> _Built:
     for i, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
             raise UnsupportedSubproblem(f"forward input {i} is a {type(value).__name__}, not a tensor")
-        if value.dtype not in (torch.float32, *INDEX_DTYPES):
-            raise UnsupportedSubproblem(f"forward input {i} has dtype {value.dtype}; only float32 (and integer "
-                                        "indices) are supported")
+        if value.dtype not in (torch.float32, torch.bool, *INDEX_DTYPES):
+            raise UnsupportedSubproblem(f"forward input {i} has dtype {value.dtype}; only float32 (and bool "
+                                        "masks and integer indices) are supported")
     _tag_scalar_attributes(model, type(model).__module__)
     return _Built(model, inputs)
 
