@@ -128,9 +128,23 @@ def _addmm(b: Builder, call: Call):
 def _cat(b: Builder, call: Call):
     """torch.cat / concat / concatenate of tensors of one rank along `dim`."""
     parts = list(call.arg(0, "tensors"))
-    dim = b.const(call.arg(1, "dim", 0), "cat dim")
     if not parts or not all(isinstance(p, Value) for p in parts):
         raise UnsupportedSubproblem("cat of something other than a list of tensors")
+    return _concat(b, parts, b.const(call.arg(1, "dim", 0), "cat dim"))
+
+
+def _stack(b: Builder, call: Call):
+    """torch.stack: a cat of the tensors, each given a new size-1 dim at `dim`."""
+    parts = list(call.arg(0, "tensors"))
+    if not parts or not all(isinstance(p, Value) for p in parts):
+        raise UnsupportedSubproblem("stack of something other than a list of tensors")
+    dim = int(b.const(call.arg(1, "dim", 0), "stack dim")) % (parts[0].rank + 1)
+    return _concat(b, [b.view(p, "unsqueeze", (dim,), tuple(s[:dim] + (1,) + s[dim:] for s in p.shapes))
+                      for p in parts], dim)
+
+
+def _concat(b: Builder, parts: list[Value], dim: int) -> Value:
+    """parts side by side along `dim`: one Concat, or the one part itself."""
     if len({p.rank for p in parts}) > 1 or parts[0].rank == 0:
         raise UnsupportedSubproblem("cat of tensors of different ranks (or 0-d)")
     dim %= parts[0].rank
@@ -812,7 +826,7 @@ FUNCTIONS: dict[str, Handler] = {
     "linear": _linear, "matmul": _matmul, "operator.matmul": _matmul, "mm": _matmul, "bmm": _bmm,
     "scaled_dot_product_attention": scaled_dot_product_attention,
     "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
-    "cat": _cat, "concat": _cat, "concatenate": _cat,
+    "cat": _cat, "concat": _cat, "concatenate": _cat, "stack": _stack,
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "pixel_shuffle": _pixel_shuffle(inverse=False),

@@ -546,6 +546,25 @@ def _rms_norm_module(b: Builder, call: Call):
                     None if eps is None else call.module_scalar("eps"))
 
 
+def prelu(b: Builder, x: Value, weight: Value) -> Value:
+    """PReLU: x where x >= 0, else slope * x; one slope for all, or one per channel (dim 1)."""
+    if all(s == (1,) for s in weight.shapes):
+        slope = weight
+    elif x.rank >= 2:
+        slope = b.channel_view(weight, x.rank)
+    else:
+        raise UnsupportedSubproblem("prelu with one slope per element of a 1-d input")
+    return b.pw("where", b.pw("ge", x, 0.0), x, b.pw("mul", slope, x))
+
+
+def _prelu(b: Builder, call: Call):
+    return prelu(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"))
+
+
+def _prelu_module(b: Builder, call: Call):
+    return prelu(b, call.arg(0, "input"), module_param(b, call, "weight"))
+
+
 # --- module forms of elementwise ops ----------------------------------------------------------------
 
 def _module_op(op: str, **attrs: str) -> Handler:
@@ -593,7 +612,7 @@ FUNCTIONS.update({
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),
     "fmax": _compare("maximum"), "fmin": _compare("minimum"),
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
-    "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0),
+    "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0), "prelu": _prelu,
     "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
     "leaky_relu": _with_attrs("leaky_relu", negative_slope=0.01),
     "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
@@ -617,6 +636,7 @@ FUNCTIONS.update({
 MODULES: dict[type, Handler] = {cls: _module_op(op) for cls, op in _UNARY_MODULES.items()}
 MODULES.update({
     nn.GELU: _gelu_module, nn.Softplus: _module_op("softplus", beta="beta", threshold="threshold"),
+    nn.PReLU: _prelu_module,
     nn.ELU: _module_op("elu", alpha="alpha"), nn.CELU: _module_op("celu", alpha="alpha"),
     nn.LeakyReLU: _module_op("leaky_relu", negative_slope="negative_slope"),
     nn.Hardtanh: _module_op("hardtanh", low="min_val", high="max_val"),
