@@ -227,6 +227,9 @@ def _reindex_lines(anchor: Reindex) -> list[str]:
         return lines
     if anchor.kind == "repeat":
         return [f"j{d} = i{d + lead} % D{d}" for d in range(rank_in)]
+    if anchor.kind == "repeat_interleave":
+        r = anchor.amounts[0]
+        return [f"j{d} = i{d} // {r}" if d in anchor.dims else f"j{d} = i{d}" for d in range(rank_in)]
     r, (c, h, w) = anchor.amounts[0], range(rank_in - 3, rank_in)
     lines = [f"j{d} = i{d}" for d in range(rank_in - 3)]
     if anchor.kind == "pixel_shuffle":   # output (c, h, w) reads channel c*r*r + (h % r)*r + w % r at (h // r, w // r)
@@ -245,19 +248,23 @@ def _reindex_out_shape(anchor: Reindex, x: str) -> str:
         return ("(" + "".join(f"{t}, " for t in anchor.amounts[:lead])
                 + "".join(f"{x}.shape[{d}] * {t}, " for d, t in enumerate(anchor.amounts[lead:])) + ")")
     r = anchor.amounts[0]
+    if anchor.kind == "repeat_interleave":
+        return "(" + "".join(f"{x}.shape[{d}]{f' * {r}' if d in anchor.dims else ''}, "
+                             for d in range(anchor.rank)) + ")"
     if anchor.kind == "pixel_shuffle":
         return f"(*{x}.shape[:-3], {x}.shape[-3] // {r * r}, {x}.shape[-2] * {r}, {x}.shape[-1] * {r})"
     return f"(*{x}.shape[:-3], {x}.shape[-3] * {r * r}, {x}.shape[-2] // {r}, {x}.shape[-1] // {r})"
 
 
 _REINDEX_MEANING = {"flip": "reversed along dims {dims}", "roll": "rolled along dims {dims}",
-                    "repeat": "tiled {amounts} times", "pixel_shuffle": "pixel shuffle by {r[0]}",
+                    "repeat": "tiled {amounts} times", "repeat_interleave": "each element repeated {r[0]} times "
+                    "along dim {dims[0]}", "pixel_shuffle": "pixel shuffle by {r[0]}",
                     "pixel_unshuffle": "pixel unshuffle by {r[0]}"}
 
 
 def emit_reindex(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    """flip, roll, repeat and pixel (un)shuffle: each output element copies the input element at the index
-    its own maps to (`_reindex_lines`)."""
+    """flip, roll, repeat, repeat_interleave and pixel (un)shuffle: each output element copies the input element
+    at the index its own maps to (`_reindex_lines`)."""
     anchor: Reindex = kernel.anchor
     if kernel.target is not None:
         raise UnsupportedSubproblem(f"{anchor.kind} written into a module buffer")

@@ -114,15 +114,28 @@ def _bmm(b: Builder, call: Call):
     return fuse_attention(b, a, m) or b.matmul(a, m)
 
 
-def _addmm(b: Builder, call: Call):
-    bias, a, m = call.arg(0, "input"), call.arg(1, "mat1"), call.arg(2, "mat2")
-    beta, alpha = call.kwargs.get("beta", 1), call.kwargs.get("alpha", 1)
-    product = b.matmul(a, m)
-    if alpha != 1:
-        product = b.pw("mul", product, alpha)
-    if beta == 0:
-        return product
-    return b.pw("add", product, b.pw("mul", bias, beta) if beta != 1 else bias)
+def _addmm_like(first: str, second: str) -> Handler:
+    """addmm / baddbmm: beta * input + alpha * (first @ second), the scaled sum as the GEMM's epilogue."""
+    def handler(b: Builder, call: Call):
+        bias, a, m = call.arg(0, "input"), call.arg(1, first), call.arg(2, second)
+        beta, alpha = call.kwargs.get("beta", 1), call.kwargs.get("alpha", 1)
+        product = b.matmul(a, m)
+        if alpha != 1:
+            product = b.pw("mul", product, alpha)
+        if beta == 0:
+            return product
+        return b.pw("add", product, b.pw("mul", bias, beta) if beta != 1 else bias)
+    return handler
+
+
+def _outer(b: Builder, call: Call):
+    """torch.outer: x[:, None] * y[None, :], elementwise (a GEMM with K = 1 would waste its tiles)."""
+    x, y = call.arg(0, "input"), call.arg(1, "vec2")
+    if not (isinstance(x, Value) and isinstance(y, Value) and x.rank == y.rank == 1):
+        raise UnsupportedSubproblem("outer of tensors that are not 1-d")
+    column = b.view(x, "unsqueeze", (1,), tuple(s + (1,) for s in x.shapes))
+    row = b.view(y, "unsqueeze", (0,), tuple((1,) + s for s in y.shapes))
+    return b.pw("mul", column, row)
 
 
 def _cat(b: Builder, call: Call):
@@ -442,6 +455,17 @@ def _repeat(b: Builder, call: Call):
     lead = len(times) - x.rank
     shapes = tuple(times[:lead] + tuple(n * t for n, t in zip(shape, times[lead:])) for shape in x.shapes)
     return b.program.add(Reindex(shapes, x=x, kind="repeat", amounts=times))
+
+
+def _repeat_interleave(b: Builder, call: Call):
+    """repeat_interleave(x, r, dim): each element along `dim` r times in a row (grouped-query attention's
+    key and value heads, repeated for the query heads)."""
+    x, repeats, dim = call.arg(0, "input"), call.arg(1, "repeats"), call.arg(2, "dim", None)
+    if isinstance(repeats, Value) or dim is None:
+        raise UnsupportedSubproblem("repeat_interleave with a tensor of repeats, or without dim")
+    r, d = int(b.const(repeats, "repeat_interleave repeats")), int(b.const(dim, "repeat_interleave dim")) % x.rank
+    shapes = tuple(s[:d] + (s[d] * r,) + s[d + 1:] for s in x.shapes)
+    return b.program.add(Reindex(shapes, x=x, kind="repeat_interleave", dims=(d,), amounts=(r,)))
 
 
 def pixel_shuffle(b: Builder, x: Value, factor, inverse: bool) -> Value:
@@ -829,9 +853,9 @@ FUNCTIONS: dict[str, Handler] = {
     "cat": _cat, "concat": _cat, "concatenate": _cat, "stack": _stack,
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
-    "flip": _flip, "roll": _roll, "repeat": _repeat, "pixel_shuffle": _pixel_shuffle(inverse=False),
-    "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
-    "addmm": _addmm,
+    "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
+    "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
+    "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
     "max_pool1d": _max_pool(1), "max_pool2d": _max_pool(2), "max_pool3d": _max_pool(3),
