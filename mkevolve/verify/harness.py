@@ -701,8 +701,9 @@ class _SavedOutputs:
     Saving is two steps. The copies to the host read the GPU under this process's hold. The writes and
     hashes, seconds for full-size outputs, need no GPU: a save between calls leaves them to threads while
     the calls go on, and waits for them only before its next copies (one batch on the host at a time);
-    the last save waits for them with the GPU hold given up. Waiting with the hold given up between calls
-    had cost a median 10 s a candidate on a shared H100, most of it to take the GPU back alone.
+    the last save waits for them with the GPU hold given up. Writing between calls with the hold given up,
+    then taking the GPU back alone, had made saves 235 s of twelve candidates' time on a shared H100; in
+    threads they took 137 s (scripts/results/eval_profile_h100_2026-12-06_background_saves.json).
     Threads from `_thread` itself, bound at import: concurrent.futures is Python code the candidate can
     patch, and it would hand the outputs to whatever it was patched with."""
 

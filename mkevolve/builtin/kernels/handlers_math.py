@@ -608,7 +608,8 @@ FUNCTIONS.update({
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
     "where": _where, "masked_fill": _masked_fill, "logical_not": _unary("logical_not"),
-    "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),   # tensors here are bool
+    # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
+    "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),
     "fmax": _compare("maximum"), "fmin": _compare("minimum"),
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,

@@ -65,7 +65,7 @@ class Input(Value):
     index: int = 0
     name: str = ""
     integer: bool = False                # an int64/int32 index tensor: only a Gather may read it
-    boolean: bool = False                # a bool mask: read as a condition (masked_fill, where, logical ops)
+    boolean: bool = False                # a bool mask: a condition (masked_fill, where, ~), or 0/1 in arithmetic
 
 
 @dataclass(eq=False, repr=False)
