@@ -203,6 +203,10 @@ class Builder:
         shapes = tuple(tuple(s for d, s in enumerate(shape) if d not in dims) for shape in x.shapes)
         return self.view(x, "squeeze", (tuple(dims),), shapes)
 
+    def unsqueeze(self, x: Value, dim: int) -> Value:
+        """x with a new size-1 dim at `dim` (0 <= dim <= x.rank)."""
+        return self.view(x, "unsqueeze", (dim,), tuple(s[:dim] + (1,) + s[dim:] for s in x.shapes))
+
     def reduce_keep(self, kind: str, x: Value, dims, keepdim: bool, correction: int = 0) -> Value:
         dims = normalize_dims(dims, x.rank)
         out = self.reduce(kind, x, dims, correction)
@@ -227,12 +231,10 @@ class Builder:
     def matmul(self, a: Value, b: Value) -> Value:
         """torch.matmul for (..., M, K) @ (K, N), and for equal batch dims; vectors via unsqueeze."""
         if a.rank == 1:
-            a1 = self.view(a, "unsqueeze", (0,), tuple((1,) + s for s in a.shapes))
-            out = self.matmul(a1, b)
+            out = self.matmul(self.unsqueeze(a, 0), b)
             return self.squeeze(out, (out.rank - 2,) if b.rank > 1 else (0,))
         if b.rank == 1:
-            b1 = self.view(b, "unsqueeze", (1,), tuple(s + (1,) for s in b.shapes))
-            out = self.matmul(a, b1)
+            out = self.matmul(a, self.unsqueeze(b, 1))
             return self.squeeze(out, (out.rank - 1,))
         for c in range(self.n_configs):
             if a.shapes[c][-1] != b.shapes[c][-2]:

@@ -9,7 +9,7 @@ from .indexing import GroupIndices, Indexer, Operand
 from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View
 from .kernel_plan import KernelPlan
 from .pointwise_ops import OPS, literal
-from .signature import KernelParam, shape_text
+from .signature import KernelParam, constexpr, shape_text
 
 
 @dataclass
@@ -191,6 +191,25 @@ def block_autotune(blocks: tuple[tuple[int, int], ...], key: list[str]) -> str:
     """An autotune decorator over (BLOCK, num_warps) pairs, for kernels that walk flat output blocks."""
     configs = "".join(f'        triton.Config({{"BLOCK": {b}}}, num_warps={w}),\n' for b, w in blocks)
     return f"@triton.autotune(\n    configs=[\n{configs}    ],\n    key={key!r},\n)\n"
+
+
+def flat_autotune(variant: Variant) -> str:
+    """A flat kernel's autotune decorator over BLOCK where the variant autotunes; else none (the launcher
+    passes the variant's own BLOCK)."""
+    return block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+
+
+def unravel_params(x: Operand, kernel: KernelPlan, rank: int, middle: list[KernelParam],
+                   strided: range) -> list[KernelParam]:
+    """The signature of a copy kernel over flat output positions (`unravel_lines`): the input read through its
+    strides, the contiguous output, numel and the output's sizes, then `middle` (the kind's own sizes and
+    values), the input's strides along the dims `strided`, and BLOCK."""
+    return ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
+             KernelParam("numel", "output elements")]
+            + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
+            + middle
+            + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in strided]
+            + [constexpr("BLOCK", "output elements per program")])
 
 
 def unravel_lines(rank: int) -> list[str]:

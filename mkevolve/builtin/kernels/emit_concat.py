@@ -4,8 +4,8 @@ torch.gather), padding (F.pad, the nn.*Pad* layers) and reordering copies (flip,
 from __future__ import annotations
 
 from .configs import Variant
-from .emit_common import (KernelSource, LauncherArg, block_autotune, flat_launch, flat_launcher, indent,
-                          make_operands, output_param, unravel_lines)
+from .emit_common import (KernelSource, LauncherArg, flat_autotune, flat_launch, flat_launcher, indent,
+                          make_operands, output_param, unravel_lines, unravel_params)
 from .errors import UnsupportedSubproblem
 from .ir import Concat, Gather, Pad, Program, Reindex
 from .kernel_plan import KernelPlan
@@ -34,7 +34,7 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
         raise UnsupportedSubproblem("cat written into a module buffer")
     operands = make_operands(kernel.leaves)
     parts = [operands[p.id].name for p in anchor.parts]
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    decorator = flat_autotune(variant)
     source = f'''{decorator}@triton.jit
 {signature(name, _CONCAT_PARAMS)}
     # Copy one part, seen as (outer, length, inner), into rows [start, start + length) of the
@@ -85,7 +85,7 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     operands = make_operands(kernel.leaves)
     table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
     dim = anchor.dim
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    decorator = flat_autotune(variant)
     params = [operands[anchor.table.id].pointer("table [outer, rows, inner]", "table_ptr"),
               operands[anchor.index.id].pointer("indices [picks], read flat", "index_ptr"),
               output_param(kernel, "output [outer, picks, inner], contiguous"),
@@ -136,7 +136,7 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     index_strides, table_strides = [f"is{d}" for d in range(rank)], [f"ts{d}" for d in range(rank)]
     at_index = " + ".join(f"i{d} * is{d}" for d in range(rank))
     at_table = " + ".join(("picked" if d == dim else f"i{d}") + f" * ts{d}" for d in range(rank))
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
+    decorator = flat_autotune(variant)
     params = ([operands[anchor.table.id].pointer("table", "table_ptr"),
                operands[anchor.index.id].pointer("indices", "index_ptr"),
                output_param(kernel, "output, the indices' shape, contiguous"),
@@ -191,13 +191,9 @@ def emit_pad(kernel: KernelPlan, name: str, variant: Variant, program: Program) 
         inside.append(f"(j{d} >= 0) & (j{d} < D{d})")
     at = " + ".join((f"j{d}" if d >= first else f"i{d}") + f" * s{d}" for d in range(rank))
     mask = "mask & " + " & ".join(inside) if anchor.mode == "constant" else "mask"
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
-    params = ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
-               KernelParam("numel", "output elements")]
-              + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
-              + [constexpr(f"D{d}", f"input size along padded dim {d}") for d in padded]
-              + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in range(rank)]
-              + [constexpr("BLOCK", "output elements per program")])
+    decorator = flat_autotune(variant)
+    params = unravel_params(x, kernel, rank, [constexpr(f"D{d}", f"input size along padded dim {d}") for d in padded],
+                            range(rank))
     source = f'''{decorator}@triton.jit
 {signature(name, params)}
     # {anchor.mode} padding of {_dims_text(padded)}: output position i reads the input at i less the
@@ -272,14 +268,10 @@ def emit_reindex(kernel: KernelPlan, name: str, variant: Variant, program: Progr
     rank, rank_in = anchor.rank, anchor.x.rank
     rolled = anchor.dims if anchor.kind == "roll" else ()
     what = _REINDEX_MEANING[anchor.kind].format(dims=anchor.dims, amounts=anchor.amounts, r=anchor.amounts[:1])
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
-    params = ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
-               KernelParam("numel", "output elements")]
-              + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
-              + [constexpr(f"D{d}", f"input size along dim {d}") for d in range(rank_in)]
-              + [KernelParam(f"k{d}", f"shift along dim {d}, in [0, D{d})") for d in rolled]
-              + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in range(rank_in)]
-              + [constexpr("BLOCK", "output elements per program")])
+    decorator = flat_autotune(variant)
+    sizes = [constexpr(f"D{d}", f"input size along dim {d}") for d in range(rank_in)]
+    shifts = [KernelParam(f"k{d}", f"shift along dim {d}, in [0, D{d})") for d in rolled]
+    params = unravel_params(x, kernel, rank, sizes + shifts, range(rank_in))
     at = " + ".join(f"j{d} * s{d}" for d in range(rank_in))
     source = f'''{decorator}@triton.jit
 {signature(name, params)}

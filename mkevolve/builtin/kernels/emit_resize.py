@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 
 from .configs import Variant
-from .emit_common import (KernelSource, LauncherArg, block_autotune, flat_launcher, indent, make_operands,
-                          output_param, unravel_lines)
+from .emit_common import (KernelSource, LauncherArg, flat_autotune, flat_launcher, indent, make_operands,
+                          unravel_lines, unravel_params)
 from .errors import UnsupportedSubproblem
 from .ir import Program, Resize
 from .kernel_plan import KernelPlan
@@ -70,15 +70,11 @@ def emit_resize(kernel: KernelPlan, name: str, variant: Variant, program: Progra
         lines.append(f"y = {_linear_sum(spatial)}")
     else:
         lines.append(f"y = tl.load(x_ptr + {base} + {' + '.join(f'j{d} * s{d}' for d in spatial)}, mask=mask)")
-    decorator = block_autotune(variant.pointwise, ["numel"]) if variant.autotune else ""
-    params = ([x.pointer("input, read through its strides", "x_ptr"), output_param(kernel, "output, contiguous"),
-               KernelParam("numel", "output elements")]
-              + [constexpr(f"n{d}", f"output size along dim {d}") for d in range(1, rank)]
-              + [constexpr(f"D{d}", f"input size along dim {d}") for d in spatial]
-              + [KernelParam(f"r{d}", f"input coordinates per output position along dim {d} (fp32)")
-                 for d in spatial]
-              + [KernelParam(f"s{d}", f"input stride along dim {d}") for d in range(rank)]
-              + [constexpr("BLOCK", "output elements per program")])
+    decorator = flat_autotune(variant)
+    params = unravel_params(x, kernel, rank,
+                            [constexpr(f"D{d}", f"input size along dim {d}") for d in spatial]
+                            + [KernelParam(f"r{d}", f"input coordinates per output position along dim {d} (fp32)")
+                               for d in spatial], range(rank))
     align = ", align_corners" if anchor.mode == "linear" and anchor.align_corners else ""
     source = f'''{decorator}@triton.jit
 {signature(name, params)}

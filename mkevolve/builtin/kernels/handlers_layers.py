@@ -133,27 +133,26 @@ def _outer(b: Builder, call: Call):
     x, y = call.arg(0, "input"), call.arg(1, "vec2")
     if not (isinstance(x, Value) and isinstance(y, Value) and x.rank == y.rank == 1):
         raise UnsupportedSubproblem("outer of tensors that are not 1-d")
-    column = b.view(x, "unsqueeze", (1,), tuple(s + (1,) for s in x.shapes))
-    row = b.view(y, "unsqueeze", (0,), tuple((1,) + s for s in y.shapes))
-    return b.pw("mul", column, row)
+    return b.pw("mul", b.unsqueeze(x, 1), b.unsqueeze(y, 0))
 
 
 def _cat(b: Builder, call: Call):
     """torch.cat / concat / concatenate of tensors of one rank along `dim`."""
-    parts = list(call.arg(0, "tensors"))
-    if not parts or not all(isinstance(p, Value) for p in parts):
-        raise UnsupportedSubproblem("cat of something other than a list of tensors")
-    return _concat(b, parts, b.const(call.arg(1, "dim", 0), "cat dim"))
+    return _concat(b, _tensor_list(call, "cat"), b.const(call.arg(1, "dim", 0), "cat dim"))
 
 
 def _stack(b: Builder, call: Call):
     """torch.stack: a cat of the tensors, each given a new size-1 dim at `dim`."""
+    parts = _tensor_list(call, "stack")
+    dim = int(b.const(call.arg(1, "dim", 0), "stack dim")) % (parts[0].rank + 1)
+    return _concat(b, [b.unsqueeze(p, dim) for p in parts], dim)
+
+
+def _tensor_list(call: Call, what: str) -> list[Value]:
     parts = list(call.arg(0, "tensors"))
     if not parts or not all(isinstance(p, Value) for p in parts):
-        raise UnsupportedSubproblem("stack of something other than a list of tensors")
-    dim = int(b.const(call.arg(1, "dim", 0), "stack dim")) % (parts[0].rank + 1)
-    return _concat(b, [b.view(p, "unsqueeze", (dim,), tuple(s[:dim] + (1,) + s[dim:] for s in p.shapes))
-                      for p in parts], dim)
+        raise UnsupportedSubproblem(f"{what} of something other than a list of tensors")
+    return parts
 
 
 def _concat(b: Builder, parts: list[Value], dim: int) -> Value:
@@ -460,10 +459,11 @@ def _repeat(b: Builder, call: Call):
 def _repeat_interleave(b: Builder, call: Call):
     """repeat_interleave(x, r, dim): each element along `dim` r times in a row (grouped-query attention's
     key and value heads, repeated for the query heads)."""
-    x, repeats, dim = call.arg(0, "input"), call.arg(1, "repeats"), call.arg(2, "dim", None)
-    if isinstance(repeats, Value) or dim is None:
-        raise UnsupportedSubproblem("repeat_interleave with a tensor of repeats, or without dim")
-    r, d = int(b.const(repeats, "repeat_interleave repeats")), int(b.const(dim, "repeat_interleave dim")) % x.rank
+    x, dim = call.arg(0, "input"), call.arg(2, "dim", None)
+    if dim is None:
+        raise UnsupportedSubproblem("repeat_interleave without dim (a repeat of the flattened tensor)")
+    r = _const_ints(b.const(call.arg(1, "repeats"), "repeat_interleave repeats"), "repeat_interleave repeats")[0]
+    d = _dims_of(x, b.const(dim, "repeat_interleave dim"), "repeat_interleave dim")[0]
     shapes = tuple(s[:d] + (s[d] * r,) + s[d + 1:] for s in x.shapes)
     return b.program.add(Reindex(shapes, x=x, kind="repeat_interleave", dims=(d,), amounts=(r,)))
 
