@@ -710,14 +710,17 @@ class _SavedOutputs:
     def __init__(self, scratch: str, report: dict):
         self.scratch, self.report = scratch, report
         self.waiting: dict[str, list] = {}
-        self.waiting_bytes = 0
+        self.sizes: dict[str, int] = {}      # bytes of each waiting output's tensors
         self.entries: dict[str, dict | None] = {}  # by name, in the order kept: None while being written
         self.host_copies = 0                 # device tensors copied to the host so far, one profiled copy each
         self.writes = _Threads()             # the last batch's writes, running while the calls go on
 
+    @property
+    def waiting_bytes(self) -> int:
+        return sum(self.sizes.values())
+
     def keep(self, name: str, values: list) -> None:
-        self.waiting[name] = values
-        self.waiting_bytes += _tensor_bytes(values)
+        self.waiting[name], self.sizes[name] = values, _tensor_bytes(values)
         if self.waiting_bytes > _WAITING_OUTPUT_BYTES:
             self.save(wait=False)
 
@@ -728,7 +731,7 @@ class _SavedOutputs:
                                 if type(v) is _Tensor and _is_cuda(v) and _numel(v) > 0)
         waiting = self.waiting
         with _phase(self.report, "save"):
-            for batch in _host_batches({name: _tensor_bytes(values) for name, values in waiting.items()}):
+            for batch in _host_batches(self.sizes):
                 self._finish_writes()
                 self.entries.update(dict.fromkeys(batch))
                 host: dict[str, list] = {}
@@ -740,7 +743,7 @@ class _SavedOutputs:
             if wait:
                 with gpu_share.gpu_yielded():
                     self._finish_writes()
-        self.waiting, self.waiting_bytes = {}, 0
+        self.waiting, self.sizes = {}, {}
 
     def _finish_writes(self) -> None:
         self._note_failures(self.writes.join())
