@@ -77,25 +77,7 @@ def test_scaled_dot_product_attention_is_expanded(tmp_path):
 
 def test_causal_attention_alone_is_one_subproblem(tmp_path):
     """A forward that is only a causally masked attention is not cut in two (its scores would get no kernel)."""
-    problem = tmp_path / "causal.py"
-    problem.write_text("""import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Model(nn.Module):
-    def forward(self, q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def get_inputs():
-    return [torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8)]
-
-
-def get_init_inputs():
-    return []
-""")
-    subs = _checked_decomposition(problem, tmp_path / "decomposed")
+    subs = _checked_decomposition(SMALL.parent / "attention_small" / "sdpa_causal.py", tmp_path)
     assert len(subs) == 1 and _with(subs, "softmax", "tril")
 
 
