@@ -290,19 +290,26 @@ MEASURED = ("eager_ms", "compile_ms", "solution_ms", "speedup_vs_compile", "spee
             "err_eager")
 
 
-def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False, seed: int = 0,
-            rounds: int = DEFAULT_ROUNDS) -> Measurement:
-    """Errors against fp64 on any device; on CUDA also eager, torch.compile and the solution timed in
-    alternating rounds. Weights are made identical the verifier's way: the same seed before each build."""
+@dataclass
+class Sides:
+    """A problem's Model and a packed solution's ModelNew, built with the same weights, and one set of inputs."""
+    problem: object                       # mkevolve.problem.Problem
+    init: list
+    inputs: list
+    eager: object                         # the problem's Model
+    ours: object                          # the solution's ModelNew
+    device: object                        # torch.device
+
+
+def build_sides(problem_path: Path, solution_path: Path, *, eval_mode: bool = False, seed: int = 0) -> Sides:
+    """Weights are made identical the verifier's way: the same seed before each build. fp32 with TF32 off,
+    as in the verifier; on the GPU when there is one."""
     import torch
 
-    from mkevolve.problem import (build_model, call_inputs, clone_values, flatten_outputs, fp32_strict, import_file,
-                                  load_problem, make_inputs)
-    from mkevolve.verify.reference import largest_error
-    from mkevolve.workers.gpu_share import gpu_alone
+    from mkevolve.problem import build_model, call_inputs, fp32_strict, import_file, load_problem, make_inputs
     from mkevolve.workers.interpreter import make_autotune_interpretable
 
-    fp32_strict()                         # the reference is fp32 with TF32 off, as in the verifier
+    fp32_strict()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     make_autotune_interpretable()         # does nothing unless TRITON_INTERPRET=1 (CPU)
     problem = load_problem(problem_path)
@@ -312,7 +319,22 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
     solution_cls = import_file(solution_path, prefix="kernelbench_solution").ModelNew
     eager = build_model(problem.path, problem.model_cls, init, seed, device, eval_mode)
     ours = build_model(Path(solution_path), solution_cls, init, seed, device, eval_mode, what="ModelNew")
+    return Sides(problem=problem, init=init, inputs=inputs, eager=eager, ours=ours, device=device)
 
+
+def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False, seed: int = 0,
+            rounds: int = DEFAULT_ROUNDS) -> Measurement:
+    """Errors against fp64 on any device; on CUDA also eager, torch.compile and the solution timed in
+    alternating rounds."""
+    import torch
+
+    from mkevolve.problem import build_model, clone_values, flatten_outputs
+    from mkevolve.verify.reference import largest_error
+    from mkevolve.workers.gpu_share import gpu_alone
+
+    sides = build_sides(problem_path, solution_path, eval_mode=eval_mode, seed=seed)
+    problem, init, inputs, eager, ours, device = (sides.problem, sides.init, sides.inputs, sides.eager, sides.ours,
+                                                  sides.device)
     with torch.no_grad(), gpu_alone():
         # The solution's first call compiles its kernels and lets their autotuners time each tile config: with
         # the GPU to itself, as the rounds have it, or other lanes' kernels decide which tile it keeps.
@@ -329,8 +351,8 @@ def measure(problem_path: Path, solution_path: Path, *, eval_mode: bool = False,
         result.note = "no CUDA: not timed"
         return result
     torch.cuda.empty_cache()
-    sides = {"eager": eager, "compile": torch.compile(eager), "solution": ours}
-    forwards = {name: (lambda m=m: m(*inputs)) for name, m in sides.items()}
+    models = {"eager": eager, "compile": torch.compile(eager), "solution": ours}
+    forwards = {name: (lambda m=m: m(*inputs)) for name, m in models.items()}
     with torch.no_grad():
         for forward in forwards.values():
             forward()               # compile now (Inductor), sharing the GPU, not in a round that has it alone
