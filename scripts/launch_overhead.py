@@ -9,7 +9,8 @@ solution are each measured four ways:
   leaves the GPU waiting on Python;
 - kernel_ms and launches: the GPU time of one forward's kernels, summed, and their number (torch.profiler,
   mean of 5 forwards);
-- for the solution, issue_ms per top-level subkernel module: which launchers cost the CPU most.
+- for the solution, issue_ms per top-level subkernel module: which launchers cost the CPU most;
+- the kernels that took the most GPU time, by name (ms per forward, summed over a forward's launches).
 
     PYTHONPATH=. python3 scripts/launch_overhead.py PROBLEM.py PACKED.py [PROBLEM.py PACKED.py ...] \
         --out scripts/results/launch_overhead_<gpu>_<date>.json
@@ -50,6 +51,7 @@ class SideCost:
     kernel_ms: float | None               # None: the profiler saw no GPU kernels
     launches: float | None
     module_issue_ms: dict[str, float] = field(default_factory=dict)   # solution: per top-level subkernel
+    top_kernels_ms: dict[str, float] = field(default_factory=dict)    # kernel name -> GPU ms per forward
 
 
 @dataclass
@@ -72,8 +74,11 @@ def issue_ms(forward, repeats: int = ISSUE_REPEATS) -> float:
     return statistics.median(times)
 
 
-def kernel_time(forward, forwards: int = PROFILED_FORWARDS) -> tuple[float | None, float | None]:
-    """(kernel ms, kernels) per forward, from the profiler's GPU events."""
+TOP_KERNELS = 10
+
+
+def kernel_time(forward, forwards: int = PROFILED_FORWARDS) -> tuple[float | None, float | None, dict[str, float]]:
+    """(kernel ms, kernels, the TOP_KERNELS names' ms) per forward, from the profiler's GPU events."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,9 +89,12 @@ def kernel_time(forward, forwards: int = PROFILED_FORWARDS) -> tuple[float | Non
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     if not kernels:
-        return None, None
-    total_us = sum(e.time_range.elapsed_us() for e in kernels)
-    return total_us / 1e3 / forwards, len(kernels) / forwards
+        return None, None, {}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / forwards
+    top = dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP_KERNELS])
+    return sum(by_name.values()), len(kernels) / forwards, {n: round(ms, 4) for n, ms in top.items()}
 
 
 def module_issue_ms(model, forward, repeats: int = ISSUE_REPEATS) -> dict[str, float]:
@@ -125,11 +133,11 @@ def measure_problem(problem: Path, solution: Path) -> ProblemCost:
             forward = (lambda m=model: m(*sides.inputs))
             for _ in range(3):
                 forward()                 # compile, autotune, warm the caches
-            kernel_ms, launches = kernel_time(forward)
+            kernel_ms, launches, top = kernel_time(forward)
             cost = SideCost(side=name, wall_ms=round(time_forward(forward).median_ms, 4),
                             issue_ms=round(issue_ms(forward), 4),
                             kernel_ms=None if kernel_ms is None else round(kernel_ms, 4),
-                            launches=launches)
+                            launches=launches, top_kernels_ms=top)
             if name == "solution":
                 cost.module_issue_ms = module_issue_ms(model, forward)
             costs.append(cost)
@@ -143,6 +151,8 @@ def summary(cost: ProblemCost) -> str:
         lines.append(f"  {s.side:8s} wall {s.wall_ms:.3f} ms  issue {s.issue_ms:.3f} ms  GPU {kernel}")
         for module, ms in sorted(s.module_issue_ms.items(), key=lambda kv: -kv[1])[:8]:
             lines.append(f"      {module}: issue {ms:.3f} ms")
+        for kernel, ms in list(s.top_kernels_ms.items())[:5]:
+            lines.append(f"      GPU {ms:.3f} ms: {kernel[:90]}")
     return "\n".join(lines)
 
 
