@@ -183,7 +183,7 @@ def _cases() -> list[Case]:
         ''', f"[torch.randn({b}, {h}, {t}, {d}) for _ in range(3)]", "[]"),
         2 * 2 * b * h * t * t * d / 2, 4 * 4 * b * h * t * d))
     cases += _kernelbench_conv_cases()
-    return cases + _data_movement_cases()
+    return cases + _data_movement_cases() + _skinny_gemm_cases()
 
 
 def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -261,6 +261,26 @@ def _data_movement_cases() -> list[Case]:
         _movement_case("cumsum_last", "torch.cumsum(x, dim=1)", (32768, 4096), 32768 * 4096),
         _movement_case("cumsum_middle", "torch.cumsum(x, dim=1)", (64, 4096, 512), 64 * 4096 * 512),
     ]
+
+
+def _skinny_gemm_cases() -> list[Case]:
+    """Small batches through wide layers: few output tiles and a long K, where the split-K variant splits K.
+    (rows M, K, columns N): a ConvolutionalVisionTransformer's projection (level3/32), a decode step's layer,
+    a ResNet classifier head (level3/9), a batch of 32 through a wide layer."""
+    cases = []
+    for name, (m, k, n) in {"linear_10x8192x128": (10, 8192, 128), "linear_gelu_1x4096x4096": (1, 4096, 4096),
+                            "linear_2x512x1000": (2, 512, 1000), "linear_32x16384x1024": (32, 16384, 1024)}.items():
+        gelu = "gelu" in name
+        cases.append(Case(name, _problem(f'''
+            class Model(nn.Module):
+                def __init__(self, in_features, out_features):
+                    super().__init__()
+                    self.fc = nn.Linear(in_features, out_features)
+
+                def forward(self, x):
+                    return {"F.gelu(self.fc(x))" if gelu else "self.fc(x)"}
+            ''', f"[torch.randn({m}, {k})]", f"[{k}, {n}]"), 2 * m * n * k, 4 * (m * k + k * n + n + m * n)))
+    return cases
 
 
 @dataclass

@@ -16,6 +16,7 @@ import triton
 from mkevolve.builtin.kernels import (GeneratedKernel, UnsupportedOps, UnsupportedSubproblem, generate_kernel,
                                       variant_count)
 from mkevolve.builtin.kernels.cleanup import drop_unused_assignments
+from mkevolve.builtin.kernels.configs import NOMINAL_SMS, TARGETS, k_split
 from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.verify.correctness import fp32_strict
 
@@ -121,6 +122,24 @@ def test_gemm_variants_state_their_precision():
     assert precisions[0] == ("tf32x3" if TARGET == "cuda" else "ieee")   # the interpreter's dots are exact
     assert "tf32x3" in precisions
     assert set(precisions) <= {"ieee", "tf32x3"}
+
+
+def test_a_gemm_with_few_output_tiles_and_a_long_k_splits_k(tmp_path):
+    """[4, 520] @ [520, 40]: one output tile, so one program would walk all of K. The split-K variant sums K in
+    chunks on several programs, then adds the chunks and applies the epilogue in a second launch; it is offered
+    only where a GEMM splits (linear_gelu's K of 40 does not), and it matches the reference."""
+    path = SUBPROBLEMS / "linear_split_k.py"
+    variants = [generate_kernel(path, v, TARGET) for v in range(variant_count(path, TARGET))]
+    split = [g for g in variants if "K split over programs" in g.description]
+    assert len(split) == 1 and "_split[(tiles, chunks)]" in split[0].source and "_finish[(tiles,)]" in split[0].source
+    tile = next(v.split_k for v in TARGETS[TARGET] if v.split_k is not None)
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if ON_GPU else NOMINAL_SMS["cpu"]
+    chunks, chunk, _ = k_split(4, 40, 520, sms, tile.block_n, tile.block_k, tile.block_m)
+    assert chunks > 1 and chunks * chunk > 520      # several chunks, the last one short
+    _assert_matches(path, split[0], tmp_path)
+    linear_gelu = SUBPROBLEMS / "linear_gelu.py"
+    assert not any("K split" in generate_kernel(linear_gelu, v, TARGET).description
+                   for v in range(variant_count(linear_gelu, TARGET)))
 
 
 def test_kernels_without_tl_dot_report_no_precision():

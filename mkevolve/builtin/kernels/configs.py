@@ -9,7 +9,13 @@ its ieee variant 0 at 0.79x torch.compile, its tf32x3 variant never checked). Th
 fallback: a batched GEMM failed the tolerance under tf32x3 in the 2026-11-29 bench. Kernels without tl.dot
 skip tf32x3 (`variants_for`) and start with the balanced tiling.
 
-The second variant, for subproblems with a stride-1 convolution of Winograd's form only, is tf32x3 with those
+A split-K variant, for subproblems with a GEMM whose output has few tiles and whose K is long (a small batch
+through a wide layer: a classifier head, a decode step), is tf32x3 with those GEMMs' K split over programs:
+each program sums one chunk of K into a partial tile, and a second launch adds the chunks in order and applies
+the epilogue (`k_split` decides, at run time, from the GPU's multiprocessors). Without it such a GEMM runs on a
+handful of programs, each walking all of K.
+
+The Winograd variant, for subproblems with a stride-1 convolution of Winograd's form only, is tf32x3 with those
 convolutions as Winograd GEMMs (emit_winograd.py). At KernelBench shapes on the H200 it took level2/11's 5x5
 transposed convolution from 4.79 to 3.01 ms and the 3x3 ones of 31/35 and 43 from 6.30 to 5.95 ms and 4.35 to
 3.86 ms, at an error against fp64 of 2.0e-06 for the 5x5 one (direct tf32x3 8.6e-07, cuDNN 6.5e-07) and 8.4e-07
@@ -56,6 +62,8 @@ class Variant:
     rows: RowTiles
     pool: tuple[tuple[int, int], ...]
     winograd: bool = False                       # stride-1 convolutions by Winograd transforms (emit_winograd.py)
+    split_k: MatmulTile | None = None            # GEMMs with few output tiles split K over programs with this
+                                                 # tile (its block_m the largest; `k_split`)
 
 
 _CUDA_POINTWISE = ((1024, 4), (2048, 8), (4096, 8))
@@ -70,6 +78,10 @@ _CUDA_ROWS = RowTiles(16384, 4096, 64, 1024, packed_block=4096)
 
 CUDA_VARIANTS = (
     Variant("tf32x3", "tf32x3", True, _CUDA_POINTWISE, _TF32X3_MATMUL, _TF32X3_CONV, _CUDA_ROWS, _CUDA_POOL),
+    # the same, with K split over programs where a GEMM has few output tiles: only for subproblems with such a
+    # GEMM (`variants_for`)
+    Variant("tf32x3-split-k", "tf32x3", True, _CUDA_POINTWISE, _TF32X3_MATMUL, _TF32X3_CONV, _CUDA_ROWS,
+            _CUDA_POOL, split_k=MatmulTile(64, 64, 32, 4, 3)),
     # the same, with stride-1 convolutions as Winograd GEMMs: only for subproblems that have one (`variants_for`)
     Variant("tf32x3-winograd", "tf32x3", True, _CUDA_POINTWISE, _TF32X3_MATMUL, _TF32X3_CONV, _CUDA_ROWS,
             _CUDA_POOL, winograd=True),
@@ -101,15 +113,43 @@ CPU_VARIANTS = (
             (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),)),
     Variant("cpu-winograd", "ieee", False, ((256, 4),), (MatmulTile(16, 16, 16),),
             (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),), winograd=True),
+    Variant("cpu-split-k", "ieee", False, ((256, 4),), (MatmulTile(16, 16, 16),),
+            (MatmulTile(16, 16, 16),), RowTiles(1024, 256, 16, 1), ((128, 4),), split_k=MatmulTile(32, 16, 16)),
 )
+# Multiprocessors a target is planned for, to tell whether a GEMM would split (the launcher asks the GPU it
+# runs on): an H100's and an H200's 132; the interpreter's 4 (`_sm_count` says the same), so that test shapes
+# small enough for it split too.
+NOMINAL_SMS = {"cuda": 132, "cpu": 4}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# Generated launchers carry this function's source as their host helper `_k_split` (module_source.py).
+def k_split(M, N, K, sms, block_n, block_k, max_block_m):
+    """(chunks, chunk length, BLOCK_M) for splitting the K of an [M, K] @ [K, N] GEMM over programs; (1, K, 0):
+    no split. A GEMM splits when its 64x64 tiles would not give each of the GPU's `sms` multiprocessors one:
+    into enough chunks for two programs per multiprocessor, each chunk at least 8 steps of block_k."""
+    if _cdiv(M, 64) * _cdiv(N, 64) >= sms:
+        return 1, K, 0
+    block_m = min(max_block_m, max(16, 1 << (M - 1).bit_length()))    # M up to a power of 2, 16 at least
+    steps = _cdiv(K, block_k)
+    chunks = min(_cdiv(2 * sms, _cdiv(M, block_m) * _cdiv(N, block_n)), steps // 8)
+    if chunks < 2:
+        return 1, K, 0
+    chunk = _cdiv(steps, chunks) * block_k
+    return _cdiv(K, chunk), chunk, block_m
 
 TARGETS = {"cuda": CUDA_VARIANTS, "cpu": CPU_VARIANTS}
 
 
-def variants_for(target: str, uses_dot: bool, winograd: bool = False) -> tuple[Variant, ...]:
-    """The variants that differ for this subproblem: without tl.dot the precision switch changes nothing, and
-    without a convolution of Winograd's form (`winograd`) the Winograd variants repeat another."""
+def variants_for(target: str, uses_dot: bool, winograd: bool = False, split_k: bool = False) -> tuple[Variant, ...]:
+    """The variants that differ for this subproblem: without tl.dot the precision switch changes nothing,
+    without a convolution of Winograd's form (`winograd`) the Winograd variants repeat another, and without a
+    GEMM that splits (`split_k`) so do the split-K ones."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
     return tuple(v for v in TARGETS[target]
-                 if (uses_dot or v.precision == "ieee") and (winograd or not v.winograd))
+                 if (uses_dot or v.precision == "ieee") and (winograd or not v.winograd)
+                 and (split_k or v.split_k is None))

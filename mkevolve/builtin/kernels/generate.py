@@ -8,9 +8,11 @@ from pathlib import Path
 
 from mkevolve.problem import ProblemError, load_problem
 
-from .configs import Variant, variants_for
+from .configs import NOMINAL_SMS, TARGETS, Variant, variants_for
 from .emit_common import KernelSource
+from .emit_matmul import splits_k
 from .errors import UnsupportedInMode, UnsupportedSubproblem
+from .ir import Matmul
 from .kernel_plan import KernelPlan
 from .lower import lower
 from .module_source import ForwardWriter, ModeForward, ProblemSource, assemble
@@ -46,6 +48,15 @@ class Analysis:
     def winograd(self) -> bool:
         """A kernel has a Winograd form: the Winograd variants differ from the others."""
         return any(kind_of(k).winograd(k.anchor) for p in self.plans.values() for k in p.kernels)
+
+    def splits_k(self, target: str) -> bool:
+        """A GEMM would split its K on the target's nominal GPU (configs.k_split): the split-K variants differ."""
+        tile = next((v.split_k for v in TARGETS[target] if v.split_k is not None), None)
+        return tile is not None and any(splits_k(k.anchor, NOMINAL_SMS[target], tile) for p in self.plans.values()
+                                        for k in p.kernels if isinstance(k.anchor, Matmul))
+
+    def variants(self, target: str) -> tuple[Variant, ...]:
+        return variants_for(target, self.uses_dot, self.winograd, self.splits_k(target) if target in TARGETS else False)
 
     def work(self) -> list[Work]:
         """The least work per input config, in the mode the self-check runs the module in: training, unless
@@ -91,7 +102,7 @@ def generate(problem_path: str | Path, variant: int, target: str, mode: str | No
     analysis = analyse(problem_path)
     if mode in analysis.unsupported:
         raise UnsupportedSubproblem(analysis.unsupported[mode])
-    variants = variants_for(target, analysis.uses_dot, analysis.winograd)
+    variants = analysis.variants(target)
     if not 0 <= variant < len(variants):
         raise ValueError(f"variant {variant} out of range: this subproblem has {len(variants)} variants "
                          f"for target {target!r}")
@@ -136,7 +147,7 @@ def _named(kernel: KernelPlan, variant: Variant, plan_: Plan, sources: dict[str,
 
 def variant_total(problem_path: str | Path, target: str) -> int:
     analysis = analyse(problem_path)
-    return len(variants_for(target, analysis.uses_dot, analysis.winograd))
+    return len(analysis.variants(target))
 
 
 __all__ = ["GeneratedKernel", "UnsupportedSubproblem", "analyse", "generate", "variant_total"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
 from mkevolve.pysource import parse_python
 
 from .cleanup import drop_unused_assignments
+from .configs import k_split
 from .emit_common import KernelSource, attribute
 from .errors import UnsupportedSubproblem
 from .ir import Input, IntOp, Param, Scalar, SizeOf, Value, View
@@ -85,7 +87,15 @@ def _strides_in_frame(t_shape, t_strides, shape, groups):
 def _row_warps(block, per_thread):
     """Warps for a row kernel: about `per_thread` fp32 values per thread, between 1 and 32 warps."""
     return max(1, min(32, block // (32 * per_thread)))
-'''
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    """The multiprocessors of a CUDA device; for a CPU (the interpreter) 4, so small test shapes split too."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+''' + "\n\n" + inspect.getsource(k_split).replace("def k_split(", "def _k_split(", 1)
 
 
 @dataclass
