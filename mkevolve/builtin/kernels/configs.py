@@ -131,7 +131,8 @@ def k_split(M, N, K, sms, block_n, block_k, max_block_m):
     """(chunks, chunk length, BLOCK_M) for splitting the K of an [M, K] @ [K, N] GEMM over programs; (1, K, 0):
     no split. A GEMM splits when its 64x64 tiles would not give each of the GPU's `sms` multiprocessors one:
     into enough chunks for two programs per multiprocessor, each chunk at least 8 steps of block_k."""
-    if _cdiv(M, 64) * _cdiv(N, 64) >= sms:
+    tiles = _cdiv(M, 64) * _cdiv(N, 64)
+    if tiles == 0 or tiles >= sms:       # an empty output, or enough tiles without splitting
         return 1, K, 0
     block_m = min(max_block_m, max(16, 1 << (M - 1).bit_length()))    # M up to a power of 2, 16 at least
     steps = _cdiv(K, block_k)
