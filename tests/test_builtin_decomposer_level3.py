@@ -88,6 +88,15 @@ def test_registered_causal_mask_reaches_the_subproblem_that_masks(tmp_path):
     assert not _with(subs, "register_buffer(", "nn.Linear(")
 
 
+def test_positions_made_by_arange_are_made_again_where_an_embedding_reads_them(tmp_path):
+    """`torch.arange(ids.shape[1])` is recomputed by the subproblem whose embedding reads it, never handed from
+    one subproblem to the next as an integer tensor (which only an embedding may take)."""
+    subs = _checked_decomposition(Path(__file__).parent / "subproblems" / "position_embeddings.py", tmp_path)
+    with_positions = _with(subs, "torch.arange(")
+    assert with_positions and all("nn.Embedding(" in subs[name] for name in with_positions)
+    assert all(variant_count(tmp_path / PROBLEMS_DIR / f"{name}.py", "cpu") for name in with_positions)
+
+
 def test_user_defined_submodules_recurse_with_their_buffers(tmp_path):
     subs = _decompose("gpt_block", tmp_path)
     masking = _with(subs, "masked_fill")

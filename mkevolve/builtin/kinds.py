@@ -50,8 +50,10 @@ _VIEWS = {
     "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",
     "contiguous", "expand", "expand_as", "view_as", "reshape_as", "getitem", "chunk", "split", "unbind",
     "narrow", "select", "slice", "clone", "alias", "detach", "_unsafe_view", "identity", "movedim",
-    "split_with_sizes", "getattr",
+    "split_with_sizes", "getattr", "arange",
 }
+# Tensors made from shape values alone (positions): recomputed, as a pure view is, by the subproblem that needs one.
+POSITION_FACTORIES = {"arange"}
 # Views with no side effects: a subproblem that needs one recomputes it from its base tensor.
 PURE_VIEWS = {
     "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",

@@ -22,7 +22,7 @@ from mkevolve.builtin.construction import (Construction, LeafRecord, Owner, RawR
 from mkevolve.builtin.errors import UnsupportedModule
 from mkevolve.builtin.init_loops import loop_follow_ups
 from mkevolve.builtin.init_source import FollowUp, InitSource, imported_names, init_links, raw_records
-from mkevolve.builtin.kinds import PURE_VIEWS, Kind, kind_of
+from mkevolve.builtin.kinds import POSITION_FACTORIES, PURE_VIEWS, Kind, kind_of
 from mkevolve.builtin.values import ValueInfo, ValueKind, module_constants
 from mkevolve.codebase import ProblemSkeleton
 from mkevolve.problem import ProblemError, call_inputs, load_problem, make_inputs, read_source, seed_everything
@@ -156,7 +156,8 @@ def _trace(path: Path, source: str, eval_mode: bool) -> TracedModule:
         graph_module=gm, values=values, units=units, shape_nodes=shape_nodes, construction=construction,
         raws=raws, imports=imports, output_spec=output_spec,
         placeholders=[n for n in gm.graph.nodes if n.op == "placeholder"], links=links, follow_ups=follow_ups,
-        tracer=tracer, constants=constants, sinkable=shape_nodes | _pure_views(units, values),
+        tracer=tracer, constants=constants,
+        sinkable=shape_nodes | _pure_views(units, values) | _position_factories(units, shape_nodes),
         returned=_returned(gm), tensor_constants=tensor_constants)
 
 
@@ -266,6 +267,14 @@ def _pure_views(units: list[Unit], values: dict[fx.Node, ValueInfo]) -> set[fx.N
     views = {u.nodes[0] for u in units if len(u.nodes) == 1 and u.kind is Kind.VIEW and u.label in PURE_VIEWS}
     return {v for v in views if not any(a not in views and a in values and values[a].kind is not ValueKind.TENSOR
                                         for a in v.all_input_nodes[:1])}
+
+
+def _position_factories(units: list[Unit], shape_nodes: set[fx.Node]) -> set[fx.Node]:
+    """`torch.arange(x.shape[1])` and the like: tensors made from shape values alone, which the subproblem
+    that reads one recomputes rather than taking it from another (an integer tensor crossing between
+    subproblems is one more input that the builtin kernels only take as an embedding's positions)."""
+    return {u.nodes[0] for u in units if len(u.nodes) == 1 and u.label in POSITION_FACTORIES
+            and all(a in shape_nodes for a in u.nodes[0].all_input_nodes)}
 
 
 def _returned(gm: fx.GraphModule) -> list[fx.Node]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -15,7 +16,7 @@ from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import Concat, Gather, IntOp, Pad, Reindex, Resize, Scalar, Value, is_integer
+from .ir import Arange, Concat, Gather, IntOp, Pad, Reindex, Resize, Scalar, Value, View, is_integer
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -172,11 +173,53 @@ def _concat(b: Builder, parts: list[Value], dim: int) -> Value:
 
 
 def gather(b: Builder, table: Value, index: Value, dim: int) -> Value:
-    if not is_integer(index):
-        raise UnsupportedSubproblem("embedding/index_select indices that are not an integer forward input")
     dim %= table.rank
     shapes = tuple(t[:dim] + i + t[dim + 1:] for t, i in zip(table.shapes, index.shapes))
+    positions = _arange_of(index)
+    if positions is not None:
+        # table rows start:end:step, the index's leading size-1 dims (`arange(n)[None]`) put in front of them
+        rows = tuple(t[:dim] + i[-1:] + t[dim + 1:] for t, i in zip(table.shapes, index.shapes))
+        bounds = (slice(None),) * dim + (slice(positions.start, positions.end, positions.step),)
+        out = b.view(table, "__getitem__", (bounds,), rows)
+        for _ in range(index.rank - 1):
+            out = b.unsqueeze(out, dim)
+        return out
+    if not is_integer(index):
+        raise UnsupportedSubproblem("embedding/index_select indices that are not an integer forward input")
     return b.program.add(Gather(shapes, table=table, index=index, dim=dim))
+
+
+# Views that keep a 1-d tensor's elements in order when they only put size-1 dims before it.
+_ORDER_KEEPING_VIEWS = {"reshape", "view", "unsqueeze", "__getitem__", "expand", "flatten", "contiguous"}
+
+
+def _arange_of(index: Value) -> Arange | None:
+    """The torch.arange an index is, directly or through views that only add leading size-1 dims (`[None]`,
+    `unsqueeze(0)`): a view keeping all n of its elements, in a shape of leading 1s then n, keeps their order."""
+    value = index
+    while isinstance(value, View) and value.method in _ORDER_KEEPING_VIEWS:
+        value = value.base
+    if not isinstance(value, Arange):
+        return None
+    for shape, n in zip(index.shapes, (s[0] for s in value.shapes)):
+        if shape[-1:] != (n,) or any(size != 1 for size in shape[:-1]):
+            return None
+    return value
+
+
+def _arange(b: Builder, call: Call):
+    """torch.arange of integers: kept as positions for an embedding (`gather`), never loaded by a kernel."""
+    numbers = [a for a in call.args if not isinstance(a, torch.dtype)]
+    if len(numbers) == 1:
+        start, end, step = 0, numbers[0], call.kwargs.get("step", 1)
+    else:
+        start, end, step = (numbers + [call.kwargs.get("step", 1)])[:3]
+    dtype = call.kwargs.get("dtype")
+    if (dtype is not None and dtype not in (torch.int64, torch.int32)) or any(
+            isinstance(v, float) for v in (start, end, step)):
+        raise UnsupportedSubproblem("torch.arange of floats (integer positions, as embedding indices, only)")
+    return b.program.add(Arange(call.shapes, start=_shape_arg(b, start), end=_shape_arg(b, end),
+                                step=_shape_arg(b, step)))
 
 
 def _gather_along(b: Builder, call: Call):
@@ -851,7 +894,7 @@ FUNCTIONS: dict[str, Handler] = {
     "scaled_dot_product_attention": scaled_dot_product_attention,
     "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
     "cat": _cat, "concat": _cat, "concatenate": _cat, "stack": _stack,
-    "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select,
+    "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select, "arange": _arange,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
     "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,

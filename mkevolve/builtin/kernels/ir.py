@@ -278,6 +278,16 @@ class IndexMask(Value):
 
 
 @dataclass(eq=False, repr=False)
+class Arange(Value):
+    """`torch.arange(start, end, step)` of integers: positions. Only an embedding reads it, and `gather` turns
+    that into a slice of the table's rows; no kernel ever loads it."""
+
+    start: object = 0                    # each an int, or a shape int the forward computes
+    end: object = 0
+    step: object = 1
+
+
+@dataclass(eq=False, repr=False)
 class Gather(Value):
     """Elements of `table` along `dim` picked by an integer `index`.
 
@@ -382,8 +392,9 @@ def walk(start: Value, descend: Callable[[Value], bool]) -> Iterator[Value]:
 
 
 def is_leaf(value: Value) -> bool:
-    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one;
-    and index masks, which the attention kernel that reads them computes from its offsets."""
+    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one; index
+    masks, which the attention kernel that reads them computes from its offsets; and arange positions, which
+    only an embedding reads, as a slice of its table (the plan refuses any kernel that would load them)."""
     if isinstance(value, View):
         return is_leaf(value.base)
-    return isinstance(value, (Input, Param, IndexMask))
+    return isinstance(value, (Input, Param, IndexMask, Arange))

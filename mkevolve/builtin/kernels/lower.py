@@ -13,7 +13,7 @@ from . import handlers_layers, handlers_math
 from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
-from .ir import Assign, Input, Program, Scalar, Value, View, is_leaf
+from .ir import Arange, Assign, Input, Program, Scalar, Value, View, base_of, is_integer, is_leaf
 from .mutation import (check_no_stale_alias, is_inplace_name, is_module_attribute, mutated_input,
                        touches_caller_tensor)
 from .trace import INDEX_DTYPES, Trace
@@ -195,11 +195,13 @@ class _Lowering:
                                         "input config and a different rank under another")
         return tuple(shapes)
 
-    def _check_dtype(self, node: fx.Node) -> None:
+    def _check_dtype(self, node: fx.Node, value) -> None:
         """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken.
-        Integer inputs pass as indices: the plan checks that only a gather reads them."""
+        Integer results pass only as indices: integer inputs, torch.arange positions and views of them (the
+        plan checks that only a gather reads them)."""
         dtype = self.trace.configs[0].dtypes[node.name]
-        if node.op == "placeholder" and dtype in INDEX_DTYPES:
+        if dtype in INDEX_DTYPES and isinstance(value, Value) and (is_integer(value)
+                                                                   or isinstance(base_of(value), Arange)):
             return
         if isinstance(dtype, torch.dtype) and dtype not in _FLOAT_DTYPES:
             raise UnsupportedSubproblem(f"{_describe(node)} produces {dtype}; only float32 is supported")
@@ -207,7 +209,11 @@ class _Lowering:
     # --- nodes -----------------------------------------------------------------------------------
 
     def _lower_node(self, index: int, node: fx.Node):
-        self._check_dtype(node)
+        result = self._lower_value(index, node)
+        self._check_dtype(node, result)
+        return result
+
+    def _lower_value(self, index: int, node: fx.Node):
         shapes = self._traced_shapes(index)
         if node.op == "placeholder":
             return self._placeholder(node, shapes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
+from .ir import (Arange, Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
                  View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
@@ -43,6 +43,8 @@ def _check_special_reads(kernel: KernelPlan) -> None:
     for leaf in kernel.leaves:
         if is_integer(leaf) and leaf.id != allowed:
             raise UnsupportedSubproblem("an integer input is used other than as embedding/index_select/gather indices")
+        if isinstance(base_of(leaf), Arange):
+            raise UnsupportedSubproblem("torch.arange used other than as an embedding's positions")
         if isinstance(leaf, IndexMask):
             raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
 
