@@ -97,6 +97,46 @@ def test_positions_made_by_arange_are_made_again_where_an_embedding_reads_them(t
     assert all(variant_count(tmp_path / PROBLEMS_DIR / f"{name}.py", "cpu") for name in with_positions)
 
 
+ROTARY = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim, heads, seq):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.norm = nn.LayerNorm(dim)
+        self.qk = nn.Linear(dim, dim)
+        angles = torch.outer(torch.arange(seq).float(), torch.arange(self.head_dim).float() / self.head_dim)
+        self.register_buffer("cos", angles.cos())
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.qk(self.norm(x)).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        return q * self.cos
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 8)]
+
+
+def get_init_inputs():
+    return [8, 2, 6]
+"""
+
+
+def test_a_buffer_made_from_plain_attributes_takes_their_assignment_along(tmp_path):
+    """Rotary tables built from `self.head_dim` (a LLaMA attention's): the subproblem that reads the buffer
+    repeats the statement that assigns the sizes, where the whole model used to stay one subproblem."""
+    problem = tmp_path / "rotary.py"
+    problem.write_text(ROTARY)
+    subs = _checked_decomposition(problem, tmp_path / "out")
+    assert len(subs) > 1
+    with_buffer = _with(subs, 'register_buffer("cos"') or _with(subs, "register_buffer('cos'")
+    assert len(with_buffer) == 1 and "self.heads, self.head_dim = (heads, dim // heads)" in subs[with_buffer[0]]
+
+
 def test_user_defined_submodules_recurse_with_their_buffers(tmp_path):
     subs = _decompose("gpt_block", tmp_path)
     masking = _with(subs, "masked_fill")

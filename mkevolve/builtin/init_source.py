@@ -51,27 +51,29 @@ class InitSource:
         names |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
         return cls(list(init.body), names - {"self"}, module_globals)
 
-    def raw_statements(self, name: str) -> tuple[list[str], list[str]]:
+    def raw_statements(self, name: str, plain: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
         """The statements that create self.<name> (its inputs, its definition, in-place inits after it)
-        and the free names they need."""
+        and the free names they need. Attributes in `plain` hold plain values (`self.head_dim = dim // heads`):
+        a tensor made from them takes the statements that assign them along."""
         index = self._definition(name)
         if index is None:
             raise UnsupportedModule(f"cannot find the statement that creates self.{name} in Model.__init__")
         chosen = {index}
-        pending = list(loaded_names(self.statements[index]))
+        pending = _inputs_of(self.statements[index], plain)
         while pending:
             needed = pending.pop()
             for j in range(index - 1, -1, -1):
-                if j not in chosen and needed in assigned_names(self.statements[j]):
+                if j not in chosen and needed in assigned_names(self.statements[j]) | _assigned_self(
+                        self.statements[j], plain):
                     chosen.add(j)
-                    pending += loaded_names(self.statements[j])
+                    pending += _inputs_of(self.statements[j], plain)
                     break
         for j in range(index + 1, len(self.statements)):
             stmt = self.statements[j]
             if isinstance(stmt, ast.Expr) and _self_attributes(stmt) == {name}:
                 chosen.add(j)
         picked = [self.statements[j] for j in sorted(chosen)]
-        if any(_self_attributes(s) - {name} for s in picked):
+        if any(_self_attributes(s) - {name} - plain for s in picked):
             raise UnsupportedModule(f"self.{name} is created from other attributes of the module")
         assigned = set().union(*(assigned_names(s) for s in picked))
         free = [n for n in dict.fromkeys(n for s in picked for n in loaded_names(s))
@@ -158,6 +160,27 @@ def is_self_attr(node: ast.AST, name: str) -> bool:
             and node.value.id == "self")
 
 
+def _assigned_self(stmt: ast.AST, plain: frozenset[str]) -> set[str]:
+    """The plain-value attributes a statement assigns (`self.heads, self.head_dim = heads, dim // heads`)."""
+    return {n.attr for n in ast.walk(stmt) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+            and isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr in plain}
+
+
+def _inputs_of(stmt: ast.AST, plain: frozenset[str]) -> list[str]:
+    """The names a statement reads, and the plain-value attributes it reads (`self.head_dim`)."""
+    attributes = [n.attr for n in ast.walk(stmt) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+                  and isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr in plain]
+    return loaded_names(stmt) + attributes
+
+
+def plain_value_attributes(module: nn.Module) -> frozenset[str]:
+    """Attributes a module holds as plain numbers, strings or tuples of them (sizes, flags), not tensors or layers."""
+    def plain(value) -> bool:
+        return isinstance(value, (int, float, bool, str)) or (
+            isinstance(value, tuple) and all(isinstance(v, (int, float, bool, str)) for v in value))
+    return frozenset(name for name, value in vars(module).items() if not name.startswith("_") and plain(value))
+
+
 def _self_attributes(stmt: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(stmt) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id == "self"} - {"register_buffer", "register_parameter"}
@@ -190,7 +213,7 @@ def raw_records(units, construction: Construction, init_source: InitSource, mode
             raws[name] = _nested_raw(name, construction, model, source, init_source.module_globals, constants,
                                      import_names, order, draws)
             continue
-        statements, free = init_source.raw_statements(name)
+        statements, free = init_source.raw_statements(name, plain_value_attributes(model))
         needed = []
         for free_name in free:
             if free_name in construction.root_arguments or free_name in constants:
@@ -209,7 +232,8 @@ def _nested_raw(name: str, construction: Construction, model: nn.Module, source:
     subproblem has no such argument; the value is the one this instance received)."""
     parent, _, local = name.rpartition(".")
     cls = type(model.get_submodule(parent))
-    statements, free = InitSource.of(source, module_globals, cls.__name__).raw_statements(local)
+    statements, free = InitSource.of(source, module_globals, cls.__name__).raw_statements(
+        local, plain_value_attributes(model.get_submodule(parent)))
     arguments = construction.module_arguments.get(parent, {})
     literals, needed = {}, []
     for free_name in free:
