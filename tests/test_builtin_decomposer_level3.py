@@ -137,6 +137,48 @@ def test_a_buffer_made_from_plain_attributes_takes_their_assignment_along(tmp_pa
     assert len(with_buffer) == 1 and "self.heads, self.head_dim = (heads, dim // heads)" in subs[with_buffer[0]]
 
 
+TIED_HEAD = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.fc = nn.Linear(dim, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        return self.lm_head(self.ln(self.fc(self.wte(idx))))
+
+
+def get_inputs():
+    return [torch.randint(0, 20, (2, 5))]
+
+
+def get_init_inputs():
+    return [20, 8]
+"""
+
+
+def test_a_head_tied_to_the_token_embedding_is_tied_again_by_the_top_level(tmp_path):
+    """`self.lm_head.weight = self.wte.weight` (a GPT's head) no longer keeps every layer between the two in
+    one subproblem: each layer goes where it is used, the top-level ties the parameter once both are built
+    (the equivalence check runs the composed model), and the head's bias-free Linear is a pattern apart from
+    the Linear with a bias."""
+    problem = tmp_path / "tied_head.py"
+    problem.write_text(TIED_HEAD)
+    subs = _checked_decomposition(problem, tmp_path / "out")
+    assert len(subs) > 2
+    top = (tmp_path / "out" / PROBLEM_FILE).read_text()
+    ties = [line.strip() for line in top.splitlines() if line.strip().endswith(".weight") and " = self." in line]
+    assert len(ties) == 1 and ties[0].startswith("self.") and ".embedding.weight" in ties[0]
+    assert len(_with(subs, "nn.Linear(")) == 2    # fc's and the head's: the same forward, one with a bias
+
+
 def test_user_defined_submodules_recurse_with_their_buffers(tmp_path):
     subs = _decompose("gpt_block", tmp_path)
     masking = _with(subs, "masked_fill")

@@ -308,6 +308,8 @@ class FollowUp:
     order: float                  # its place among the construction events, so its random draws keep theirs
     draws_random: bool
     loop: InitLoop | None = None  # the loop it replays on its layer; a subproblem runs it once over its layers
+    tie: bool = False             # `self.head.weight = self.embed.weight`: the layers may sit in two subproblems,
+                                  # and the top-level ties them once both are built
 
 
 def statement_place(stmt: ast.stmt, construction: Construction) -> tuple[int, bool]:
@@ -350,8 +352,28 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
                                         "which the builtin decomposer cannot move into a subproblem")
         if keys:
             free = follow_up_free_names(stmt, construction, constants, import_names)
-            links.append(keys)
+            tie = _is_parameter_tie(stmt, model, construction)
+            if not tie:
+                links.append(keys)
             layers = tuple(sorted(k.name for k in keys))
             order, draws = statement_place(stmt, construction)
-            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, free, order, draws))
+            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, free, order, draws,
+                                                                 tie=tie))
     return links, follow_ups
+
+
+def _is_parameter_tie(stmt: ast.stmt, model: nn.Module, construction: Construction) -> bool:
+    """`self.<layer>.<param> = self.<other layer>.<param>`: one parameter shared by two layers (a language
+    model's head and its token embedding), which does not keep the two in one subproblem."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return False
+    sides = []
+    for node in (stmt.targets[0], stmt.value):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+            return False
+        layer, name = node.value.attr, node.attr
+        if layer not in construction.leaves or name not in model.get_submodule(layer)._parameters:
+            return False
+        sides.append(layer)
+    return sides[0] != sides[1]

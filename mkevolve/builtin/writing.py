@@ -130,7 +130,8 @@ class CodeWriter:
         owners = self._owner_codes(placed)
         names = self._canonical_names(inputs, ordered, owners)
         if not outputs:
-            raise UnsupportedModule(f"units {group.start}-{group.stop - 1} compute nothing the rest of the forward uses")
+            raise UnsupportedModule(f"units {group.start}-{group.stop - 1} compute nothing the rest of the forward "
+                                    "uses")
         lines = [f"{names[n]} = {self._expression(n, names, owners)}" for n in ordered]
         values = self.traced.values
         returned = [names[n] + ("" if values[n].contiguous or n in self.traced.returned else ".contiguous()")
@@ -275,7 +276,7 @@ class CodeWriter:
                 init.append(self._follow_up_source(step, attributes))
             elif step.key.is_leaf:
                 leaf = self.traced.construction.leaves[step.key.name]
-                init.append(f"{step.attribute}={leaf.cls.__qualname__}{_conv_grouping(leaf)}")
+                init.append(f"{step.attribute}={leaf.cls.__qualname__}{_conv_grouping(leaf)}{_parameters_made(leaf)}")
             else:
                 init.append(f"{step.attribute}=" + "\n".join(self.traced.raws[step.key.name].statements))
         return "\n".join(code.forward_lines + init)
@@ -285,7 +286,9 @@ class CodeWriter:
         in order): build each owner, run each follow-up statement; one loop's replays on several layers run
         as one loop."""
         steps: list[tuple[float, OwnerCode | FollowUp]] = [(o.order, o) for o in code.owners]
-        steps += [(f.order, f) for o in code.owners for f in self.traced.follow_ups.get(o.key, [])]
+        here = {o.key for o in code.owners}
+        steps += [(f.order, f) for o in code.owners for f in self.traced.follow_ups.get(o.key, [])
+                  if not f.tie or all(Owner.leaf(layer) in here for layer in f.layers)]   # else: the top-level's
         merged: list[OwnerCode | list[FollowUp]] = []
         for _, step in sorted(steps, key=lambda s: s[0]):
             if isinstance(step, OwnerCode):
@@ -438,6 +441,7 @@ class CodeWriter:
         for code in codes:
             args = ", ".join(self._argument_value(code, p)[1] for p in code.pattern.params)
             init_lines.append(f"self.{code.attribute} = {aliases[code.pattern.name]}({args})")
+        init_lines += self._ties_across(codes)
         for statement in self.traced.top_statements:     # init loops that draw after every layer is built
             init_lines += statement.splitlines()
         names = {p: p.target if self.traced.tracer == "fx" else p.name for p in self.traced.placeholders}
@@ -458,6 +462,21 @@ class CodeWriter:
         doc = (f"Top-level module of {self.traced.problem_name}: {len(codes)} subproblem calls in sequence.\n\n"
                f"Builtin cuts: [{cuts}] over graph {self.traced.fingerprint}.\n")
         return skeleton.render(doc, bindings, init_lines, forward_lines)
+
+    def _ties_across(self, codes: list[GroupCode]) -> list[str]:
+        """Parameters shared by layers of two subproblems (`self.lm_head.weight = self.wte.weight`), tied once
+        every subproblem is built: each layer named by its subproblem's attribute and its own within it."""
+        where = {o.key: f"{code.attribute}.{o.attribute}" for code in codes for o in code.owners}
+        lines = []
+        for follow_ups in self.traced.follow_ups.values():
+            for tie in (f for f in follow_ups if f.tie):
+                places = {where[Owner.leaf(layer)].split(".")[0] for layer in tie.layers}
+                if len(places) > 1:
+                    statement = tie.statement
+                    for layer in tie.layers:
+                        statement = _rename_self_attribute(statement, layer, where[Owner.leaf(layer)])
+                    lines.append(statement)
+        return lines
 
     def _output(self, names: dict[fx.Node, str]) -> str:
         output = next(n for n in self.model.graph.nodes if n.op == "output")
@@ -497,6 +516,18 @@ def _conv_grouping(leaf: LeafRecord) -> str:
     if groups == 1:
         return ""
     return "[depthwise]" if groups == channels else "[grouped]"
+
+
+# Constructor flags that decide whether a layer has a parameter or buffer at all (nn.Linear's bias, a norm's affine).
+_PRESENCE_FLAGS = ("bias", "affine", "elementwise_affine", "track_running_stats")
+
+
+def _parameters_made(leaf: LeafRecord) -> str:
+    """The presence flags a layer was built with: layers of one class with and without a bias (a language
+    model's attention projections and its bias-free head) are two patterns, since one kernel file cannot take
+    a parameter that only some instances have."""
+    flags = [f"{name}={bool(value)}" for name, value, _ in leaf.arguments if name in _PRESENCE_FLAGS]
+    return f"[{', '.join(flags)}]" if flags else ""
 
 
 def _render_structure(value) -> str:
