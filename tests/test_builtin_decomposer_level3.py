@@ -164,13 +164,25 @@ def get_init_inputs():
 """
 
 
-def test_a_head_tied_to_the_token_embedding_is_tied_again_by_the_top_level(tmp_path):
-    """`self.lm_head.weight = self.wte.weight` (a GPT's head) no longer keeps every layer between the two in
-    one subproblem: each layer goes where it is used, the top-level ties the parameter once both are built
-    (the equivalence check runs the composed model), and the head's bias-free Linear is a pattern apart from
-    the Linear with a bias."""
+# nanoGPT's spelling: the layers in a ModuleDict, the embedding tied to the head
+NESTED_TIE = {"self.wte = ": "self.transformer = nn.ModuleDict(dict(wte=",
+              "nn.Embedding(vocab, dim)\n": "nn.Embedding(vocab, dim)))\n",
+              "self.lm_head.weight = self.wte.weight": "self.transformer.wte.weight = self.lm_head.weight",
+              "self.wte(idx)": "self.transformer.wte(idx)"}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_head_tied_to_the_token_embedding_is_tied_again_by_the_top_level(nested, tmp_path):
+    """`self.lm_head.weight = self.wte.weight` (a GPT's head; nanoGPT's `self.transformer.wte.weight =
+    self.lm_head.weight`) no longer keeps every layer between the two in one subproblem: each layer goes where
+    it is used, the top-level ties the parameter once both are built (the equivalence check runs the composed
+    model), and the head's bias-free Linear is a pattern apart from the Linear with a bias."""
+    source = TIED_HEAD
+    for old, new in NESTED_TIE.items() if nested else ():
+        assert old in source
+        source = source.replace(old, new)
     problem = tmp_path / "tied_head.py"
-    problem.write_text(TIED_HEAD)
+    problem.write_text(source)
     subs = _checked_decomposition(problem, tmp_path / "out")
     assert len(subs) > 2
     top = (tmp_path / "out" / PROBLEM_FILE).read_text()

@@ -341,6 +341,12 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
     kept under its first layer."""
     links, follow_ups = [], {}
     for stmt, attributes in init_source.follow_ups():
+        tied = _tied_layers(stmt, model, construction)
+        if tied:      # no link: the two layers may sit in two subproblems
+            order, draws = statement_place(stmt, construction)
+            follow_ups.setdefault(Owner.leaf(min(tied)), []).append(
+                FollowUp(ast.unparse(stmt), tuple(sorted(tied)), (), order, draws, tie=True))
+            continue
         keys = set()
         for attribute in attributes:
             if attribute in construction.leaves:
@@ -352,28 +358,33 @@ def init_links(init_source: InitSource, model: nn.Module, construction: Construc
                                         "which the builtin decomposer cannot move into a subproblem")
         if keys:
             free = follow_up_free_names(stmt, construction, constants, import_names)
-            tie = _is_parameter_tie(stmt, model, construction)
-            if not tie:
-                links.append(keys)
+            links.append(keys)
             layers = tuple(sorted(k.name for k in keys))
             order, draws = statement_place(stmt, construction)
-            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, free, order, draws,
-                                                                 tie=tie))
+            follow_ups.setdefault(min(keys), []).append(FollowUp(ast.unparse(stmt), layers, free, order, draws))
     return links, follow_ups
 
 
-def _is_parameter_tie(stmt: ast.stmt, model: nn.Module, construction: Construction) -> bool:
-    """`self.<layer>.<param> = self.<other layer>.<param>`: one parameter shared by two layers (a language
-    model's head and its token embedding), which does not keep the two in one subproblem."""
+def _tied_layers(stmt: ast.stmt, model: nn.Module, construction: Construction) -> set[str]:
+    """The two layers of `self.<layer>.<param> = self.<other layer>.<param>` (paths such as
+    `transformer.wte`): one parameter shared by two layers, a language model's head and its token embedding.
+    Empty for any other statement."""
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
-        return False
-    sides = []
+        return set()
+    layers = []
     for node in (stmt.targets[0], stmt.value):
-        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
-            return False
-        layer, name = node.value.attr, node.attr
+        path = self_path(node)
+        layer, _, name = (path or "").rpartition(".")
         if layer not in construction.leaves or name not in model.get_submodule(layer)._parameters:
-            return False
-        sides.append(layer)
-    return sides[0] != sides[1]
+            return set()
+        layers.append(layer)
+    return set(layers) if layers[0] != layers[1] else set()
+
+
+def self_path(node: ast.AST) -> str | None:
+    """"a.b.c" for `self.a.b.c`; None for anything but a chain of attributes from self."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return ".".join(reversed(names)) if isinstance(node, ast.Name) and node.id == "self" and names else None

@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from mkevolve.builtin.construction import LeafRecord, Owner
 from mkevolve.builtin.errors import UnsupportedModule
-from mkevolve.builtin.init_source import FollowUp, is_self_attr
+from mkevolve.builtin.init_source import FollowUp, is_self_attr, self_path
 from mkevolve.builtin.kinds import Kind
 from mkevolve.builtin.segments import Segmentation
 from mkevolve.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
@@ -305,8 +305,9 @@ class CodeWriter:
         if first.loop is not None:
             return first.loop.statement([(f.layers[0], f"self.{attributes[Owner.leaf(f.layers[0])]}") for f in run])
         statement = first.statement
+        rename = _rename_self_path if first.tie else _rename_self_attribute   # a tie names layers by their paths
         for layer in first.layers:
-            statement = _rename_self_attribute(statement, layer, attributes[Owner.leaf(layer)])
+            statement = rename(statement, layer, attributes[Owner.leaf(layer)])
         return statement
 
     def _params(self, pattern: Pattern) -> list[tuple[str, str, str]]:
@@ -474,7 +475,7 @@ class CodeWriter:
                 if len(places) > 1:
                     statement = tie.statement
                     for layer in tie.layers:
-                        statement = _rename_self_attribute(statement, layer, where[Owner.leaf(layer)])
+                        statement = _rename_self_path(statement, layer, where[Owner.leaf(layer)])
                     lines.append(statement)
         return lines
 
@@ -584,6 +585,16 @@ def _unique(base: str, taken: set[str]) -> str:
 
 def _dedupe(labels: list[str]) -> list[str]:
     return [label for i, label in enumerate(labels) if i == 0 or labels[i - 1] != label]
+
+
+def _rename_self_path(statement: str, old: str, new: str) -> str:
+    """The statement with `self.<old>` (a dotted path: `transformer.wte`) read as `self.<new>`."""
+    class Rename(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if self_path(node) == old:
+                return ast.parse(f"self.{new}", mode="eval").body
+            return self.generic_visit(node)
+    return ast.unparse(Rename().visit(parse_python(statement)))
 
 
 def _rename_self_attribute(statement: str, old: str, new: str) -> str:
