@@ -471,6 +471,8 @@ class CodeWriter:
         lines = []
         for follow_ups in self.traced.follow_ups.values():
             for tie in (f for f in follow_ups if f.tie):
+                if not all(Owner.leaf(layer) in where for layer in tie.layers):
+                    continue    # a layer no subproblem builds: the forward never reads the parameter
                 places = {where[Owner.leaf(layer)].split(".")[0] for layer in tie.layers}
                 if len(places) > 1:
                     statement = tie.statement
