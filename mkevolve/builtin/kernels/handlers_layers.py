@@ -209,15 +209,18 @@ def _arange_of(index: Value) -> Arange | None:
 
 def _arange(b: Builder, call: Call):
     """torch.arange of integers: kept as positions for an embedding (`gather`), never loaded by a kernel."""
-    numbers = [a for a in call.args if not isinstance(a, torch.dtype)]
-    if len(numbers) == 1:
-        start, end, step = 0, numbers[0], call.kwargs.get("step", 1)
-    else:
-        start, end, step = (numbers + [call.kwargs.get("step", 1)])[:3]
+    positional = [a for a in call.args if not isinstance(a, torch.dtype)]
+    if len(positional) == 1 and "end" not in call.kwargs:       # arange(end)
+        positional = [0] + positional
+    given = dict(zip(("start", "end", "step"), positional))
+    start, end, step = (given.get(k, call.kwargs.get(k, default)) for k, default in
+                        (("start", 0), ("end", None), ("step", 1)))
     dtype = call.kwargs.get("dtype")
     if (dtype is not None and dtype not in (torch.int64, torch.int32)) or any(
             isinstance(v, float) for v in (start, end, step)):
         raise UnsupportedSubproblem("torch.arange of floats (integer positions, as embedding indices, only)")
+    if end is None or not (isinstance(step, int) and step > 0):
+        raise UnsupportedSubproblem("torch.arange without an end, or with a step that is not a positive int")
     return b.program.add(Arange(call.shapes, start=_shape_arg(b, start), end=_shape_arg(b, end),
                                 step=_shape_arg(b, step)))
 
