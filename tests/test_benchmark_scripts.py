@@ -27,6 +27,7 @@ kb = load_script("kernelbench")
 throughput = load_script("throughput")
 run_alone = load_script("run_alone")
 bench_wire = load_script("bench_wire")
+launch_overhead = load_script("launch_overhead")
 
 
 # ---- eval_profile ----------------------------------------------------------------------------------------
@@ -465,6 +466,23 @@ def test_measure_on_cpu_gives_errors_but_no_speedups():
     assert result.device == "cpu" and result.note == "no CUDA: not timed"
     assert result.speedup_vs_compile is None and result.speedup_vs_eager is None and result.solution_ms is None
     assert 0 < result.err_eager < 1e-5 and 0 <= result.err_solution < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path: nothing is timed without CUDA")
+def test_launch_overhead_without_cuda_says_unknown_and_takes_pairs_only(capsys):
+    assert launch_overhead.main([str(SMALL / GEMM), str(SMALL / "packed" / "level2_63_Gemm_ReLU_Divide.py")]) == 0
+    assert "unknown" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        launch_overhead.main([str(SMALL / GEMM)])
+
+
+def test_launch_overhead_summary_lists_the_costliest_launchers_first():
+    cost = launch_overhead.ProblemCost("level2/x.py", "x_packed.py", [
+        launch_overhead.SideCost("eager", wall_ms=1.0, issue_ms=0.2, kernel_ms=0.9, launches=4),
+        launch_overhead.SideCost("solution", wall_ms=2.0, issue_ms=1.5, kernel_ms=None, launches=None,
+                                 module_issue_ms={"cheap": 0.1, "dear": 0.9})])
+    text = launch_overhead.summary(cost)
+    assert "GPU unknown" in text and text.index("dear") < text.index("cheap")
 
 
 def test_render_writes_unknown_and_an_svg(tmp_path):
