@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from mkevolve.builtin.construction import LeafRecord, Owner
 from mkevolve.builtin.errors import UnsupportedModule
-from mkevolve.builtin.init_source import FollowUp, is_self_attr, self_path
+from mkevolve.builtin.init_source import FollowUp, self_path
 from mkevolve.builtin.kinds import Kind
 from mkevolve.builtin.segments import Segmentation
 from mkevolve.builtin.tracing import TracedModule, closure, external_inputs, node_label, owner_of
@@ -305,9 +305,8 @@ class CodeWriter:
         if first.loop is not None:
             return first.loop.statement([(f.layers[0], f"self.{attributes[Owner.leaf(f.layers[0])]}") for f in run])
         statement = first.statement
-        rename = _rename_self_path if first.tie else _rename_self_attribute   # a tie names layers by their paths
         for layer in first.layers:
-            statement = rename(statement, layer, attributes[Owner.leaf(layer)])
+            statement = _rename_self_attribute(statement, layer, attributes[Owner.leaf(layer)])
         return statement
 
     def _params(self, pattern: Pattern) -> list[tuple[str, str, str]]:
@@ -467,17 +466,16 @@ class CodeWriter:
     def _ties_across(self, codes: list[GroupCode]) -> list[str]:
         """Parameters shared by layers of two subproblems (`self.lm_head.weight = self.wte.weight`), tied once
         every subproblem is built: each layer named by its subproblem's attribute and its own within it."""
-        where = {o.key: f"{code.attribute}.{o.attribute}" for code in codes for o in code.owners}
+        where = {o.key: (code.attribute, o.attribute) for code in codes for o in code.owners}
         lines = []
         for follow_ups in self.traced.follow_ups.values():
             for tie in (f for f in follow_ups if f.tie):
                 if not all(Owner.leaf(layer) in where for layer in tie.layers):
                     continue    # a layer no subproblem builds: the forward never reads the parameter
-                places = {where[Owner.leaf(layer)].split(".")[0] for layer in tie.layers}
-                if len(places) > 1:
+                if len({where[Owner.leaf(layer)][0] for layer in tie.layers}) > 1:
                     statement = tie.statement
                     for layer in tie.layers:
-                        statement = _rename_self_path(statement, layer, where[Owner.leaf(layer)])
+                        statement = _rename_self_attribute(statement, layer, ".".join(where[Owner.leaf(layer)]))
                     lines.append(statement)
         return lines
 
@@ -589,25 +587,23 @@ def _dedupe(labels: list[str]) -> list[str]:
     return [label for i, label in enumerate(labels) if i == 0 or labels[i - 1] != label]
 
 
-def _rename_self_path(statement: str, old: str, new: str) -> str:
-    """The statement with `self.<old>` (a dotted path: `transformer.wte`) read as `self.<new>`."""
+def _rename_self_attribute(statement: str, old: str, new: str) -> str:
+    """The statement with `self.<old>` (an attribute, or a dotted path such as `transformer.wte`) read as
+    `self.<new>`, and a buffer or parameter registered as `old` registered as `new`."""
+    if old == new:
+        return statement
+
     class Rename(ast.NodeTransformer):
         def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
             if self_path(node) == old:
                 return ast.parse(f"self.{new}", mode="eval").body
             return self.generic_visit(node)
+
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            self.generic_visit(node)
+            if (isinstance(node.func, ast.Attribute) and node.func.attr in ("register_buffer", "register_parameter")
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == old):
+                node.args[0] = ast.Constant(new)
+            return node
+
     return ast.unparse(Rename().visit(parse_python(statement)))
-
-
-def _rename_self_attribute(statement: str, old: str, new: str) -> str:
-    if old == new:
-        return statement
-    tree = parse_python(statement)
-    for node in ast.walk(tree):
-        if is_self_attr(node, old):
-            node.attr = new
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("register_buffer", "register_parameter") and node.args
-                and isinstance(node.args[0], ast.Constant) and node.args[0].value == old):
-            node.args[0] = ast.Constant(new)
-    return ast.unparse(tree)
