@@ -21,7 +21,6 @@ Without CUDA nothing is timed and the script says so.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -29,18 +28,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # mkevolve, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # the sibling scripts
+from kernelbench import build_sides, environment  # noqa: E402
+
 ISSUE_REPEATS = 20
 PROFILED_FORWARDS = 5
-
-
-def load_kernelbench():
-    """scripts/kernelbench.py (not a package: loaded by path), for its loader and environment record."""
-    if "kernelbench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("kernelbench", Path(__file__).with_name("kernelbench.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["kernelbench"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["kernelbench"]
 
 
 @dataclass
@@ -125,7 +118,7 @@ def measure_problem(problem: Path, solution: Path) -> ProblemCost:
 
     from mkevolve.verify.timing import time_forward
 
-    sides = load_kernelbench().build_sides(problem, solution)
+    sides = build_sides(problem, solution)
     models = {"eager": sides.eager, "compile": torch.compile(sides.eager), "solution": sides.ours}
     costs = []
     with torch.no_grad():
@@ -168,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: issue and kernel times unknown")
         return 0
-    record = {**load_kernelbench().environment(), "problems": []}
+    record = {**environment(), "problems": []}
     for problem, solution in zip(args.pairs[::2], args.pairs[1::2]):
         cost = measure_problem(problem, solution)
         print(summary(cost), flush=True)

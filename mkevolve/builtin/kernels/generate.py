@@ -51,12 +51,12 @@ class Analysis:
 
     def splits_k(self, target: str) -> bool:
         """A GEMM would split its K on the target's nominal GPU (configs.k_split): the split-K variants differ."""
-        tile = next((v.split_k for v in TARGETS[target] if v.split_k is not None), None)
+        tile = next((v.split_k for v in TARGETS.get(target, ()) if v.split_k is not None), None)
         return tile is not None and any(splits_k(k.anchor, NOMINAL_SMS[target], tile) for p in self.plans.values()
                                         for k in p.kernels if isinstance(k.anchor, Matmul))
 
     def variants(self, target: str) -> tuple[Variant, ...]:
-        return variants_for(target, self.uses_dot, self.winograd, self.splits_k(target) if target in TARGETS else False)
+        return variants_for(target, self.uses_dot, self.winograd, self.splits_k(target))
 
     def work(self) -> list[Work]:
         """The least work per input config, in the mode the self-check runs the module in: training, unless
