@@ -27,6 +27,7 @@ fastest.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -126,7 +127,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# Generated launchers carry this function's source as their host helper `_k_split` (module_source.py).
+# Generated launchers carry this function's source as their host helper `_k_split` (module_source.py); it
+# remembers its answers per shape, as the launchers' other shape helpers do.
+@functools.lru_cache(maxsize=None)
 def k_split(M, N, K, sms, block_n, block_k, max_block_m):
     """(chunks, chunk length, BLOCK_M) for splitting the K of an [M, K] @ [K, N] GEMM over programs; (1, K, 0):
     no split. A GEMM splits when its 64x64 tiles would not give each of the GPU's `sms` multiprocessors one:
