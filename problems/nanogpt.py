@@ -60,17 +60,21 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
-    def forward(self, idx):
+    def forward(self, idx, targets):
         b, t = idx.size()
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
 
 
 def get_inputs():
-    return [torch.randint(0, 64, (2, 16))]
+    targets = torch.randint(0, 64, (2, 16))
+    targets[:, -3:] = -1
+    return [torch.randint(0, 64, (2, 16)), targets]
 
 
 def get_init_inputs():

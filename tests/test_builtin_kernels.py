@@ -530,6 +530,66 @@ def test_torch_arange_is_read_only_as_an_embedding_s_positions(use, reason, tmp_
         generate_kernel(path, 0, TARGET)
 
 
+_INDEX_PROBLEM = """import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(6, 4)
+
+    def forward(self, x, index):
+        return {use}
+
+
+def get_inputs():
+    return [torch.randn(3, 6), torch.randint(0, 6, (3, 6))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("use, reason", [
+    ("x * index", "integer input is used other than as gather/embedding indices or in a comparison"),
+    ("x + (index + 1 > 2)", "add produces torch.int64; only float32"),
+])
+def test_integer_inputs_are_read_only_as_indices_or_in_comparisons(use, reason, tmp_path):
+    """Kernels compute in float32, so arithmetic on an integer input is refused by name: its use in a kernel,
+    or the integer result it makes (`index + 1 > 2` compares a sum, not the input)."""
+    path = tmp_path / "integer_use.py"
+    path.write_text(_INDEX_PROBLEM.format(use=use))
+    with pytest.raises(UnsupportedSubproblem, match=reason):
+        generate_kernel(path, 0, TARGET)
+
+
+def test_an_integer_input_compared_with_numbers_makes_a_mask(tmp_path):
+    """A loss's `target != ignore_index`: the comparison reads the integer input itself."""
+    path = tmp_path / "integer_mask.py"
+    path.write_text(_INDEX_PROBLEM.format(use="torch.where(index != 2, x, 0.0) + (index >= 4) * x"))
+    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
+
+
+def test_indices_outside_the_table_read_zero_and_nothing_outside_it(tmp_path):
+    """A loss's ignore_index (-100) reaches gathers as an index (class_losses.py): the kernels mask such an
+    index, where a load at it would read memory before the table."""
+    path = tmp_path / "lookups.py"
+    path.write_text(_INDEX_PROBLEM.format(use="self.table(index), torch.gather(x, 1, index)"))
+    module = _import_generated(generate_kernel(path, 0, TARGET), tmp_path, "lookups")
+    model = module.ModelNew().to(DEVICE)
+    x = torch.randn(3, 6, device=DEVICE)
+    index = torch.tensor([[0, -100, 5, 6, -1, 2]] * 3, device=DEVICE)
+    with torch.no_grad():
+        rows, picked = model(x, index)
+    outside = (index < 0) | (index >= 6)
+    assert torch.equal(rows[outside], torch.zeros_like(rows[outside]))
+    assert torch.equal(picked[outside], torch.zeros_like(picked[outside]))
+    inside = ~outside
+    assert torch.equal(rows[inside], model.table.weight[index[inside]])
+    assert torch.equal(picked[inside], x.gather(1, index.clamp(0, 5))[inside])
+
+
 def test_a_convolution_with_a_padding_mode_pads_in_a_kernel_of_its_own_then_convolves_unpadded():
     generated = generate_kernel(SUBPROBLEMS / "conv_padding_modes.py", 0, TARGET)
     assert generated.description.startswith("reflect pad of dims 2 to 3; direct convolution")

@@ -76,7 +76,9 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 
 
 def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    """nn.Embedding and index_select: out[o, j, i] = table[o, index[j], i], one flat output block per program."""
+    """nn.Embedding and index_select: out[o, j, i] = table[o, index[j], i], one flat output block per program.
+    An index outside the table reads 0: a loss's ignore_index (-100) is such an index, and nothing outside
+    the table is ever read."""
     anchor: Gather = kernel.anchor
     if kernel.target is not None:
         raise UnsupportedSubproblem("embedding written into a module buffer")
@@ -90,7 +92,8 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
               operands[anchor.index.id].pointer("indices [picks], read flat", "index_ptr"),
               output_param(kernel, "output [outer, picks, inner], contiguous"),
               KernelParam("numel", "output elements"), KernelParam("picks", "number of indices"),
-              KernelParam("inner", "elements after the picked dim"), KernelParam("stride_o", "table stride over outer"),
+              KernelParam("inner", "elements after the picked dim"), KernelParam("rows", "table size along it"),
+              KernelParam("stride_o", "table stride over outer"),
               KernelParam("stride_l", "table stride along the picked dim"),
               KernelParam("stride_i", "table stride over inner"), constexpr("BLOCK", "output elements per program")]
     source = f'''{decorator}@triton.jit
@@ -104,11 +107,12 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     j = row % picks
     o = row // picks
     picked = tl.load(index_ptr + j, mask=mask, other=0).to(tl.int64)
-    x = tl.load(table_ptr + o * stride_o + picked * stride_l + i * stride_i, mask=mask)
+    inside = mask & (picked >= 0) & (picked < rows)
+    x = tl.load(table_ptr + o * stride_o + picked * stride_l + i * stride_i, mask=inside, other=0.0)
     tl.store(out_ptr + offs, x, mask=mask)
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
-    call = f"{name}[grid](src, flat_index, out, numel, flat_index.numel(), inner, *src.stride()"
+    call = f"{name}[grid](src, flat_index, out, numel, flat_index.numel(), inner, src.shape[1], *src.stride()"
     launch = flat_launch(call, variant)
     lines = [f"out = torch.empty((*{table}.shape[:{dim}], *{index}.shape, *{table}.shape[{dim + 1}:]), "
              f"device={table}.device, dtype=torch.float32)",
@@ -127,7 +131,8 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 
 
 def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSource:
-    """torch.gather: each output position reads its index, then the input at that index along `dim`."""
+    """torch.gather: each output position reads its index, then the input at that index along `dim` (0 for
+    an index outside the input, as in `emit_gather`)."""
     anchor: Gather = kernel.anchor
     operands = make_operands(kernel.leaves)
     table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
@@ -140,7 +145,7 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     params = ([operands[anchor.table.id].pointer("table", "table_ptr"),
                operands[anchor.index.id].pointer("indices", "index_ptr"),
                output_param(kernel, "output, the indices' shape, contiguous"),
-               KernelParam("numel", "output elements")]
+               KernelParam("numel", "output elements"), KernelParam("rows", f"table size along dim {dim}")]
               + [constexpr(n, f"index size along dim {n[1:]}") for n in sizes]
               + [KernelParam(n, f"index stride along dim {n[2:]}") for n in index_strides]
               + [KernelParam(n, f"table stride along dim {n[2:]}") for n in table_strides]
@@ -151,12 +156,13 @@ def emit_take_along(kernel: KernelPlan, name: str, variant: Variant) -> KernelSo
     # flat position unravels into the index's coordinates (sizes constexpr: div/mod become shifts).
 {indent(unravel_lines(rank), 4)}
     picked = tl.load(index_ptr + {at_index}, mask=mask, other=0).to(tl.int64)
-    x = tl.load(table_ptr + {at_table}, mask=mask)
+    inside = mask & (picked >= 0) & (picked < rows)
+    x = tl.load(table_ptr + {at_table}, mask=inside, other=0.0)
     tl.store(out_ptr + offs, x, mask=mask)
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
-    call = (f"{name}[grid]({table}, {index}, out, numel, *{index}.shape[1:], *{index}.stride(), "
-            f"*{table}.stride()")
+    call = (f"{name}[grid]({table}, {index}, out, numel, {table}.shape[{dim}], *{index}.shape[1:], "
+            f"*{index}.stride(), *{table}.stride()")
     launcher = flat_launcher(name, [a.name for a in tensor_args],
                              [f"out = torch.empty({index}.shape, device={table}.device, dtype=torch.float32)"],
                              call, variant)

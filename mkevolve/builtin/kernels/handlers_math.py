@@ -317,13 +317,18 @@ def _softmax_module(log: bool) -> Handler:
     return handler
 
 
+def logsumexp(b: Builder, x: Value, dims: tuple[int, ...]) -> Value:
+    """log(sum(exp(x))) over `dims`, kept as size 1, shifted by the maximum so no exp overflows."""
+    peak = b.reduce("amax", x, dims)
+    total = b.reduce("sum", b.pw("exp", b.pw("sub", x, peak)), dims)
+    return b.pw("add", peak, b.pw("log", total))
+
+
 def _logsumexp(b: Builder, call: Call):
     x = call.arg(0, "input")
     dims = normalize_dims(b.const(call.arg(1, "dim"), "logsumexp dim"), x.rank)
     keepdim = bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
-    peak = b.reduce("amax", x, dims)
-    total = b.reduce("sum", b.pw("exp", b.pw("sub", x, peak)), dims)
-    out = b.pw("add", peak, b.pw("log", total))
+    out = logsumexp(b, x, dims)
     return out if keepdim else b.squeeze(out, dims)
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree
 
-from . import handlers_layers, handlers_math
+from . import handlers_layers, handlers_losses, handlers_math
 from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
@@ -18,8 +18,8 @@ from .mutation import (check_no_stale_alias, is_inplace_name, is_module_attribut
                        touches_caller_tensor)
 from .trace import INDEX_DTYPES, Trace
 
-FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS}
-MODULES: dict[type, Handler] = {**handlers_math.MODULES, **handlers_layers.MODULES}
+FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS, **handlers_losses.FUNCTIONS}
+MODULES: dict[type, Handler] = {**handlers_math.MODULES, **handlers_layers.MODULES, **handlers_losses.MODULES}
 
 _INPLACE_OPERATORS = {"iadd": "add", "isub": "sub", "imul": "mul", "itruediv": "truediv"}
 _FLOAT_DTYPES = (torch.float32, torch.bool)

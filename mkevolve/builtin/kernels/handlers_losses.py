@@ -1,0 +1,257 @@
+"""Loss functions, as PyTorch defines them: cross entropy and negative log likelihood over class scores, and
+the elementwise losses (squared and absolute error, Huber, binary cross entropy, KL divergence).
+
+Class targets are indices (an integer input, `ignore_index` among them) or probabilities (a float tensor of
+the scores' shape); class weights, label smoothing and the three reductions follow PyTorch's formulas. Scores
+are (N, C, d1, ...), with classes along dim 1, or (C,) for one sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from .builders import Builder
+from .calls import Call, Handler, as_param, module_param
+from .errors import UnsupportedSubproblem
+from .handlers_layers import gather
+from .handlers_math import logsumexp
+from .ir import Gather, Value, is_integer
+
+REDUCTIONS = ("none", "sum", "mean")
+
+
+@dataclass
+class LossOptions:
+    """A loss call's options by name: the functional form's arguments after (input, target), in the order
+    `names`, or keywords; a loss module's attributes, and its buffers for tensors."""
+
+    b: Builder
+    call: Call
+    names: tuple[str, ...]
+
+    def value(self, name: str, default):
+        if self.call.modules:
+            return self.call.module_attr(name) if hasattr(self.call.module, name) else default
+        return self.call.arg(2 + self.names.index(name), name, default)
+
+    def tensor(self, name: str) -> Value | None:
+        if self.call.modules:
+            return module_param(self.b, self.call, name)
+        return as_param(self.value(name, None), f"{self.call.name} {name}")
+
+
+@dataclass(frozen=True)
+class ClassLoss:
+    """What one cross entropy or NLL call asks for, besides its tensors."""
+
+    log_probs: bool             # NLL: the scores are log-probabilities already; cross entropy: raw scores
+    ignore_index: int = -100    # samples whose target is this class add nothing, to the sum or to the count
+    reduction: str = "mean"
+    label_smoothing: float = 0.0
+
+
+def class_loss(b: Builder, scores: Value, target: Value, weight: Value | None, spec: ClassLoss) -> Value:
+    if spec.reduction not in REDUCTIONS:
+        raise UnsupportedSubproblem(f"loss reduction {spec.reduction!r}")
+    if scores.rank == 0:
+        raise UnsupportedSubproblem("a loss over 0-d scores")
+    dim = 1 if scores.rank >= 2 else 0
+    if not is_integer(target):
+        if spec.log_probs:
+            raise UnsupportedSubproblem("nll_loss with a float target (it takes class indices)")
+        return _probability_loss(b, scores, target, weight, dim, spec)
+    if target.rank != scores.rank - 1:
+        raise UnsupportedSubproblem("a class-index target whose rank is not the scores' rank - 1")
+    return _index_loss(b, scores, target, weight, dim, spec)
+
+
+def _index_loss(b: Builder, scores: Value, target: Value, weight: Value | None, dim: int,
+                spec: ClassLoss) -> Value:
+    """Per sample, w[t] * -log p(t) for target t, 0 where t is ignore_index; a mean divides the sum by the
+    targets' weights (their count without weights), so a batch of ignored targets gives 0 / 0 = nan."""
+    index = b.unsqueeze(target, dim)
+    picked = b.squeeze(b.program.add(Gather(index.shapes, table=scores, index=index, dim=dim, mode="along")),
+                       (dim,))
+    lse = None if spec.log_probs else logsumexp(b, scores, (dim,))      # keepdim: broadcasts against scores
+    nll = b.pw("neg", picked) if lse is None else b.pw("sub", b.squeeze(lse, (dim,)), picked)
+    # The gather reads 0 for an index outside the table, so an ignored target's weight is finite
+    target_weight = gather(b, weight, target, 0) if weight is not None else None
+    if target_weight is not None:
+        nll = b.pw("mul", nll, target_weight)
+    valid = b.pw("ne", target, spec.ignore_index)
+    counted = b.pw("where", valid, 1.0 if target_weight is None else target_weight, 0.0)
+    loss = _reduced(b, b.pw("where", valid, nll, 0.0), counted, spec.reduction)
+    if not spec.label_smoothing:
+        return loss
+    # Smoothing puts eps / C of each sample's target mass on every class: -sum_c w_c log p_c, masked and
+    # reduced like the NLL term
+    spread = b.pw("sub", lse, scores)                                 # -log p_c
+    if weight is not None:
+        spread = b.pw("mul", spread, b.channel_view(weight, scores.rank, dim))
+    smooth = b.pw("where", valid, b.reduce_keep("sum", spread, (dim,), False), 0.0)
+    smooth = _reduced(b, smooth, counted, spec.reduction)
+    eps = spec.label_smoothing
+    return b.pw("add", b.pw("mul", loss, 1.0 - eps), b.pw("div", b.pw("mul", smooth, eps), b.size(scores, dim)))
+
+
+def _probability_loss(b: Builder, scores: Value, target: Value, weight: Value | None, dim: int,
+                      spec: ClassLoss) -> Value:
+    """Per sample, -sum_c w_c q_c log p_c for target probabilities q (smoothed: q (1 - eps) + eps / C); a
+    mean divides by the number of samples."""
+    if target.shapes != scores.shapes:
+        raise UnsupportedSubproblem("a probability target whose shape is not the scores'")
+    spread = b.pw("sub", logsumexp(b, scores, (dim,)), scores)                  # -log p_c
+    if weight is not None:
+        spread = b.pw("mul", spread, b.channel_view(weight, scores.rank, dim))
+    loss = b.reduce_keep("sum", b.pw("mul", spread, target), (dim,), False)
+    if spec.label_smoothing:
+        eps = spec.label_smoothing
+        smooth = b.reduce_keep("sum", spread, (dim,), False)
+        loss = b.pw("add", b.pw("mul", loss, 1.0 - eps), b.pw("div", b.pw("mul", smooth, eps), b.size(scores, dim)))
+    return _reduced(b, loss, None, spec.reduction)
+
+
+def _reduced(b: Builder, loss: Value, counted: Value | None, reduction: str) -> Value:
+    """The per-sample `loss` reduced: as it is, summed, or summed and divided by the sum of `counted` (by the
+    number of samples where `counted` is None). Reduced with kept dims and squeezed last, so a mean's two
+    sums and its division are one kernel."""
+    if reduction == "none":
+        return loss
+    dims = tuple(range(loss.rank))
+    total = b.reduce("sum", loss, dims) if dims else loss
+    if reduction == "mean":
+        if counted is None:
+            total = b.reduce("mean", loss, dims) if dims else loss
+        else:
+            total = b.pw("div", total, b.reduce("sum", counted, dims) if dims else counted)
+    return b.squeeze(total, dims)
+
+
+# --- elementwise losses: a per-element loss of (input, target), then the reduction ------------------------
+
+def _huber(b: Builder, error: Value, delta: float, scale: float) -> Value:
+    """0.5 e^2 / scale below `delta`, else delta / scale * (|e| - 0.5 delta): smooth_l1 (scale = beta) and
+    huber (scale = 1)."""
+    size = b.pw("abs", error)
+    return b.pw("where", b.pw("lt", size, delta), b.pw("div", b.pw("mul", b.pw("square", error), 0.5), scale),
+                b.pw("mul", b.pw("sub", size, 0.5 * delta), delta / scale))
+
+
+def _squared(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    return b.pw("square", b.pw("sub", x, y))
+
+
+def _absolute(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    return b.pw("abs", b.pw("sub", x, y))
+
+
+def _smooth_l1(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    beta = float(b.const(options.value("beta", 1.0), "smooth_l1 beta"))
+    return _absolute(b, x, y, options) if beta == 0.0 else _huber(b, b.pw("sub", x, y), beta, beta)
+
+
+def _huber_loss(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    return _huber(b, b.pw("sub", x, y), float(b.const(options.value("delta", 1.0), "huber delta")), 1.0)
+
+
+def _binary_cross_entropy(b: Builder, p: Value, y: Value, options: LossOptions) -> Value:
+    """-(y log p + (1 - y) log(1 - p)), each log clamped at -100 as PyTorch does (log 0 is -inf)."""
+    log_p = b.pw("clamp_min", b.pw("log", p), low=-100.0)
+    log_q = b.pw("clamp_min", b.pw("log", b.pw("sub", 1.0, p)), low=-100.0)
+    loss = b.pw("neg", b.pw("add", b.pw("mul", y, log_p), b.pw("mul", b.pw("sub", 1.0, y), log_q)))
+    return _weighted(b, loss, options)
+
+
+def _binary_cross_entropy_with_logits(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    """(1 - y) x - (1 + (w_pos - 1) y) log(sigmoid(x)), with log(sigmoid x) computed without overflow."""
+    log_sigmoid = b.pw("logsigmoid", x)
+    pos_weight = options.tensor("pos_weight")
+    scale = log_sigmoid if pos_weight is None else b.pw(
+        "mul", log_sigmoid, b.pw("add", b.pw("mul", b.pw("sub", pos_weight, 1.0), y), 1.0))
+    return _weighted(b, b.pw("sub", b.pw("mul", b.pw("sub", 1.0, y), x), scale), options)
+
+
+def _kl_divergence(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    """y (log y - x) for log-probabilities x, 0 where y is 0 (xlogy); exp(y) (y - x) for log targets."""
+    if bool(b.const(options.value("log_target", False), "kl_div log_target")):
+        return b.pw("mul", b.pw("exp", y), b.pw("sub", y, x))
+    y_log_y = b.pw("where", b.pw("eq", y, 0.0), 0.0, b.pw("mul", y, b.pw("log", y)))
+    return b.pw("sub", y_log_y, b.pw("mul", y, x))
+
+
+def _weighted(b: Builder, loss: Value, options: LossOptions) -> Value:
+    weight = options.tensor("weight")
+    return loss if weight is None else b.pw("mul", loss, weight)
+
+
+def _refuse_legacy_arguments(options: LossOptions) -> None:
+    if options.value("size_average", None) is not None or options.value("reduce", None) is not None:
+        raise UnsupportedSubproblem(f"{options.call.name} with the legacy size_average/reduce arguments "
+                                    "(use reduction)")
+
+
+@dataclass(frozen=True)
+class ElementwiseLoss:
+    """One elementwise loss: its per-element formula, and its options after (input, target, ...)."""
+
+    formula: Callable[[Builder, Value, Value, LossOptions], Value]
+    options: tuple[str, ...] = ()           # positional options of the functional form, in order
+    batchmean: bool = False                 # 'batchmean' is a reduction too: the sum over the batch size
+
+
+ELEMENTWISE_LOSSES = {
+    "mse_loss": ElementwiseLoss(_squared, ("size_average", "reduce", "reduction")),
+    "l1_loss": ElementwiseLoss(_absolute, ("size_average", "reduce", "reduction")),
+    "smooth_l1_loss": ElementwiseLoss(_smooth_l1, ("size_average", "reduce", "reduction", "beta")),
+    "huber_loss": ElementwiseLoss(_huber_loss, ("reduction", "delta")),
+    "binary_cross_entropy": ElementwiseLoss(_binary_cross_entropy, ("weight", "size_average", "reduce",
+                                                                    "reduction")),
+    "binary_cross_entropy_with_logits": ElementwiseLoss(
+        _binary_cross_entropy_with_logits, ("weight", "size_average", "reduce", "reduction", "pos_weight")),
+    "kl_div": ElementwiseLoss(_kl_divergence, ("size_average", "reduce", "reduction", "log_target"),
+                              batchmean=True),
+}
+_LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: "smooth_l1_loss",
+                 nn.HuberLoss: "huber_loss", nn.BCELoss: "binary_cross_entropy",
+                 nn.BCEWithLogitsLoss: "binary_cross_entropy_with_logits", nn.KLDivLoss: "kl_div"}
+
+
+def _elementwise_loss(name: str) -> Handler:
+    loss = ELEMENTWISE_LOSSES[name]
+
+    def handler(b: Builder, call: Call):
+        options = LossOptions(b, call, loss.options)
+        _refuse_legacy_arguments(options)
+        per_element = loss.formula(b, call.arg(0, "input"), call.arg(1, "target"), options)
+        reduction = str(b.const(options.value("reduction", "mean"), "loss reduction"))
+        if reduction == "batchmean" and loss.batchmean:
+            total = _reduced(b, per_element, None, "sum")
+            return total if per_element.rank == 0 else b.pw("div", total, b.size(per_element, 0))
+        if reduction not in REDUCTIONS:
+            raise UnsupportedSubproblem(f"{name} reduction {reduction!r}")
+        return _reduced(b, per_element, None, reduction)
+    return handler
+
+
+# cross_entropy's arguments after (input, target); nll_loss's are the same without label_smoothing
+_CLASS_LOSS_OPTIONS = ("weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+
+
+def _class_loss(log_probs: bool) -> Handler:
+    def handler(b: Builder, call: Call):
+        options = LossOptions(b, call, _CLASS_LOSS_OPTIONS)
+        _refuse_legacy_arguments(options)
+        spec = ClassLoss(log_probs, int(b.const(options.value("ignore_index", -100), "loss ignore_index")),
+                         str(b.const(options.value("reduction", "mean"), "loss reduction")),
+                         float(b.const(options.value("label_smoothing", 0.0), "label_smoothing")))
+        return class_loss(b, call.arg(0, "input"), call.arg(1, "target"), options.tensor("weight"), spec)
+    return handler
+
+
+FUNCTIONS: dict[str, Handler] = {"cross_entropy": _class_loss(False), "nll_loss": _class_loss(True),
+                                 **{name: _elementwise_loss(name) for name in ELEMENTWISE_LOSSES}}
+MODULES: dict[type, Handler] = {nn.CrossEntropyLoss: _class_loss(False), nn.NLLLoss: _class_loss(True),
+                                **{cls: _elementwise_loss(name) for cls, name in _LOSS_MODULES.items()}}
