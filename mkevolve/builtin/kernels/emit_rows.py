@@ -78,10 +78,11 @@ class _Layout:
         """The tile axis a reduction runs along."""
         return 1 if self.packed else 0
 
-    def spread(self, name: str) -> str:
-        """A per-row value (scalar, [BLOCK_I], or [BLOCK_O] when packed) used in a full tile."""
+    def spread(self, name: str, single: bool = False) -> str:
+        """A per-row value (scalar, [BLOCK_I], or [BLOCK_O] when packed) used in a full tile. A `single`
+        value, the same for every row (all its dims 1), is a scalar in a packed kernel too."""
         if self.packed:
-            return f"{name}[:, None]"
+            return name if single else f"{name}[:, None]"
         return f"{name}[None, :]" if self.inner else name
 
     def tile(self) -> str:
@@ -109,8 +110,15 @@ class _RowEmitter(ExprEmitter):
 
     def value(self, value: Value, region: Region) -> str:
         if region is not self.per_row and self.invariant(value):
-            return self.layout.spread(super().value(value, self.per_row))
+            return self.layout.spread(super().value(value, self.per_row), self._same_for_every_row(value))
         return super().value(value, region)
+
+    def _same_for_every_row(self, value: Value) -> bool:
+        """A value of all dims 1 that this kernel computes from no reduction of its own: a scalar even where
+        a program holds several rows (its reductions give one value per row)."""
+        computed_from = walk(value, lambda v: isinstance(v, Pointwise) and v.id not in self.operands)
+        return (all(size == 1 for shape in value.shapes for size in shape)
+                and not any(isinstance(v, Reduce) and v.id not in self.operands for v in computed_from))
 
 
 def emit_rows(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:

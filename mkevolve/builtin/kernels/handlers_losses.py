@@ -1,5 +1,6 @@
-"""Loss functions, as PyTorch defines them: cross entropy and negative log likelihood over class scores, and
-the elementwise losses (squared and absolute error, Huber, binary cross entropy, KL divergence).
+"""Loss functions, as PyTorch defines them: cross entropy and negative log likelihood over class scores; the
+elementwise losses (squared and absolute error, Huber, binary cross entropy, KL divergence, margins); and the
+distances and similarities that embedding losses are built on (pairwise distance, cosine similarity).
 
 Class targets are indices (an integer input, `ignore_index` among them) or probabilities (a float tensor of
 the scores' shape); class weights, label smoothing and the three reductions follow PyTorch's formulas. Scores
@@ -13,11 +14,11 @@ from typing import Callable
 
 from torch import nn
 
-from .builders import Builder
+from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedSubproblem
 from .handlers_layers import gather
-from .handlers_math import logsumexp
+from .handlers_math import logsumexp, p_norm
 from .ir import Gather, Value, is_integer
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -31,11 +32,15 @@ class LossOptions:
     b: Builder
     call: Call
     names: tuple[str, ...]
+    tensors: int = 2                 # the options follow this many tensor arguments
 
     def value(self, name: str, default):
         if self.call.modules:
             return self.call.module_attr(name) if hasattr(self.call.module, name) else default
-        return self.call.arg(2 + self.names.index(name), name, default)
+        return self.call.arg(self.tensors + self.names.index(name), name, default)
+
+    def number(self, name: str, default: float) -> float:
+        return float(self.b.const(self.value(name, default), f"{self.call.name} {name}"))
 
     def tensor(self, name: str) -> Value | None:
         if self.call.modules:
@@ -149,12 +154,12 @@ def _absolute(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
 
 
 def _smooth_l1(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
-    beta = float(b.const(options.value("beta", 1.0), "smooth_l1 beta"))
+    beta = options.number("beta", 1.0)
     return _absolute(b, x, y, options) if beta == 0.0 else _huber(b, b.pw("sub", x, y), beta, beta)
 
 
 def _huber_loss(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
-    return _huber(b, b.pw("sub", x, y), float(b.const(options.value("delta", 1.0), "huber delta")), 1.0)
+    return _huber(b, b.pw("sub", x, y), options.number("delta", 1.0), 1.0)
 
 
 def _binary_cross_entropy(b: Builder, p: Value, y: Value, options: LossOptions) -> Value:
@@ -182,6 +187,45 @@ def _kl_divergence(b: Builder, x: Value, y: Value, options: LossOptions) -> Valu
     return b.pw("sub", y_log_y, b.pw("mul", y, x))
 
 
+def _margin_ranking(b: Builder, x1: Value, x2: Value, y: Value, options: LossOptions) -> Value:
+    """max(0, margin - y (x1 - x2)): x1 should rank above x2 where y is 1, below where it is -1."""
+    shortfall = b.pw("sub", options.number("margin", 0.0), b.pw("mul", y, b.pw("sub", x1, x2)))
+    return b.pw("clamp_min", shortfall, low=0.0)
+
+
+def _hinge_embedding(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    """x where y is 1, max(0, margin - x) where y is -1 (each term 0 where y is the other label)."""
+    below = b.pw("clamp_min", b.pw("sub", options.number("margin", 1.0), x), low=0.0)
+    return b.pw("add", b.pw("where", b.pw("ne", y, 1.0), below, 0.0), b.pw("where", b.pw("ne", y, -1.0), x, 0.0))
+
+
+def _soft_margin(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
+    return b.pw("log1p", b.pw("exp", b.pw("neg", b.pw("mul", y, x))))
+
+
+def _cosine_embedding(b: Builder, x1: Value, x2: Value, y: Value, options: LossOptions) -> Value:
+    """1 - cos where y is 1, max(0, cos - margin) where y is -1; cos from squared norms each raised by
+    1e-12, PyTorch's own guard against a zero vector."""
+    dim = (x1.rank - 1,)
+    dot = b.reduce_keep("sum", b.pw("mul", x1, x2), dim, False)
+    squares = [b.pw("add", b.reduce_keep("sum", b.pw("square", x), dim, False), 1e-12) for x in (x1, x2)]
+    cos = b.pw("div", dot, b.pw("sqrt", b.pw("mul", *squares)))
+    apart = b.pw("clamp_min", b.pw("sub", cos, options.number("margin", 0.0)), low=0.0)
+    return b.pw("add", b.pw("where", b.pw("eq", y, 1.0), b.pw("sub", 1.0, cos), 0.0),
+                b.pw("where", b.pw("eq", y, -1.0), apart, 0.0))
+
+
+def _triplet_margin(b: Builder, anchor: Value, positive: Value, negative: Value, options: LossOptions) -> Value:
+    """max(0, d(anchor, positive) - d(anchor, negative) + margin) in the p-norm pairwise distance; with
+    `swap`, the negative's distance is the nearer of the anchor's and the positive's."""
+    p, eps = options.number("p", 2.0), options.number("eps", 1e-6)
+    near = pairwise_distance(b, anchor, positive, p, eps, False)
+    far = pairwise_distance(b, anchor, negative, p, eps, False)
+    if bool(b.const(options.value("swap", False), "triplet_margin_loss swap")):
+        far = b.pw("minimum", far, pairwise_distance(b, positive, negative, p, eps, False))
+    return b.pw("clamp_min", b.pw("add", b.pw("sub", near, far), options.number("margin", 1.0)), low=0.0)
+
+
 def _weighted(b: Builder, loss: Value, options: LossOptions) -> Value:
     weight = options.tensor("weight")
     return loss if weight is None else b.pw("mul", loss, weight)
@@ -197,9 +241,10 @@ def _refuse_legacy_arguments(options: LossOptions) -> None:
 class ElementwiseLoss:
     """One elementwise loss: its per-element formula, and its options after (input, target, ...)."""
 
-    formula: Callable[[Builder, Value, Value, LossOptions], Value]
+    formula: Callable[..., Value]           # (builder, *its tensors, options) -> the per-element loss
     options: tuple[str, ...] = ()           # positional options of the functional form, in order
     batchmean: bool = False                 # 'batchmean' is a reduction too: the sum over the batch size
+    inputs: tuple[str, ...] = ("input", "target")     # the tensor arguments before the options
 
 
 ELEMENTWISE_LOSSES = {
@@ -213,19 +258,30 @@ ELEMENTWISE_LOSSES = {
         _binary_cross_entropy_with_logits, ("weight", "size_average", "reduce", "reduction", "pos_weight")),
     "kl_div": ElementwiseLoss(_kl_divergence, ("size_average", "reduce", "reduction", "log_target"),
                               batchmean=True),
+    "margin_ranking_loss": ElementwiseLoss(_margin_ranking, ("margin", "size_average", "reduce", "reduction"),
+                                           inputs=("input1", "input2", "target")),
+    "hinge_embedding_loss": ElementwiseLoss(_hinge_embedding, ("margin", "size_average", "reduce", "reduction")),
+    "soft_margin_loss": ElementwiseLoss(_soft_margin, ("size_average", "reduce", "reduction")),
+    "cosine_embedding_loss": ElementwiseLoss(_cosine_embedding, ("margin", "size_average", "reduce",
+                                                                 "reduction"), inputs=("input1", "input2", "target")),
+    "triplet_margin_loss": ElementwiseLoss(_triplet_margin, ("margin", "p", "eps", "swap", "size_average", "reduce",
+                                                             "reduction"), inputs=("anchor", "positive", "negative")),
 }
 _LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: "smooth_l1_loss",
                  nn.HuberLoss: "huber_loss", nn.BCELoss: "binary_cross_entropy",
-                 nn.BCEWithLogitsLoss: "binary_cross_entropy_with_logits", nn.KLDivLoss: "kl_div"}
+                 nn.BCEWithLogitsLoss: "binary_cross_entropy_with_logits", nn.KLDivLoss: "kl_div",
+                 nn.MarginRankingLoss: "margin_ranking_loss", nn.HingeEmbeddingLoss: "hinge_embedding_loss",
+                 nn.SoftMarginLoss: "soft_margin_loss", nn.CosineEmbeddingLoss: "cosine_embedding_loss",
+                 nn.TripletMarginLoss: "triplet_margin_loss"}
 
 
 def _elementwise_loss(name: str) -> Handler:
     loss = ELEMENTWISE_LOSSES[name]
 
     def handler(b: Builder, call: Call):
-        options = LossOptions(b, call, loss.options)
+        options = LossOptions(b, call, loss.options, len(loss.inputs))
         _refuse_legacy_arguments(options)
-        per_element = loss.formula(b, call.arg(0, "input"), call.arg(1, "target"), options)
+        per_element = loss.formula(b, *(call.arg(i, name) for i, name in enumerate(loss.inputs)), options)
         reduction = str(b.const(options.value("reduction", "mean"), "loss reduction"))
         if reduction == "batchmean" and loss.batchmean:
             total = _reduced(b, per_element, None, "sum")
@@ -251,7 +307,37 @@ def _class_loss(log_probs: bool) -> Handler:
     return handler
 
 
+# --- distances and similarities -------------------------------------------------------------------------
+
+def pairwise_distance(b: Builder, x1: Value, x2: Value, p: float, eps: float, keepdim: bool) -> Value:
+    """||x1 - x2 + eps||_p along the last dim (eps keeps the distance of equal vectors differentiable)."""
+    difference = b.pw("add", b.pw("sub", x1, x2), eps)
+    return p_norm(b, difference, p, (difference.rank - 1,), keepdim)
+
+
+def cosine_similarity(b: Builder, x1: Value, x2: Value, dim: int, eps: float) -> Value:
+    """sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps)) along `dim`: each side normalised before the product."""
+    dims = normalize_dims(dim, max(x1.rank, x2.rank))
+    unit = [b.pw("div", x, b.pw("clamp_min", p_norm(b, x, 2, dims, True), low=eps)) for x in (x1, x2)]
+    return b.reduce_keep("sum", b.pw("mul", *unit), dims, False)
+
+
+def _pairwise_distance(b: Builder, call: Call):
+    options = LossOptions(b, call, ("p", "eps", "keepdim"))
+    p = options.number("norm" if call.modules else "p", 2.0)
+    return pairwise_distance(b, call.arg(0, "x1"), call.arg(1, "x2"), p, options.number("eps", 1e-6),
+                             bool(b.const(options.value("keepdim", False), "pairwise_distance keepdim")))
+
+
+def _cosine_similarity(b: Builder, call: Call):
+    options = LossOptions(b, call, ("dim", "eps"))
+    return cosine_similarity(b, call.arg(0, "x1"), call.arg(1, "x2"), int(options.number("dim", 1)),
+                             options.number("eps", 1e-8))
+
+
 FUNCTIONS: dict[str, Handler] = {"cross_entropy": _class_loss(False), "nll_loss": _class_loss(True),
+                                 "pairwise_distance": _pairwise_distance, "cosine_similarity": _cosine_similarity,
                                  **{name: _elementwise_loss(name) for name in ELEMENTWISE_LOSSES}}
 MODULES: dict[type, Handler] = {nn.CrossEntropyLoss: _class_loss(False), nn.NLLLoss: _class_loss(True),
+                                nn.PairwiseDistance: _pairwise_distance, nn.CosineSimilarity: _cosine_similarity,
                                 **{cls: _elementwise_loss(name) for cls, name in _LOSS_MODULES.items()}}

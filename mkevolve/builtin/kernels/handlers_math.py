@@ -100,6 +100,15 @@ def _compare(op: str) -> Handler:
     return lambda b, call: b.pw(op, call.arg(0, "input"), call.arg(1, "other"))
 
 
+def _logaddexp(b: Builder, call: Call):
+    """log(exp(a) + exp(b)) as max + log1p(exp(-|a - b|)), which never overflows; equal inputs (infinities
+    too, whose difference is nan) give a + log 2."""
+    x, y = call.arg(0, "input"), call.arg(1, "other")
+    spread = b.pw("log1p", b.pw("exp", b.pw("neg", b.pw("abs", b.pw("sub", x, y)))))
+    return b.pw("where", b.pw("eq", x, y), b.pw("add", x, math.log(2.0)),
+                b.pw("add", b.pw("maximum", x, y), spread))
+
+
 def _where(b: Builder, call: Call):
     return b.pw("where", call.arg(0, "condition"), call.arg(1, "input"), call.arg(2, "other"))
 
@@ -252,7 +261,7 @@ def _norm(b: Builder, call: Call):
     p = b.const(call.arg(1, "p", "fro"), "norm order")
     dims = b.const(call.arg(2, "dim", None), "norm dim")
     keepdim = bool(b.const(call.arg(3, "keepdim", False), "keepdim"))
-    return _p_norm(b, x, p, dims, keepdim)
+    return p_norm(b, x, p, dims, keepdim)
 
 
 def _vector_norm(b: Builder, call: Call):
@@ -260,10 +269,10 @@ def _vector_norm(b: Builder, call: Call):
     p = b.const(call.arg(1, "ord", 2), "norm order")
     dims = b.const(call.arg(2, "dim", None), "norm dim")
     keepdim = bool(b.const(call.arg(3, "keepdim", False), "keepdim"))
-    return _p_norm(b, x, p, dims, keepdim)
+    return p_norm(b, x, p, dims, keepdim)
 
 
-def _p_norm(b: Builder, x: Value, p, dims, keepdim: bool) -> Value:
+def p_norm(b: Builder, x: Value, p, dims, keepdim: bool) -> Value:
     dims = normalize_dims(dims, x.rank)
     if p in ("fro", 2, 2.0):
         out = b.pw("sqrt", b.reduce("sum", b.pw("mul", x, x), dims))
@@ -281,7 +290,7 @@ def _normalize(b: Builder, call: Call):
     p = b.const(call.arg(1, "p", 2.0), "normalize p")
     dim = b.const(call.arg(2, "dim", 1), "normalize dim")
     eps = call.arg(3, "eps", 1e-12)
-    norm = _p_norm(b, x, p, dim, keepdim=True)
+    norm = p_norm(b, x, p, dim, keepdim=True)
     return b.pw("div", x, b.pw("clamp_min", norm, low=eps))
 
 
@@ -612,7 +621,7 @@ FUNCTIONS.update({
     "ne": _compare("ne"), "greater": _compare("gt"), "less": _compare("lt"),
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
-    "where": _where, "masked_fill": _masked_fill, "logical_not": _unary("logical_not"),
+    "where": _where, "masked_fill": _masked_fill, "logaddexp": _logaddexp, "logical_not": _unary("logical_not"),
     # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
     "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),
