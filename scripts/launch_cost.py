@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--subproblems", nargs="*", type=Path, default=[
         Path("tests/subproblems/linear_gelu.py"), Path("tests/subproblems/layernorm.py")])
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("launch_cost.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     x = torch.randn(1024, device="cuda")
     out = torch.empty_like(x)
     n = x.numel()
