@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 class Model(nn.Module):
     """A classifier's losses as training code writes them: class-index targets, some of them ignore_index;
-    class weights and label smoothing; every reduction; scores with classes along dim 1 of a 3-d tensor."""
+    class weights and label smoothing; every reduction; scores with classes along dim 1 of a 3-d tensor, and
+    one sample's scores alone."""
 
     def __init__(self, classes):
         super().__init__()
@@ -16,7 +17,8 @@ class Model(nn.Module):
     def forward(self, scores, target, tokens, token_target):
         plain = F.cross_entropy(scores, target)
         per_token = F.nll_loss(F.log_softmax(tokens, dim=1), token_target, ignore_index=2, reduction="none")
-        return plain, self.weighted(scores, target), self.smoothed(scores, target), per_token
+        one = F.cross_entropy(scores[1], target[1], weight=self.weighted.weight)
+        return plain, self.weighted(scores, target), self.smoothed(scores, target), per_token, one
 
 
 def get_inputs():

@@ -126,16 +126,17 @@ def _reduced(b: Builder, loss: Value, counted: Value | None, reduction: str) -> 
     if reduction == "none":
         return loss
     dims = tuple(range(loss.rank))
-    total = b.reduce("sum", loss, dims) if dims else loss
+    if not dims:                                                     # one sample: its own sum and mean
+        return loss if reduction == "sum" or counted is None else b.pw("div", loss, counted)
+    if reduction == "mean" and counted is None:
+        return b.squeeze(b.reduce("mean", loss, dims), dims)
+    total = b.reduce("sum", loss, dims)
     if reduction == "mean":
-        if counted is None:
-            total = b.reduce("mean", loss, dims) if dims else loss
-        else:
-            total = b.pw("div", total, b.reduce("sum", counted, dims) if dims else counted)
+        total = b.pw("div", total, b.reduce("sum", counted, dims))
     return b.squeeze(total, dims)
 
 
-# --- elementwise losses: a per-element loss of (input, target), then the reduction ------------------------
+# --- losses per sample (per element, or per row of embeddings), then the reduction ------------------------
 
 def _huber(b: Builder, error: Value, delta: float, scale: float) -> Value:
     """0.5 e^2 / scale below `delta`, else delta / scale * (|e| - 0.5 delta): smooth_l1 (scale = beta) and
@@ -238,33 +239,34 @@ def _refuse_legacy_arguments(options: LossOptions) -> None:
 
 
 @dataclass(frozen=True)
-class ElementwiseLoss:
-    """One elementwise loss: its per-element formula, and its options after (input, target, ...)."""
+class SampleLoss:
+    """A loss computed per sample (per element, or per row of embeddings) then reduced: its formula, and the
+    options after its tensors."""
 
-    formula: Callable[..., Value]           # (builder, *its tensors, options) -> the per-element loss
+    formula: Callable[..., Value]           # (builder, *its tensors, options) -> the per-sample loss
     options: tuple[str, ...] = ()           # positional options of the functional form, in order
     batchmean: bool = False                 # 'batchmean' is a reduction too: the sum over the batch size
     inputs: tuple[str, ...] = ("input", "target")     # the tensor arguments before the options
 
 
-ELEMENTWISE_LOSSES = {
-    "mse_loss": ElementwiseLoss(_squared, ("size_average", "reduce", "reduction")),
-    "l1_loss": ElementwiseLoss(_absolute, ("size_average", "reduce", "reduction")),
-    "smooth_l1_loss": ElementwiseLoss(_smooth_l1, ("size_average", "reduce", "reduction", "beta")),
-    "huber_loss": ElementwiseLoss(_huber_loss, ("reduction", "delta")),
-    "binary_cross_entropy": ElementwiseLoss(_binary_cross_entropy, ("weight", "size_average", "reduce",
+SAMPLE_LOSSES = {
+    "mse_loss": SampleLoss(_squared, ("size_average", "reduce", "reduction")),
+    "l1_loss": SampleLoss(_absolute, ("size_average", "reduce", "reduction")),
+    "smooth_l1_loss": SampleLoss(_smooth_l1, ("size_average", "reduce", "reduction", "beta")),
+    "huber_loss": SampleLoss(_huber_loss, ("reduction", "delta")),
+    "binary_cross_entropy": SampleLoss(_binary_cross_entropy, ("weight", "size_average", "reduce",
                                                                     "reduction")),
-    "binary_cross_entropy_with_logits": ElementwiseLoss(
+    "binary_cross_entropy_with_logits": SampleLoss(
         _binary_cross_entropy_with_logits, ("weight", "size_average", "reduce", "reduction", "pos_weight")),
-    "kl_div": ElementwiseLoss(_kl_divergence, ("size_average", "reduce", "reduction", "log_target"),
+    "kl_div": SampleLoss(_kl_divergence, ("size_average", "reduce", "reduction", "log_target"),
                               batchmean=True),
-    "margin_ranking_loss": ElementwiseLoss(_margin_ranking, ("margin", "size_average", "reduce", "reduction"),
+    "margin_ranking_loss": SampleLoss(_margin_ranking, ("margin", "size_average", "reduce", "reduction"),
                                            inputs=("input1", "input2", "target")),
-    "hinge_embedding_loss": ElementwiseLoss(_hinge_embedding, ("margin", "size_average", "reduce", "reduction")),
-    "soft_margin_loss": ElementwiseLoss(_soft_margin, ("size_average", "reduce", "reduction")),
-    "cosine_embedding_loss": ElementwiseLoss(_cosine_embedding, ("margin", "size_average", "reduce",
+    "hinge_embedding_loss": SampleLoss(_hinge_embedding, ("margin", "size_average", "reduce", "reduction")),
+    "soft_margin_loss": SampleLoss(_soft_margin, ("size_average", "reduce", "reduction")),
+    "cosine_embedding_loss": SampleLoss(_cosine_embedding, ("margin", "size_average", "reduce",
                                                                  "reduction"), inputs=("input1", "input2", "target")),
-    "triplet_margin_loss": ElementwiseLoss(_triplet_margin, ("margin", "p", "eps", "swap", "size_average", "reduce",
+    "triplet_margin_loss": SampleLoss(_triplet_margin, ("margin", "p", "eps", "swap", "size_average", "reduce",
                                                              "reduction"), inputs=("anchor", "positive", "negative")),
 }
 _LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: "smooth_l1_loss",
@@ -275,20 +277,20 @@ _LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: 
                  nn.TripletMarginLoss: "triplet_margin_loss"}
 
 
-def _elementwise_loss(name: str) -> Handler:
-    loss = ELEMENTWISE_LOSSES[name]
+def _sample_loss(name: str) -> Handler:
+    loss = SAMPLE_LOSSES[name]
 
     def handler(b: Builder, call: Call):
         options = LossOptions(b, call, loss.options, len(loss.inputs))
         _refuse_legacy_arguments(options)
-        per_element = loss.formula(b, *(call.arg(i, name) for i, name in enumerate(loss.inputs)), options)
+        per_sample = loss.formula(b, *(call.arg(i, arg) for i, arg in enumerate(loss.inputs)), options)
         reduction = str(b.const(options.value("reduction", "mean"), "loss reduction"))
         if reduction == "batchmean" and loss.batchmean:
-            total = _reduced(b, per_element, None, "sum")
-            return total if per_element.rank == 0 else b.pw("div", total, b.size(per_element, 0))
+            total = _reduced(b, per_sample, None, "sum")
+            return total if per_sample.rank == 0 else b.pw("div", total, b.size(per_sample, 0))
         if reduction not in REDUCTIONS:
             raise UnsupportedSubproblem(f"{name} reduction {reduction!r}")
-        return _reduced(b, per_element, None, reduction)
+        return _reduced(b, per_sample, None, reduction)
     return handler
 
 
@@ -337,7 +339,7 @@ def _cosine_similarity(b: Builder, call: Call):
 
 FUNCTIONS: dict[str, Handler] = {"cross_entropy": _class_loss(False), "nll_loss": _class_loss(True),
                                  "pairwise_distance": _pairwise_distance, "cosine_similarity": _cosine_similarity,
-                                 **{name: _elementwise_loss(name) for name in ELEMENTWISE_LOSSES}}
+                                 **{name: _sample_loss(name) for name in SAMPLE_LOSSES}}
 MODULES: dict[type, Handler] = {nn.CrossEntropyLoss: _class_loss(False), nn.NLLLoss: _class_loss(True),
                                 nn.PairwiseDistance: _pairwise_distance, nn.CosineSimilarity: _cosine_similarity,
-                                **{cls: _elementwise_loss(name) for cls, name in _LOSS_MODULES.items()}}
+                                **{cls: _sample_loss(name) for cls, name in _LOSS_MODULES.items()}}
