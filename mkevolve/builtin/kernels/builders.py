@@ -104,10 +104,10 @@ class Builder:
     def n_configs(self) -> int:
         return len(self.models)
 
-    def param(self, path: str, shapes: tuple[Shape, ...]) -> Param:
+    def param(self, path: str, shapes: tuple[Shape, ...], integer: bool = False) -> Param:
         """The leaf `self.<path>`; one value per path, so a tensor used twice is loaded as one operand."""
         if path not in self._params:
-            self._params[path] = self.program.add(Param(shapes, path=path))
+            self._params[path] = self.program.add(Param(shapes, path=path, integer=integer))
         return self._params[path]
 
     # --- constants -------------------------------------------------------------------------------

@@ -76,9 +76,9 @@ def emit_concat(kernel: KernelPlan, name: str, variant: Variant, program: Progra
 
 
 def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
-    """nn.Embedding and index_select: out[o, j, i] = table[o, index[j], i], one flat output block per program.
-    An index outside the table reads 0: a loss's ignore_index (-100) is such an index, and nothing outside
-    the table is ever read."""
+    """nn.Embedding, index_select and `table[index]`: out[o, j, i] = table[o, index[j], i], one flat output
+    block per program. An index outside the table reads 0: a loss's ignore_index (-100) is such an index, and
+    nothing outside the table is ever read; `table[index]` first counts a negative index from the end."""
     anchor: Gather = kernel.anchor
     if kernel.target is not None:
         raise UnsupportedSubproblem("embedding written into a module buffer")
@@ -88,6 +88,7 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     table, index = operands[anchor.table.id].name, operands[anchor.index.id].name
     dim = anchor.dim
     decorator = flat_autotune(variant)
+    wrap = "\n    picked = tl.where(picked < 0, picked + rows, picked)  # from the end" if anchor.wraps else ""
     params = [operands[anchor.table.id].pointer("table [outer, rows, inner]", "table_ptr"),
               operands[anchor.index.id].pointer("indices [picks], read flat", "index_ptr"),
               output_param(kernel, "output [outer, picks, inner], contiguous"),
@@ -106,7 +107,7 @@ def emit_gather(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     row = offs // inner
     j = row % picks
     o = row // picks
-    picked = tl.load(index_ptr + j, mask=mask, other=0).to(tl.int64)
+    picked = tl.load(index_ptr + j, mask=mask, other=0).to(tl.int64){wrap}
     inside = mask & (picked >= 0) & (picked < rows)
     x = tl.load(table_ptr + o * stride_o + picked * stride_l + i * stride_i, mask=inside, other=0.0)
     tl.store(out_ptr + offs, x, mask=mask)

@@ -172,7 +172,7 @@ def _concat(b: Builder, parts: list[Value], dim: int) -> Value:
     return b.program.add(Concat(tuple(shapes), parts=tuple(parts), dim=dim))
 
 
-def gather(b: Builder, table: Value, index: Value, dim: int) -> Value:
+def gather(b: Builder, table: Value, index: Value, dim: int, wraps: bool = False) -> Value:
     dim %= table.rank
     shapes = tuple(t[:dim] + i + t[dim + 1:] for t, i in zip(table.shapes, index.shapes))
     positions = _arange_of(index)
@@ -186,7 +186,7 @@ def gather(b: Builder, table: Value, index: Value, dim: int) -> Value:
         return out
     if not is_integer(index):
         raise UnsupportedSubproblem("embedding/index_select indices that are not an integer forward input")
-    return b.program.add(Gather(shapes, table=table, index=index, dim=dim))
+    return b.program.add(Gather(shapes, table=table, index=index, dim=dim, wraps=wraps))
 
 
 # Views that keep a 1-d tensor's elements in order when they only put size-1 dims before it.
@@ -756,9 +756,21 @@ def _getitem(b: Builder, call: Call):
     if isinstance(base, Value):
         parts = index if isinstance(index, tuple) else (index,)
         if any(isinstance(p, Value) for p in parts):
-            raise UnsupportedSubproblem("indexing a tensor with a tensor")
+            return _index_with_tensor(b, base, parts)
         return b.view(base, "__getitem__", (_shape_arg(b, index),), call.shapes)
     raise UnsupportedSubproblem(f"indexing a {type(base).__name__}")
+
+
+def _index_with_tensor(b: Builder, base: Value, parts: tuple) -> Value:
+    """`table[index]` or `table[:, index]`: one integer tensor among whole-dim slices picks entries along its
+    dim, as index_select does with an index of any shape (a relative position bias read by a buffer of
+    indices). Other tensor indexing (a bool mask, several index tensors) is refused."""
+    dims = [d for d, p in enumerate(parts) if isinstance(p, Value)]
+    whole = all(p == slice(None) for d, p in enumerate(parts) if d != dims[0])
+    if len(dims) != 1 or not whole or not is_integer(parts[dims[0]]):
+        raise UnsupportedSubproblem("indexing a tensor with a tensor other than one integer index among whole-dim "
+                                    "slices (a bool mask's result has a size that depends on the data)")
+    return gather(b, base, parts[dims[0]], dims[0], wraps=True)
 
 
 def _aten_slice(b: Builder, call: Call):

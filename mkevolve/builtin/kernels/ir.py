@@ -64,7 +64,7 @@ class Value:
 class Input(Value):
     index: int = 0
     name: str = ""
-    integer: bool = False                # an int64/int32 index tensor: only a Gather may read it
+    integer: bool = False                # an int64/int32 tensor: read only as indices or in comparisons
     boolean: bool = False                # a bool mask: a condition (masked_fill, where, ~), or 0/1 in arithmetic
 
 
@@ -73,6 +73,8 @@ class Param(Value):
     """A parameter or buffer of the module, `self.<path>` in the forward."""
 
     path: str = ""
+    integer: bool = False                # an int64/int32 buffer (position ids, relative position indices): as
+                                         # an integer input, read only as indices or in comparisons
 
 
 @dataclass(eq=False, repr=False)
@@ -299,6 +301,7 @@ class Gather(Value):
     index: Value | None = None
     dim: int = 0
     mode: str = "slices"
+    wraps: bool = False                  # a negative index counts from the end (`table[index]`, as Python's)
 
     def operands(self) -> list[Value]:
         return [self.table, self.index]
@@ -365,9 +368,9 @@ def _flatten(spec) -> list[Value]:
 
 
 def is_integer(value: Value) -> bool:
-    """An integer input, or a view of one."""
+    """An integer input or buffer, or a view of one."""
     value = base_of(value)
-    return isinstance(value, Input) and value.integer
+    return isinstance(value, (Input, Param)) and value.integer
 
 
 def base_of(value: Value) -> Value:

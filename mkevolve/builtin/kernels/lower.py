@@ -276,8 +276,10 @@ class _Lowering:
         """A parameter or buffer of the model; constants that tracing created (`torch.tensor(0.5)` in
         forward) are inlined when they hold one number."""
         if not node.target.startswith("_tensor_constant"):
-            if isinstance(_resolve(self.trace.configs[0].model, node.target), torch.Tensor):
-                return self.program.assigned(node.target) or self.builder.param(node.target, shapes)
+            tensor = _resolve(self.trace.configs[0].model, node.target)
+            if isinstance(tensor, torch.Tensor):
+                return self.program.assigned(node.target) or self.builder.param(
+                    node.target, shapes, integer=tensor.dtype in INDEX_DTYPES)
             raise UnsupportedSubproblem(f"attribute {node.target} is not a tensor")
         values = {_constant_value(_resolve(c.graph_module, node.target)) for c in self.trace.configs}
         if len(values) == 1 and None not in values:

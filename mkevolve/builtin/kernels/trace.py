@@ -19,7 +19,7 @@ from mkevolve.workers import background
 from .errors import UnsupportedSubproblem
 
 MODES = ("train", "eval")
-INDEX_DTYPES = (torch.int64, torch.int32)      # inputs that only an embedding or index_select may read
+INDEX_DTYPES = (torch.int64, torch.int32)      # tensors read only as indices or in comparisons
 
 
 class TaggedFloat(float):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ir import Input, Param, Shape, Value, base_of
+from .ir import Input, Param, Shape, Value, base_of, is_integer
 from .plan import Plan
 from .registry import kind_of
 
@@ -62,4 +62,4 @@ def _numel(value: Value, config: int) -> int:
 
 
 def _itemsize(value: Value) -> int:
-    return _INDEX_BYTES if isinstance(value, Input) and value.integer else _FLOAT_BYTES
+    return _INDEX_BYTES if is_integer(value) else _FLOAT_BYTES
