@@ -564,6 +564,17 @@ def test_integer_inputs_are_read_only_as_indices_or_in_comparisons(use, reason, 
         generate_kernel(path, 0, TARGET)
 
 
+def test_indexing_with_two_index_tensors_is_refused_by_name(tmp_path):
+    """`x[rows, cols]` picks single elements, which no gather here writes: refused, where one index tensor
+    among whole-dim slices (`table[index]`, integer_buffers.py) is a gather."""
+    path = tmp_path / "two_indices.py"
+    path.write_text(_INDEX_PROBLEM.replace("def forward(self, x, index):", "def forward(self, x, index, rows):")
+                    .format(use="x[rows, index[0]]")
+                    .replace("torch.randint(0, 6, (3, 6))]", "torch.randint(0, 6, (3, 6)), torch.randint(0, 3, (6,))]"))
+    with pytest.raises(UnsupportedSubproblem, match="other than one integer index among whole-dim slices"):
+        generate_kernel(path, 0, TARGET)
+
+
 def test_an_integer_input_compared_with_numbers_makes_a_mask(tmp_path):
     """A loss's `target != ignore_index`: the comparison reads the integer input itself."""
     path = tmp_path / "integer_mask.py"
