@@ -122,11 +122,11 @@ def test_ops_without_a_kernel_are_named_truthfully(tmp_path):
 
 
 def test_integer_math_is_declined_with_its_reason(tmp_path):
-    """Kernels compute in fp32: an integer input may only index (embedding, index_select, gather)."""
+    """Kernels compute in fp32: integer arithmetic whose result is an integer tensor is refused by name."""
     path = tmp_path / "index_math.py"
     path.write_text((FIXTURES / "gather.py").read_text().replace("torch.gather(x, 1, index)",
-                                                                   "torch.gather(x, 1, index) + index"))
-    with pytest.raises(UnsupportedSubproblem, match="integer input is used other than as .* indices"):
+                                                                   "torch.gather(x, 1, index + index)"))
+    with pytest.raises(UnsupportedSubproblem, match="add produces torch.int64; only float32 is supported"):
         generate_kernel(path, 0, TARGET)
 
 

@@ -551,16 +551,11 @@ def get_init_inputs():
 """
 
 
-@pytest.mark.parametrize("use, reason", [
-    ("x * index", "integer input is used other than as gather/embedding indices or in a comparison"),
-    ("x + (index + 1 > 2)", "add produces torch.int64; only float32"),
-])
-def test_integer_inputs_are_read_only_as_indices_or_in_comparisons(use, reason, tmp_path):
-    """Kernels compute in float32, so arithmetic on an integer input is refused by name: its use in a kernel,
-    or the integer result it makes (`index + 1 > 2` compares a sum, not the input)."""
+def test_integer_arithmetic_with_an_integer_result_is_refused_by_name(tmp_path):
+    """Kernels compute in float32: `index + 1 > 2` compares an integer sum, which no kernel computes."""
     path = tmp_path / "integer_use.py"
-    path.write_text(_INDEX_PROBLEM.format(use=use))
-    with pytest.raises(UnsupportedSubproblem, match=reason):
+    path.write_text(_INDEX_PROBLEM.format(use="x + (index + 1 > 2)"))
+    with pytest.raises(UnsupportedSubproblem, match="add produces torch.int64; only float32"):
         generate_kernel(path, 0, TARGET)
 
 
@@ -575,10 +570,15 @@ def test_indexing_with_two_index_tensors_is_refused_by_name(tmp_path):
         generate_kernel(path, 0, TARGET)
 
 
-def test_an_integer_input_compared_with_numbers_makes_a_mask(tmp_path):
-    """A loss's `target != ignore_index`: the comparison reads the integer input itself."""
-    path = tmp_path / "integer_mask.py"
-    path.write_text(_INDEX_PROBLEM.format(use="torch.where(index != 2, x, 0.0) + (index >= 4) * x"))
+@pytest.mark.parametrize("use", [
+    "torch.where(index != 2, x, 0.0) + (index >= 4) * x",         # a loss's `target != ignore_index`
+    "(1.0 - (index > 2).float()) * -10000.0 + x * index",          # an attention mask made a bias; a product
+    "index.float().mean(dim=1) + torch.exp(index / 6.0).sum()",   # reduced and through a math function
+])
+def test_an_integer_input_compared_or_read_as_numbers(use, tmp_path):
+    """Integer inputs in comparisons, and promoted to float32 where PyTorch promotes them."""
+    path = tmp_path / "integer_numbers.py"
+    path.write_text(_INDEX_PROBLEM.format(use=use))
     _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .configs import Variant
 from .indexing import GroupIndices, Indexer, Operand
-from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View
+from .ir import Input, Param, Pointwise, Program, Reduce, Scalar, Value, View, is_integer
 from .kernel_plan import KernelPlan
 from .pointwise_ops import OPS, literal
 from .signature import KernelParam, constexpr, shape_text
@@ -84,6 +84,8 @@ class ExprEmitter:
             return region.cache[value.id]
         if value.id in self.operands:
             code = self._load(self.operands[value.id], region)
+            if is_integer(value):       # indices or a 0/1 mask read as numbers: PyTorch promotes them to float32
+                code += ".to(tl.float32)"
         elif isinstance(value, Pointwise):
             code = self._pointwise(value, region)
         else:

@@ -197,8 +197,8 @@ class _Lowering:
 
     def _check_dtype(self, node: fx.Node, value) -> None:
         """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken.
-        Integer results pass only as indices: integer inputs, torch.arange positions and views of them (the
-        plan checks that only a gather reads them)."""
+        Integer results pass only where nothing computes them: integer inputs and buffers, torch.arange
+        positions and views of them (kernels read them as indices, or convert them as PyTorch promotes them)."""
         dtype = self.trace.configs[0].dtypes[node.name]
         if dtype in INDEX_DTYPES and isinstance(value, Value) and (is_integer(value)
                                                                    or isinstance(base_of(value), Arange)):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Arange, Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
-                 View, base_of, is_integer, is_leaf, walk)
+from .ir import (Arange, Attention, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
+                 View, base_of, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
@@ -31,38 +31,21 @@ def plan(program: Program) -> Plan:
     kernels = {state.kernel.root.id: state.kernel for state in formed}
     ordered = [kernels[vid] for vid in sorted(kernels)]
     for kernel in ordered:
-        _check_special_reads(kernel, program)
+        _check_special_reads(kernel)
         _check_no_read_after_write(kernel, ordered)
     return Plan(program, ordered, materialized)
 
 
-def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
-    """Kernels compute in float32: an integer input is only read exactly (`_reads_integer_exactly`); and only
-    an attention kernel computes ones_like/tril masks (it has the query and key offsets)."""
+def _check_special_reads(kernel: KernelPlan) -> None:
+    """Only an embedding reads arange positions (as a slice of its table), and only an attention kernel
+    computes ones_like/tril masks (it has the query and key offsets). Integer tensors may be read by any
+    kernel: as indices, or converted to float32 as PyTorch promotes them where a float results (the lowering
+    refuses every integer result)."""
     for leaf in kernel.leaves:
-        if is_integer(leaf):
-            readers = [program.values[vid] for vid in kernel.body if leaf in program.values[vid].operands()]
-            if not all(_reads_integer_exactly(reader, leaf) for reader in readers):
-                raise UnsupportedSubproblem("an integer input is used other than as gather/embedding indices or "
-                                            "in a comparison with numbers or other integers")
         if isinstance(base_of(leaf), Arange):
             raise UnsupportedSubproblem("torch.arange used other than as an embedding's positions")
         if isinstance(leaf, IndexMask):
             raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
-
-
-# Comparisons an integer tensor may take part in: their result is a mask, exact for any integer below 2**24 (a
-# class index, a token id) even where the other operand is a number and the comparison is made in float32.
-_INTEGER_TESTS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-
-
-def _reads_integer_exactly(reader: Value, leaf: Value) -> bool:
-    """Whether `reader` uses the integer tensor `leaf` as indices (a gather's), or compares it with numbers or
-    other integer tensors (a loss's `target != ignore_index`). Arithmetic on it would run in float32."""
-    if isinstance(reader, Gather):
-        return reader.index is leaf
-    return (isinstance(reader, Pointwise) and reader.op in _INTEGER_TESTS
-            and all(isinstance(arg, Scalar) or is_integer(arg) for arg in reader.args))
 
 
 def _check_no_read_after_write(writer: KernelPlan, kernels: list[KernelPlan]) -> None:
