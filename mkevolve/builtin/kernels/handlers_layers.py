@@ -185,7 +185,7 @@ def gather(b: Builder, table: Value, index: Value, dim: int, wraps: bool = False
             out = b.unsqueeze(out, dim)
         return out
     if not is_integer(index):
-        raise UnsupportedSubproblem("embedding/index_select indices that are not an integer forward input")
+        raise UnsupportedSubproblem("embedding/index_select indices that are not an integer input or buffer")
     return b.program.add(Gather(shapes, table=table, index=index, dim=dim, wraps=wraps))
 
 
@@ -229,7 +229,7 @@ def _gather_along(b: Builder, call: Call):
     """torch.gather(input, dim, index): out[i][j][k] = input[i][index[i][j][k]][k] for dim 1."""
     table, index = call.arg(0, "input"), call.arg(2, "index")
     if not is_integer(index):
-        raise UnsupportedSubproblem("gather indices that are not an integer forward input")
+        raise UnsupportedSubproblem("gather indices that are not an integer input or buffer")
     if index.rank != table.rank:
         raise UnsupportedSubproblem("gather with an index of another rank than its input")
     dim = b.const(call.arg(1, "dim"), "gather dim") % table.rank
