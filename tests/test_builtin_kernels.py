@@ -601,6 +601,13 @@ def test_indices_outside_the_table_read_zero_and_nothing_outside_it(tmp_path):
     assert torch.equal(picked[inside], x.gather(1, index.clamp(0, 5))[inside])
 
 
+def test_a_convolution_shared_by_layers_of_several_paddings_fills_no_border_for_an_unpadded_one():
+    """A 1x1 layer's input needs no zero border: the launcher takes the channels-last copy alone, where it
+    filled a zeroed tensor first (a memset and a copy per launch); conv_shared_padding.py checks both paths."""
+    source = generate_kernel(SUBPROBLEMS / "conv_shared_padding.py", 0, TARGET).source
+    assert "if padding[0] == 0 and padding[1] == 0:\n        x_cl = x.movedim(1, -1).contiguous()" in source
+
+
 def test_a_convolution_with_a_padding_mode_pads_in_a_kernel_of_its_own_then_convolves_unpadded():
     generated = generate_kernel(SUBPROBLEMS / "conv_padding_modes.py", 0, TARGET)
     assert generated.description.startswith("reflect pad of dims 2 to 3; direct convolution")

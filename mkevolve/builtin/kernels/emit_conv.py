@@ -608,14 +608,21 @@ def _bordered_input_lines(conv: Conv) -> list[str]:
     """x_cl: the input channels-last (a pixel's channels adjacent) inside its zero border, as a view whose
     (0, 0, ..) is the input's first pixel; the border lies at negative coordinates and past D."""
     border = _input_border(conv)
+    plain = "x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"
     if all(before == after == "0" for before, after in border):
-        return ["x_cl = x.movedim(1, -1).contiguous()  # channels-last: a pixel's input channels adjacent"]
+        return [plain]
     sizes = ", ".join(f"D{d} + {before} + {after}" for d, (before, after) in enumerate(border))
     inside = ", ".join(f"{before}:{before} + D{d}" for d, (before, _) in enumerate(border))
     origin = ", ".join(f"{before}:" for before, _ in border)
-    return [f"x_cl = x.new_zeros((x.shape[0], {sizes}, x.shape[1]))  # channels-last, in a zero border",
-            f"x_cl[:, {inside}] = x.movedim(1, -1)",
-            f"x_cl = x_cl[:, {origin}]  # (0, ..) is the input's first pixel"]
+    bordered = [f"x_cl = x.new_zeros((x.shape[0], {sizes}, x.shape[1]))  # channels-last, in a zero border",
+                f"x_cl[:, {inside}] = x.movedim(1, -1)",
+                f"x_cl = x_cl[:, {origin}]  # (0, ..) is the input's first pixel"]
+    if any(side.isdigit() and side != "0" for sides in border for side in sides):
+        return bordered
+    # The border is known at run time only (a kernel shared by layers of several paddings): an unpadded
+    # layer (a 1x1 convolution) skips filling one
+    unpadded = " and ".join(f"{side} == 0" for sides in border for side in dict.fromkeys(sides))
+    return [f"if {unpadded}:", "    " + plain, "else:"] + ["    " + line for line in bordered]
 
 
 def _tiled_launch_lines(conv: Conv, dot: bool, name: str, call: str, tiles, autotune: bool) -> list[str]:
