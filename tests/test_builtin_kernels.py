@@ -551,11 +551,15 @@ def get_init_inputs():
 """
 
 
-def test_integer_arithmetic_with_an_integer_result_is_refused_by_name(tmp_path):
-    """Kernels compute in float32: `index + 1 > 2` compares an integer sum, which no kernel computes."""
+@pytest.mark.parametrize("use, reason", [
+    ("x + (index + 1 > 2)", "add produces torch.int64; only float32"),     # compares an integer sum
+    ("x, index[:, :2]", "returns an integer tensor"),                       # an identity kernel would be fp32
+])
+def test_integer_results_are_refused_by_name(use, reason, tmp_path):
+    """Kernels compute and write float32: no kernel computes or returns an integer tensor."""
     path = tmp_path / "integer_use.py"
-    path.write_text(_INDEX_PROBLEM.format(use="x + (index + 1 > 2)"))
-    with pytest.raises(UnsupportedSubproblem, match="add produces torch.int64; only float32"):
+    path.write_text(_INDEX_PROBLEM.format(use=use))
+    with pytest.raises(UnsupportedSubproblem, match=reason):
         generate_kernel(path, 0, TARGET)
 
 

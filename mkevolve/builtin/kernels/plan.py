@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
 from .ir import (Arange, Attention, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
-                 View, base_of, is_leaf, walk)
+                 View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
@@ -68,6 +68,8 @@ def _copy_leaf_outputs(program: Program) -> None:
     def fix(spec):
         if isinstance(spec, (tuple, list)):
             return type(spec)(fix(s) for s in spec)
+        if is_integer(spec):
+            raise UnsupportedSubproblem("the forward returns an integer tensor (kernels write float32)")
         if is_leaf(spec):
             return program.add(Pointwise(spec.shapes, op="identity", args=(spec,)))
         return spec
