@@ -554,9 +554,11 @@ def get_init_inputs():
 @pytest.mark.parametrize("use, reason", [
     ("x + (index + 1 > 2)", "add produces torch.int64; only float32"),     # compares an integer sum
     ("x, index[:, :2]", "returns an integer tensor"),                       # an identity kernel would be fp32
+    ("index.float() @ x.t()", "an integer tensor is an operand of a GEMM"),  # tl.dot takes no int64
 ])
-def test_integer_results_are_refused_by_name(use, reason, tmp_path):
-    """Kernels compute and write float32: no kernel computes or returns an integer tensor."""
+def test_integer_tensors_are_refused_by_name_where_no_kernel_takes_them(use, reason, tmp_path):
+    """Kernels compute and write float32: none computes or returns an integer tensor, and a template that
+    loads its operands as they are (a GEMM's) takes none."""
     path = tmp_path / "integer_use.py"
     path.write_text(_INDEX_PROBLEM.format(use=use))
     with pytest.raises(UnsupportedSubproblem, match=reason):

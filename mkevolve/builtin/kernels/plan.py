@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Arange, Attention, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
+from .ir import (Arange, Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
                  View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
@@ -31,21 +31,32 @@ def plan(program: Program) -> Plan:
     kernels = {state.kernel.root.id: state.kernel for state in formed}
     ordered = [kernels[vid] for vid in sorted(kernels)]
     for kernel in ordered:
-        _check_special_reads(kernel)
+        _check_special_reads(kernel, program)
         _check_no_read_after_write(kernel, ordered)
     return Plan(program, ordered, materialized)
 
 
-def _check_special_reads(kernel: KernelPlan) -> None:
+def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
     """Only an embedding reads arange positions (as a slice of its table), and only an attention kernel
-    computes ones_like/tril masks (it has the query and key offsets). Integer tensors may be read by any
-    kernel: as indices, or converted to float32 as PyTorch promotes them where a float results (the lowering
-    refuses every integer result)."""
+    computes ones_like/tril masks (it has the query and key offsets). Integer tensors are read by elementwise
+    code and reductions, which convert them to float32 as PyTorch promotes them (the lowering refuses every
+    integer result), and as a gather's indices; a GEMM's or convolution's template loads its operands as
+    they are, so none takes one."""
     for leaf in kernel.leaves:
+        if is_integer(leaf):
+            readers = [program.values[vid] for vid in kernel.body if leaf in program.values[vid].operands()]
+            if not all(_reads_integers(reader, leaf) for reader in readers):
+                raise UnsupportedSubproblem("an integer tensor is an operand of a GEMM, convolution, attention or "
+                                            "other template (only elementwise code, reductions and gathers' "
+                                            "indices read integers)")
         if isinstance(base_of(leaf), Arange):
             raise UnsupportedSubproblem("torch.arange used other than as an embedding's positions")
         if isinstance(leaf, IndexMask):
             raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
+
+
+def _reads_integers(reader: Value, leaf: Value) -> bool:
+    return isinstance(reader, (Pointwise, Reduce)) or (isinstance(reader, Gather) and reader.index is leaf)
 
 
 def _check_no_read_after_write(writer: KernelPlan, kernels: list[KernelPlan]) -> None:
