@@ -21,13 +21,17 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # mkevolve, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # the sibling scripts
+from kernelbench import environment  # noqa: E402
 
 
 @triton.jit
@@ -145,9 +149,8 @@ def main() -> None:
         except Exception as error:     # recorded: one subproblem's failure does not hide the rest
             errors[name] = f"{type(error).__name__}: {error}"
             print(f"{name}: {errors[name]}")
-    record = {"date": date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "python": platform.python_version(), "cpu": platform.processor(),
-              "launches": args.launches, "us_per_launch": results, "errors": errors}
+    record = {**environment(), "cpu": platform.processor(), "launches": args.launches, "us_per_launch": results,
+              "errors": errors}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -232,7 +232,11 @@ def _gather_along(b: Builder, call: Call):
         raise UnsupportedSubproblem("gather indices that are not an integer input or buffer")
     if index.rank != table.rank:
         raise UnsupportedSubproblem("gather with an index of another rank than its input")
-    dim = b.const(call.arg(1, "dim"), "gather dim") % table.rank
+    return take_along(b, table, index, b.const(call.arg(1, "dim"), "gather dim") % table.rank)
+
+
+def take_along(b: Builder, table: Value, index: Value, dim: int) -> Value:
+    """out[i] = table[i with `dim` replaced by index[i]]: the output has the index's shape."""
     return b.program.add(Gather(index.shapes, table=table, index=index, dim=dim, mode="along"))
 
 

@@ -17,9 +17,9 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedSubproblem
-from .handlers_layers import gather
+from .handlers_layers import gather, take_along
 from .handlers_math import logsumexp, p_norm
-from .ir import Gather, Value, is_integer
+from .ir import Value, is_integer
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -41,6 +41,12 @@ class LossOptions:
 
     def number(self, name: str, default: float) -> float:
         return float(self.b.const(self.value(name, default), f"{self.call.name} {name}"))
+
+    def flag(self, name: str, default: bool) -> bool:
+        return bool(self.b.const(self.value(name, default), f"{self.call.name} {name}"))
+
+    def reduction(self) -> str:
+        return str(self.b.const(self.value("reduction", "mean"), f"{self.call.name} reduction"))
 
     def tensor(self, name: str) -> Value | None:
         if self.call.modules:
@@ -78,8 +84,7 @@ def _index_loss(b: Builder, scores: Value, target: Value, weight: Value | None, 
     """Per sample, w[t] * -log p(t) for target t, 0 where t is ignore_index; a mean divides the sum by the
     targets' weights (their count without weights), so a batch of ignored targets gives 0 / 0 = nan."""
     index = b.unsqueeze(target, dim)
-    picked = b.squeeze(b.program.add(Gather(index.shapes, table=scores, index=index, dim=dim, mode="along")),
-                       (dim,))
+    picked = b.squeeze(take_along(b, scores, index, dim), (dim,))
     lse = None if spec.log_probs else logsumexp(b, scores, (dim,))      # keepdim: broadcasts against scores
     nll = b.pw("neg", picked) if lse is None else b.pw("sub", b.squeeze(lse, (dim,)), picked)
     # The gather reads 0 for an index outside the table, so an ignored target's weight is finite
@@ -91,15 +96,10 @@ def _index_loss(b: Builder, scores: Value, target: Value, weight: Value | None, 
     loss = _reduced(b, b.pw("where", valid, nll, 0.0), counted, spec.reduction)
     if not spec.label_smoothing:
         return loss
-    # Smoothing puts eps / C of each sample's target mass on every class: -sum_c w_c log p_c, masked and
-    # reduced like the NLL term
-    spread = b.pw("sub", lse, scores)                                 # -log p_c
-    if weight is not None:
-        spread = b.pw("mul", spread, b.channel_view(weight, scores.rank, dim))
-    smooth = b.pw("where", valid, b.reduce_keep("sum", spread, (dim,), False), 0.0)
-    smooth = _reduced(b, smooth, counted, spec.reduction)
-    eps = spec.label_smoothing
-    return b.pw("add", b.pw("mul", loss, 1.0 - eps), b.pw("div", b.pw("mul", smooth, eps), b.size(scores, dim)))
+    # Smoothing's term, -sum_c w_c log p_c, is masked and reduced like the NLL term
+    smooth = b.reduce_keep("sum", _weighted_surprise(b, scores, lse, weight, dim), (dim,), False)
+    return _smoothed(b, loss, _reduced(b, b.pw("where", valid, smooth, 0.0), counted, spec.reduction), spec, scores,
+                     dim)
 
 
 def _probability_loss(b: Builder, scores: Value, target: Value, weight: Value | None, dim: int,
@@ -108,15 +108,24 @@ def _probability_loss(b: Builder, scores: Value, target: Value, weight: Value | 
     mean divides by the number of samples."""
     if target.shapes != scores.shapes:
         raise UnsupportedSubproblem("a probability target whose shape is not the scores'")
-    spread = b.pw("sub", logsumexp(b, scores, (dim,)), scores)                  # -log p_c
-    if weight is not None:
-        spread = b.pw("mul", spread, b.channel_view(weight, scores.rank, dim))
-    loss = b.reduce_keep("sum", b.pw("mul", spread, target), (dim,), False)
+    surprise = _weighted_surprise(b, scores, logsumexp(b, scores, (dim,)), weight, dim)
+    loss = b.reduce_keep("sum", b.pw("mul", surprise, target), (dim,), False)
     if spec.label_smoothing:
-        eps = spec.label_smoothing
-        smooth = b.reduce_keep("sum", spread, (dim,), False)
-        loss = b.pw("add", b.pw("mul", loss, 1.0 - eps), b.pw("div", b.pw("mul", smooth, eps), b.size(scores, dim)))
+        loss = _smoothed(b, loss, b.reduce_keep("sum", surprise, (dim,), False), spec, scores, dim)
     return _reduced(b, loss, None, spec.reduction)
+
+
+def _weighted_surprise(b: Builder, scores: Value, lse: Value, weight: Value | None, dim: int) -> Value:
+    """-w_c log p_c per class: the logsumexp `lse` (kept dims) less the scores, times the class weights."""
+    surprise = b.pw("sub", lse, scores)
+    return surprise if weight is None else b.pw("mul", surprise, b.channel_view(weight, scores.rank, dim))
+
+
+def _smoothed(b: Builder, loss: Value, smooth: Value, spec: ClassLoss, scores: Value, dim: int) -> Value:
+    """Label smoothing moves eps of each sample's target mass evenly onto all C classes: (1 - eps) times the
+    target's loss plus eps / C times the loss summed over every class (`smooth`)."""
+    eps = spec.label_smoothing
+    return b.pw("add", b.pw("mul", loss, 1.0 - eps), b.pw("div", b.pw("mul", smooth, eps), b.size(scores, dim)))
 
 
 def _reduced(b: Builder, loss: Value, counted: Value | None, reduction: str) -> Value:
@@ -182,7 +191,7 @@ def _binary_cross_entropy_with_logits(b: Builder, x: Value, y: Value, options: L
 
 def _kl_divergence(b: Builder, x: Value, y: Value, options: LossOptions) -> Value:
     """y (log y - x) for log-probabilities x, 0 where y is 0 (xlogy); exp(y) (y - x) for log targets."""
-    if bool(b.const(options.value("log_target", False), "kl_div log_target")):
+    if options.flag("log_target", False):
         return b.pw("mul", b.pw("exp", y), b.pw("sub", y, x))
     y_log_y = b.pw("where", b.pw("eq", y, 0.0), 0.0, b.pw("mul", y, b.pw("log", y)))
     return b.pw("sub", y_log_y, b.pw("mul", y, x))
@@ -222,7 +231,7 @@ def _triplet_margin(b: Builder, anchor: Value, positive: Value, negative: Value,
     p, eps = options.number("p", 2.0), options.number("eps", 1e-6)
     near = pairwise_distance(b, anchor, positive, p, eps, False)
     far = pairwise_distance(b, anchor, negative, p, eps, False)
-    if bool(b.const(options.value("swap", False), "triplet_margin_loss swap")):
+    if options.flag("swap", False):
         far = b.pw("minimum", far, pairwise_distance(b, positive, negative, p, eps, False))
     return b.pw("clamp_min", b.pw("add", b.pw("sub", near, far), options.number("margin", 1.0)), low=0.0)
 
@@ -284,7 +293,7 @@ def _sample_loss(name: str) -> Handler:
         options = LossOptions(b, call, loss.options, len(loss.inputs))
         _refuse_legacy_arguments(options)
         per_sample = loss.formula(b, *(call.arg(i, arg) for i, arg in enumerate(loss.inputs)), options)
-        reduction = str(b.const(options.value("reduction", "mean"), "loss reduction"))
+        reduction = options.reduction()
         if reduction == "batchmean" and loss.batchmean:
             total = _reduced(b, per_sample, None, "sum")
             return total if per_sample.rank == 0 else b.pw("div", total, b.size(per_sample, 0))
@@ -302,9 +311,8 @@ def _class_loss(log_probs: bool) -> Handler:
     def handler(b: Builder, call: Call):
         options = LossOptions(b, call, _CLASS_LOSS_OPTIONS)
         _refuse_legacy_arguments(options)
-        spec = ClassLoss(log_probs, int(b.const(options.value("ignore_index", -100), "loss ignore_index")),
-                         str(b.const(options.value("reduction", "mean"), "loss reduction")),
-                         float(b.const(options.value("label_smoothing", 0.0), "label_smoothing")))
+        spec = ClassLoss(log_probs, int(options.number("ignore_index", -100)), options.reduction(),
+                         options.number("label_smoothing", 0.0))
         return class_loss(b, call.arg(0, "input"), call.arg(1, "target"), options.tensor("weight"), spec)
     return handler
 
@@ -328,7 +336,7 @@ def _pairwise_distance(b: Builder, call: Call):
     options = LossOptions(b, call, ("p", "eps", "keepdim"))
     p = options.number("norm" if call.modules else "p", 2.0)
     return pairwise_distance(b, call.arg(0, "x1"), call.arg(1, "x2"), p, options.number("eps", 1e-6),
-                             bool(b.const(options.value("keepdim", False), "pairwise_distance keepdim")))
+                             options.flag("keepdim", False))
 
 
 def _cosine_similarity(b: Builder, call: Call):

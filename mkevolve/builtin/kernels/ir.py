@@ -64,7 +64,7 @@ class Value:
 class Input(Value):
     index: int = 0
     name: str = ""
-    integer: bool = False                # an int64/int32 tensor: read only as indices or in comparisons
+    integer: bool = False                # an int64/int32 tensor: indices, or numbers converted to float32
     boolean: bool = False                # a bool mask: a condition (masked_fill, where, ~), or 0/1 in arithmetic
 
 
@@ -73,8 +73,8 @@ class Param(Value):
     """A parameter or buffer of the module, `self.<path>` in the forward."""
 
     path: str = ""
-    integer: bool = False                # an int64/int32 buffer (position ids, relative position indices): as
-                                         # an integer input, read only as indices or in comparisons
+    integer: bool = False                # an int64/int32 buffer (position ids, relative position indices),
+                                         # read as an integer input is
 
 
 @dataclass(eq=False, repr=False)

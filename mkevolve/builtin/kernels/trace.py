@@ -19,7 +19,7 @@ from mkevolve.workers import background
 from .errors import UnsupportedSubproblem
 
 MODES = ("train", "eval")
-INDEX_DTYPES = (torch.int64, torch.int32)      # tensors read only as indices or in comparisons
+INDEX_DTYPES = (torch.int64, torch.int32)      # indices, or numbers a kernel converts to float32; never a result
 
 
 class TaggedFloat(float):
