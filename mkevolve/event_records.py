@@ -141,6 +141,22 @@ class VerdictEvent(EventRecord):
 
 
 @dataclass(frozen=True)
+class EndToEndAheadEvent(EventRecord):
+    """An end-to-end check run while the searches went on (end_to_end_ahead.py): started, its verdict used as
+    the iteration's, or an error in one whose verdict was never used."""
+
+    KIND: ClassVar[str] = "end_to_end_ahead"
+    STARTED: ClassVar[str] = "started"
+    USED: ClassVar[str] = "used"
+    ERROR: ClassVar[str] = "error"
+    iteration: int = 0
+    check: int = 0                              # 1 for the iteration's first check ahead
+    state: str = ""
+    candidates: dict[str, str] | None = None    # subproblem -> candidate id (when started)
+    reason: str = ""                            # the error (when state is "error")
+
+
+@dataclass(frozen=True)
 class PortMatch:
     """A subproblem of the ported variant and what became of it."""
 
@@ -194,7 +210,8 @@ class SwapSkippedEvent(EventRecord):
 # ---- parsing a log -------------------------------------------------------------------------------------
 
 _READ_KINDS: dict[str, type[EventRecord]] = {
-    cls.KIND: cls for cls in (LLMCallEvent, LLMTokensEvent, CandidateEvent, VerdictEvent, PortEvent, SwapEvent)}
+    cls.KIND: cls for cls in (LLMCallEvent, LLMTokensEvent, CandidateEvent, VerdictEvent, EndToEndAheadEvent,
+                              PortEvent, SwapEvent)}
 
 
 def record_type(event: dict) -> type[EventRecord] | None:

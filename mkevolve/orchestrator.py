@@ -22,16 +22,18 @@ from mkevolve.agents.evolve import UNTIMED_NOTE, RefineContext, SearchProgress, 
 from mkevolve.agents.judge import Judge, check_judge, make_judge
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
+from mkevolve.end_to_end_ahead import Composition, EndToEndAhead
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
+from mkevolve import end_to_end_ahead
 from mkevolve.display import RowStatus, RunDisplay, RunView, SubproblemRow, final_table
-from mkevolve.event_records import SwapEvent, SwapSkippedEvent
+from mkevolve.event_records import EndToEndAheadEvent, SwapEvent, SwapSkippedEvent
 from mkevolve.events import EventLog, process_age_s
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.llm.providers import ProviderError, make_provider
 from mkevolve.problem import ProblemError, load_problem
 from mkevolve.report import write_report
-from mkevolve.run_layout import BEST, ITERATIONS, iteration_dir
+from mkevolve.run_layout import BEST, ITERATIONS, ahead_dir, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
 from mkevolve.search.beam import Beam, Candidate
 from mkevolve.solution import (ORIGIN_PYTORCH, Coverage, EntryStatus, Manifest, SubkernelEntry, copy_solution,
@@ -112,6 +114,8 @@ class Orchestrator:
             judge.client.clock = verifier.clock
         self._state_lock = threading.Lock()  # subproblems evolve at once (_search_lanes)
         self._end_to_end_prepared = False
+        self._ahead: EndToEndAhead | None = None          # this iteration's end-to-end checks ahead, if any
+        self._aheads: list[EndToEndAhead] = []            # every iteration's, waited for at the end
         # --time-budget: past this moment (time.monotonic()) no kernel is asked for and no iteration starts
         self.deadline = time.monotonic() + config.time_budget if config.time_budget > 0 else None
         if self.deadline is not None:  # and checks still queued for a worker then are not started
@@ -131,6 +135,7 @@ class Orchestrator:
             self._initial_decomposition()
         while not self._loop_done():
             self._iteration()
+        self._close_checks_ahead()
         if self.state.step is not Step.FINISHED:
             if self.config.swap and self.state.step is not Step.SWAPPED:
                 self._swap()
@@ -359,6 +364,7 @@ class Orchestrator:
         self.verifier.prepare([folder / decomposition.subproblem(name).path for name in pending
                                if self.state.budget.get(name, 0) > 0], grace_s=PREPARE_GRACE_S)
         self._prepare_end_to_end(at_start=False)
+        self._ahead = self._checks_ahead(t, decomposition)
         with ThreadPoolExecutor(max_workers=self._search_lanes(len(pending))) as lanes:
             list(lanes.map(partial(self._evolve_one, t), pending))  # list(): a search's error is raised here
         if self._out_of_time():
@@ -374,6 +380,37 @@ class Orchestrator:
             return
         self._end_to_end_prepared = True
         self.verifier.prepare([self.problem_path], grace_s=0.0 if at_start else PREPARE_GRACE_S)
+
+    def _checks_ahead(self, t: int, decomposition: Decomposition) -> EndToEndAhead | None:
+        """End-to-end checks of the best composition so far, run while the searches go on (end_to_end_ahead.py),
+        where kernels are timed (a search ends at its first passing kernel otherwise) and a second worker can
+        take them."""
+        if not times_kernels(self.verifier.device_name) or self.verifier.executor.size < 2:
+            return None
+        best = {n: self._best_of(n) for n in decomposition.names if self._best_of(n) is not None}
+        ahead = EndToEndAhead(t, decomposition.names, partial(self._check_ahead, t, decomposition), best,
+                              on_start=partial(self._ahead_started, t))
+        self._aheads.append(ahead)
+        return ahead
+
+    def _check_ahead(self, t: int, decomposition: Decomposition, composition: Composition,
+                     number: int) -> EvalResult:
+        folder = ahead_dir(iteration_dir(self.run_dir, t), number)
+        write_solution(folder, decomposition, composition.as_dict())
+        return self.verifier.check_composite(self.problem_path, folder, priority=end_to_end_ahead.PRIORITY)
+
+    def _ahead_started(self, t: int, composition: Composition, number: int) -> None:
+        self.events.record(EndToEndAheadEvent(iteration=t, check=number, state=EndToEndAheadEvent.STARTED,
+                                              candidates=dict(composition.candidates)))
+
+    def _close_checks_ahead(self) -> None:
+        """Waits for checks ahead still running; an error in one whose verdict was never used goes to the log."""
+        for ahead in self._aheads:
+            for number, error in ahead.close():
+                self.events.record(EndToEndAheadEvent(iteration=ahead.iteration, check=number,
+                                                      state=EndToEndAheadEvent.ERROR,
+                                                      reason=f"{type(error).__name__}: {error}"[:300]))
+        self._aheads, self._ahead = [], None
 
     def _search_lanes(self, pending: int) -> int:
         """How many subproblems evolve at once. Their searches are independent (each spends its own budget),
@@ -397,7 +434,8 @@ class Orchestrator:
         before = self._beam(name)
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
                              self.client, self.config, folder / "candidates", context, progress=self._progress,
-                             judge=self.judge, deadline=self.deadline, interrupted=self.interrupted)
+                             judge=self.judge, deadline=self.deadline, interrupted=self.interrupted,
+                             on_pass=self._ahead.passed if self._ahead is not None else None)
         if self.interrupted.is_set():
             return  # stopped mid-search, its last checks unfinished: a resumed run searches this subproblem again
         with self._state_lock:  # other subproblems' searches end at the same time
@@ -491,6 +529,7 @@ class Orchestrator:
                 record.subkernels[name].runtime_ms = ms
         elif not record.e2e_ran:
             self.display.log(f"iteration {t}: the end-to-end check did not run: {record.e2e_not_run}")
+        self._ahead = None      # its checks may still run: _close_checks_ahead waits for them at the end
         return record
 
     def _compose(self, folder: Path, decomposition: Decomposition, pytorch: list[str]) -> EvalResult:
@@ -498,6 +537,13 @@ class Orchestrator:
         kernels = {n: pytorch_alternative(decomposition.subproblem(n).source) if n in pytorch
                    else self._best_of(n).source for n in decomposition.names}
         write_solution(folder, decomposition, kernels)
+        ahead = self._ahead.verdict_for(kernels) if self._ahead is not None and not pytorch else None
+        if ahead is not None:
+            # The same check, of the same files, already run while the searches went on.
+            number, result = ahead
+            self.events.record(EndToEndAheadEvent(iteration=self._ahead.iteration, check=number,
+                                                  state=EndToEndAheadEvent.USED))
+            return result
         return self.verifier.check_composite(self.problem_path, folder, pytorch=frozenset(pytorch))
 
     def _fall_back(self, t: int, folder: Path, decomposition: Decomposition, record: IterationRecord,

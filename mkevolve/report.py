@@ -21,15 +21,16 @@ import networkx as nx
 import yaml
 
 from mkevolve.codebase import KERNELS_DIR, PROBLEM_FILE, PROBLEMS_DIR, SOLUTION_FILE, CodebaseError, Decomposition
-from mkevolve.event_records import (CandidateEvent, EventFieldError, EventRecord, LLMCallEvent, LLMTokensEvent,
-                                    PortEvent, SwapEvent, SwapSkippedEvent, VerdictEvent, of_type, parse_events)
+from mkevolve.event_records import (CandidateEvent, EndToEndAheadEvent, EventFieldError, EventRecord, LLMCallEvent,
+                                    LLMTokensEvent, PortEvent, SwapEvent, SwapSkippedEvent, VerdictEvent, of_type,
+                                    parse_events)
 from mkevolve.events import read_event_lines
 from mkevolve.exit_codes import ExitCode
 from mkevolve.fsutil import write_atomic
 from mkevolve.matching import GRAPH_INPUT, GRAPH_OUTPUT, subproblem_graph
 from mkevolve.verify.result import JudgeVerdict, not_started_cause
 from mkevolve.problem import ProblemError
-from mkevolve.run_layout import BEST, iteration_dir
+from mkevolve.run_layout import AHEAD, BEST, iteration_dir
 from mkevolve.run_state import IterationRecord, RunState, StateError, Step, SubkernelRecord, SubkernelStatus
 from mkevolve.search.beam import CandidateRecord
 from mkevolve.solution import MANIFEST, Manifest, SolutionError, amdahl_contribution, sha256_of
@@ -313,21 +314,28 @@ def _measured(events: list[EventRecord], history: list[IterationRecord]) -> bool
 # ---- end to end: did the check run? --------------------------------------------------------------------
 
 _COMPOSITE = re.compile(r"iter_(\d+)[/\\]" + re.escape(SOLUTION_FILE) + r"$")
+# A check run ahead, while the searches went on: iter_NN/ahead/K/decomposed_solution.py (end_to_end_ahead.py)
+_AHEAD = re.compile(r"iter_(\d+)[/\\]" + re.escape(AHEAD) + r"[/\\](\d+)[/\\]" + re.escape(SOLUTION_FILE)
+                    + r"$")
 _NOT_COMPOSED = "no accepted kernel yet for"        # what runs before guarded completion recorded instead of a check
 _STATIC = re.compile(rf"^(subkernel \w+|{re.escape(SOLUTION_FILE)}): ")
 
 
 def composite_checked(events: list[EventRecord]) -> set[int] | None:
     """The iterations whose composed solution the verifier ran (it logs a composite verdict only then; a static
-    rejection returns before). None when the log holds no verdict at all, so it cannot tell."""
+    rejection returns before): its own check, or a check run ahead of the same files whose verdict the
+    iteration used. None when the log holds no verdict at all, so it cannot tell."""
     verdicts = of_type(events, VerdictEvent)
     if not verdicts:
         return None
+    used = {(e.iteration, e.check) for e in of_type(events, EndToEndAheadEvent) if e.state == EndToEndAheadEvent.USED}
     checked = set()
-    for verdict in verdicts:
-        match = _COMPOSITE.search(verdict.solution) if verdict.composite else None
-        if match:
-            checked.add(int(match.group(1)))
+    for verdict in filter(lambda v: v.composite, verdicts):
+        own, ahead = _COMPOSITE.search(verdict.solution), _AHEAD.search(verdict.solution)
+        if own and not ahead:
+            checked.add(int(own.group(1)))
+        elif ahead and (int(ahead.group(1)), int(ahead.group(2))) in used:
+            checked.add(int(ahead.group(1)))
     return checked
 
 

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("agents", ["mkevolve.agents"]),
     # The run loop (and `run`, its command), its checkpoint (run_state: it holds the search's beams), and the
     # report it writes at the end of every run.
-    ("orchestrator", ["mkevolve.orchestrator", "mkevolve.run_state", "mkevolve.report"]),
+    ("orchestrator", ["mkevolve.orchestrator", "mkevolve.end_to_end_ahead", "mkevolve.run_state", "mkevolve.report"]),
     # The subcommands, one module each; pack, port and swap build on eval's module. `check`, `decompose` and
     # `run` keep their handlers lower, beside what they run (verify.verifier, agents.decompose, orchestrator).
     ("commands", ["mkevolve.evaluate", "mkevolve.swap", "mkevolve.port", "mkevolve.pack", "mkevolve.solve",

@@ -79,6 +79,9 @@ class SearchProgress:
 
 
 ProgressHook = Callable[[SearchProgress], None]
+# Told of every candidate whose check passed, as its verdict comes (before the beam's final cheating check and
+# judge): the orchestrator checks the best composition so far end to end while the search goes on.
+PassHook = Callable[[str, Candidate], None]
 
 
 # Added to the worker priority of a check for a subproblem that already has a passing kernel: it waits behind
@@ -198,7 +201,8 @@ class KernelAgent:
 
     def __init__(self, subproblem: str, problem_path: Path, beam: Beam, verifier: KernelVerifier,
                  client: LLMClient, config: RunConfig, candidates_dir: Path,
-                 context: RefineContext | None = None, judge: Judge | None = None):
+                 context: RefineContext | None = None, judge: Judge | None = None,
+                 on_pass: PassHook | None = None):
         self.subproblem = subproblem
         self.problem_path = Path(problem_path)
         self.problem_source = read_source(problem_path)
@@ -212,6 +216,7 @@ class KernelAgent:
         self.events = client.events
         self.device = verifier.device_name
         self.judge = judge  # None: off (the default); else it reads each kernel the hard checks accept
+        self.on_pass = on_pass
 
     def _input_shapes(self) -> list[str]:
         job = Job("mkevolve.agents.evolve:input_shapes_job",
@@ -319,6 +324,8 @@ class KernelAgent:
                           tokens=response.usage, cached=response.cached)
         self._save(child, response)
         self._emit(CandidateEvent, child)
+        if child.passed and self.on_pass is not None:
+            self.on_pass(self.subproblem, child)
         return child
 
     def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
@@ -400,7 +407,7 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
                   context: RefineContext | None = None, progress: ProgressHook | None = None,
                   judge: Judge | None = None, deadline: float | None = None,
-                  interrupted: threading.Event | None = None) -> Beam:
+                  interrupted: threading.Event | None = None, on_pass: PassHook | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`), parallel
@@ -409,7 +416,8 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     Where kernels are not timed (no GPU), beam search and MCTS stop at the first passing kernel. `progress` hears
     of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
     Past `deadline` (time.monotonic(); None: none) no further batch is asked for: the run's time budget; nor
-    once `interrupted` is set (the user stopped the run).
+    once `interrupted` is set (the user stopped the run). `on_pass` hears of each candidate that passes its
+    check, as it passes.
     Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
     evolved = beam.copy()
@@ -424,7 +432,7 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     if budget <= 0 or stopped():
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
-                        Path(candidates_dir), context, judge)
+                        Path(candidates_dir), context, judge, on_pass)
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose

@@ -174,8 +174,9 @@ class Verifier:
         return results
 
     def check_composite(self, problem_path: Path, folder: Path, pytorch: frozenset[str] = frozenset(),
-                        *, timed: bool = True) -> EvalResult:
-        """End to end: a solution folder's ModelNew against the original problem.
+                        *, timed: bool = True, priority: Priority = 0) -> EvalResult:
+        """End to end: a solution folder's ModelNew against the original problem. `priority` orders it among
+        jobs waiting for a worker (smaller first, `Job.priority`).
 
         Every Triton subkernel passes the static rules, the top-level only builds and calls subkernel
         modules, and at run time PyTorch compute is allowed only inside the subkernels in `pytorch`
@@ -197,7 +198,7 @@ class Verifier:
             return EvalResult(status=Status.CHEATING, rule=Rule.TORCH_COMPUTE.value,
                               reason=f"{SOLUTION_FILE}: {impurities[0]}")
         code = [str(top.resolve())] + [str(p.resolve()) for p in sorted((folder / KERNELS_DIR).glob("*.py"))]
-        job = self._kernel_job(problem_path, top, timed, trusted, code)
+        job = self._kernel_job(problem_path, top, timed, trusted, code, priority=priority)
         result = _to_result(self.run_jobs([job])[0])
         self._emit_verdict(problem_path, top, result, composite=True)
         return result
