@@ -8,8 +8,9 @@ winner's verdict at 47 s, its last candidate's at 69 s, and the end-to-end check
 So once every subproblem has a passing candidate, the composition of the best ones so far goes to a worker
 that is free, behind every candidate check. When the searches end with exactly those kernels, the iteration
 takes that check's verdict instead of running the same check again; when a later candidate ranks higher, the
-composition changes and is checked ahead again, at most `MAX_CHECKS` times an iteration. A check whose
-composition did not win is never used: it only cost a worker and its share of the GPU.
+composition changes and is checked ahead again, at most `MAX_CHECKS` times an iteration, and an earlier check
+still waiting for a worker is withdrawn. A check whose composition did not win is never used: it only cost a
+worker and its share of the GPU.
 
 The check itself is the same `Verifier.check_composite` on the same files: this module only decides when it
 starts and whether its verdict is the one the iteration asked for.
@@ -60,12 +61,14 @@ def composition_key(kernels: dict[str, str], names: list[str]) -> str:
 class _Ahead:
     number: int                       # 1 for the iteration's first check ahead
     check: Future[EvalResult]
+    withdrawn: threading.Event        # set when a later composition replaced this one: if still waiting, not run
     asked: bool = False               # verdict_for asked for this composition's verdict
 
 
-# Starts one check of a composition (its kernels by subproblem, and its number in this iteration, 1 and up)
-# and returns its verdict; it runs in a thread of its own.
-CheckFn = Callable[[Composition, int], EvalResult]
+# Checks one composition (its kernels by subproblem; its number in this iteration, 1 and up; an event that,
+# once set, withdraws the check if it still waits for a worker) and returns its verdict. It runs in a thread
+# of its own.
+CheckFn = Callable[[Composition, int, threading.Event], EvalResult]
 
 
 class EndToEndAhead:
@@ -87,7 +90,8 @@ class EndToEndAhead:
 
     def passed(self, name: str, candidate: Candidate) -> None:
         """A candidate of `name` passed its check. If it ranks above that subproblem's best so far, and every
-        subproblem now has one, the new composition is checked (while fewer than MAX_CHECKS have started)."""
+        subproblem now has one, the new composition is checked (while fewer than MAX_CHECKS have started), and
+        the checks of earlier compositions that still wait for a worker are withdrawn."""
         with self._lock:
             current = self._best.get(name)
             if current is not None and current.rank_key() <= candidate.rank_key():
@@ -97,9 +101,13 @@ class EndToEndAhead:
             if composition is None or composition.key in self._checks or len(self._checks) >= MAX_CHECKS:
                 return
             number = len(self._checks) + 1
+            for earlier in self._checks.values():   # one still waiting for a worker gives its place up
+                earlier.withdrawn.set()
             if self._on_start is not None:      # before the check's own events
                 self._on_start(composition, number)
-            self._checks[composition.key] = _Ahead(number, self._pool.submit(self._check, composition, number))
+            withdrawn = threading.Event()
+            check = self._pool.submit(self._check, composition, number, withdrawn)
+            self._checks[composition.key] = _Ahead(number, check, withdrawn)
 
     def _composition(self) -> Composition | None:
         if any(n not in self._best for n in self.names):

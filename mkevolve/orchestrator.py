@@ -393,11 +393,12 @@ class Orchestrator:
         self._aheads.append(ahead)
         return ahead
 
-    def _check_ahead(self, t: int, decomposition: Decomposition, composition: Composition,
-                     number: int) -> EvalResult:
+    def _check_ahead(self, t: int, decomposition: Decomposition, composition: Composition, number: int,
+                     withdrawn: threading.Event) -> EvalResult:
         folder = ahead_dir(iteration_dir(self.run_dir, t), number)
         write_solution(folder, decomposition, composition.as_dict())
-        return self.verifier.check_composite(self.problem_path, folder, priority=end_to_end_ahead.PRIORITY)
+        return self.verifier.check_composite(self.problem_path, folder, priority=end_to_end_ahead.PRIORITY,
+                                             withdrawn=withdrawn)
 
     def _ahead_started(self, t: int, composition: Composition, number: int) -> None:
         self.events.record(EndToEndAheadEvent(iteration=t, check=number, state=EndToEndAheadEvent.STARTED,

@@ -33,10 +33,12 @@ class Checks:
 
     def __init__(self, fail: bool = False, release: threading.Event | None = None):
         self.started: list[tuple[int, dict[str, str]]] = []
+        self.withdrawn: dict[int, threading.Event] = {}
         self.fail, self.release = fail, release
 
-    def __call__(self, composition: Composition, number: int) -> EvalResult:
+    def __call__(self, composition: Composition, number: int, withdrawn: threading.Event) -> EvalResult:
         self.started.append((number, composition.as_dict()))
+        self.withdrawn[number] = withdrawn
         if self.release is not None:
             self.release.wait(timeout=10)
         if self.fail:
@@ -87,6 +89,8 @@ def test_only_a_higher_ranked_kernel_changes_the_composition_and_at_most_max_che
     ahead.close()
     assert [number for number, _ in checks.started] == list(range(1, MAX_CHECKS + 1))
     assert checks.started[0][1] == {"gemm": candidate("gemm", 0, 1.4).source}
+    # Each check but the last was withdrawn when the next started (it runs all the same if it had a worker).
+    assert [checks.withdrawn[n].is_set() for n in range(1, MAX_CHECKS + 1)] == [True] * (MAX_CHECKS - 1) + [False]
 
 
 def test_the_verdict_is_taken_only_for_exactly_the_checked_kernels_and_waits_for_a_running_check():

@@ -100,6 +100,20 @@ def test_a_job_whose_start_by_time_has_passed_never_starts_a_worker():
         assert fresh._workers[0] is None   # no worker process was started for it
 
 
+def test_a_withdrawn_job_is_not_run_when_its_turn_comes_and_its_event_stays_on_this_side():
+    import pickle
+    import threading
+
+    withdrawn = threading.Event()
+    withdrawn.set()
+    with WorkerPool(size=1) as fresh:
+        outcome = fresh.run(Job("tests.fault_jobs:pid", withdrawn=withdrawn))
+        assert outcome.failure is JobFailure.NOT_STARTED and "withdrawn" in outcome.reason
+        assert fresh._workers[0] is None   # no worker process was started for it
+        assert fresh.run(Job("tests.fault_jobs:pid", withdrawn=threading.Event())).ok   # not set: it runs
+    assert pickle.loads(pickle.dumps(Job("tests.fault_jobs:pid", withdrawn=withdrawn).to_send())).withdrawn is None
+
+
 def test_a_job_still_running_at_its_end_by_time_is_stopped_and_the_next_job_gets_a_fresh_worker():
     import time
 

@@ -174,9 +174,11 @@ class Verifier:
         return results
 
     def check_composite(self, problem_path: Path, folder: Path, pytorch: frozenset[str] = frozenset(),
-                        *, timed: bool = True, priority: Priority = 0) -> EvalResult:
+                        *, timed: bool = True, priority: Priority = 0,
+                        withdrawn: threading.Event | None = None) -> EvalResult:
         """End to end: a solution folder's ModelNew against the original problem. `priority` orders it among
-        jobs waiting for a worker (smaller first, `Job.priority`).
+        jobs waiting for a worker (smaller first, `Job.priority`); once `withdrawn` is set, it is not started
+        (`Job.withdrawn`).
 
         Every Triton subkernel passes the static rules, the top-level only builds and calls subkernel
         modules, and at run time PyTorch compute is allowed only inside the subkernels in `pytorch`
@@ -198,7 +200,7 @@ class Verifier:
             return EvalResult(status=Status.CHEATING, rule=Rule.TORCH_COMPUTE.value,
                               reason=f"{SOLUTION_FILE}: {impurities[0]}")
         code = [str(top.resolve())] + [str(p.resolve()) for p in sorted((folder / KERNELS_DIR).glob("*.py"))]
-        job = self._kernel_job(problem_path, top, timed, trusted, code, priority=priority)
+        job = self._kernel_job(problem_path, top, timed, trusted, code, priority=priority, withdrawn=withdrawn)
         result = _to_result(self.run_jobs([job])[0])
         self._emit_verdict(problem_path, top, result, composite=True)
         return result
@@ -220,10 +222,12 @@ class Verifier:
 
     def _kernel_job(self, problem_path: Path, solution_path: Path, timed: bool,
                     trusted_files: list[str] | None = None, code_files: list[str] | None = None,
-                    start_by: float | None = None, end_by: float | None = None, priority: Priority = 0) -> Job:
+                    start_by: float | None = None, end_by: float | None = None, priority: Priority = 0,
+                    withdrawn: threading.Event | None = None) -> Job:
         request = self._request(problem_path, solution_path, timed, trusted_files, code_files)
         return Job("mkevolve.verify.correctness:evaluate_kernel", {"request": request},
-                   timeout=self._worker_timeout, start_by=start_by, end_by=end_by, priority=priority)
+                   timeout=self._worker_timeout, start_by=start_by, end_by=end_by, priority=priority,
+                   withdrawn=withdrawn)
 
     @property
     def candidates_end_by(self) -> float | None:

@@ -77,11 +77,14 @@ class Job:
     # passing kernel first and then the step nearest its end, so its search goes on to its next step (and
     # LLM calls) sooner.
     priority: Priority = 0
+    # Set while the job still waits for a worker: it is not run (NOT_STARTED) when its turn comes. An end-to-end
+    # check run ahead whose composition a better kernel has replaced gives its place up this way.
+    withdrawn: threading.Event | None = None
 
     def to_send(self) -> Job:
         """This job as it goes to another process: a live priority reads this run's search state, which stays
-        here, so it travels as the number it is now."""
-        return replace(self, priority=priority_now(self.priority))
+        here, so it travels as the number it is now; whether it was withdrawn was read before it was sent."""
+        return replace(self, priority=priority_now(self.priority), withdrawn=None)
 
 
 @dataclass
@@ -341,6 +344,8 @@ class WorkerPool:
             if job.start_by is not None and time.time() >= job.start_by:
                 return JobOutcome(failure=JobFailure.NOT_STARTED,
                                   reason="its start-by time passed while it waited for a worker")
+            if job.withdrawn is not None and job.withdrawn.is_set():
+                return JobOutcome(failure=JobFailure.NOT_STARTED, reason="withdrawn while it waited for a worker")
             try:
                 worker, start_s = self._healthy_worker(slot)
             except WorkerStartError as err:
