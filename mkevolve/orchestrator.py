@@ -22,10 +22,10 @@ from mkevolve.agents.evolve import UNTIMED_NOTE, RefineContext, SearchProgress, 
 from mkevolve.agents.judge import Judge, check_judge, make_judge
 from mkevolve.budget import allocate_budget
 from mkevolve.codebase import Decomposition, write_solution
-from mkevolve.end_to_end_ahead import Composition, EndToEndAhead
 from mkevolve.config import RunConfig, build_config, config_from_args, load_yaml, require_installed
-from mkevolve import end_to_end_ahead
 from mkevolve.display import RowStatus, RunDisplay, RunView, SubproblemRow, final_table
+from mkevolve.end_to_end_ahead import PRIORITY as AHEAD_PRIORITY
+from mkevolve.end_to_end_ahead import Composition, EndToEndAhead
 from mkevolve.event_records import EndToEndAheadEvent, SwapEvent, SwapSkippedEvent
 from mkevolve.events import EventLog, process_age_s
 from mkevolve.exit_codes import ExitCode
@@ -397,8 +397,7 @@ class Orchestrator:
                      withdrawn: threading.Event) -> EvalResult:
         folder = ahead_dir(iteration_dir(self.run_dir, t), number)
         write_solution(folder, decomposition, composition.as_dict())
-        return self.verifier.check_composite(self.problem_path, folder, priority=end_to_end_ahead.PRIORITY,
-                                             withdrawn=withdrawn)
+        return self.verifier.check_composite(self.problem_path, folder, priority=AHEAD_PRIORITY, withdrawn=withdrawn)
 
     def _ahead_started(self, t: int, composition: Composition, number: int) -> None:
         self.events.record(EndToEndAheadEvent(iteration=t, check=number, state=EndToEndAheadEvent.STARTED,

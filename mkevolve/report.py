@@ -332,7 +332,7 @@ def composite_checked(events: list[EventRecord]) -> set[int] | None:
     checked = set()
     for verdict in filter(lambda v: v.composite, verdicts):
         own, ahead = _COMPOSITE.search(verdict.solution), _AHEAD.search(verdict.solution)
-        if own and not ahead:
+        if own:
             checked.add(int(own.group(1)))
         elif ahead and (int(ahead.group(1)), int(ahead.group(2))) in used:
             checked.add(int(ahead.group(1)))
