@@ -244,7 +244,7 @@ def read_run(run_dir: Path) -> RunInfo:
     if info.no_verdict:
         # a smaller search than asked for: with several runs on a GPU, mostly its memory held by the others
         first = next((e.get("reason") or "" for e in events
-                      if e.get("kind") == "verdict" and e.get("status") == "not_run"), "")
+                      if e.get("kind") == "verdict" and e.get("status") == "not_run" and not e.get("composite")), "")
         info.note = (f"{info.note} {info.no_verdict} candidate(s) of the search got no verdict"
                      f"{' (' + first[:160] + ')' if first else ''}").strip()
     return info
