@@ -388,7 +388,8 @@ class Orchestrator:
         if not times_kernels(self.verifier.device_name) or self.verifier.executor.size < 2:
             return None
         best = {n: self._best_of(n) for n in decomposition.names if self._best_of(n) is not None}
-        ahead = EndToEndAhead(t, decomposition.names, partial(self._check_ahead, t, decomposition), best,
+        pending = {n: self.state.budget.get(n, 0) for n in decomposition.names if n not in self.state.evolved}
+        ahead = EndToEndAhead(t, decomposition.names, partial(self._check_ahead, t, decomposition), best, pending,
                               on_start=partial(self._ahead_started, t))
         self._aheads.append(ahead)
         return ahead
@@ -435,7 +436,7 @@ class Orchestrator:
         beam = evolve_kernel(name, folder / "subkernel_problems" / f"{name}.py", before, calls, self.verifier,
                              self.client, self.config, folder / "candidates", context, progress=self._progress,
                              judge=self.judge, deadline=self.deadline, interrupted=self.interrupted,
-                             on_pass=self._ahead.passed if self._ahead is not None else None)
+                             on_child=self._ahead.child if self._ahead is not None else None)
         if self.interrupted.is_set():
             return  # stopped mid-search, its last checks unfinished: a resumed run searches this subproblem again
         with self._state_lock:  # other subproblems' searches end at the same time

@@ -10,7 +10,7 @@ import pytest
 
 from mkevolve import orchestrator as orchestrator_module
 from mkevolve.cli import main
-from mkevolve.end_to_end_ahead import MAX_CHECKS, PRIORITY, Composition, EndToEndAhead
+from mkevolve.end_to_end_ahead import MAX_CHECKS, NEAR_END, PRIORITY, Composition, EndToEndAhead
 from mkevolve.event_records import EndToEndAheadEvent, VerdictEvent, parse_events
 from mkevolve.events import EventLog
 from mkevolve.orchestrator import Orchestrator
@@ -48,22 +48,27 @@ class Checks:
 
 def test_no_check_until_every_subproblem_has_a_passing_kernel():
     checks = Checks()
-    ahead = EndToEndAhead(1, ["conv", "norm"], checks, best={})
-    ahead.passed("conv", candidate("conv", 0, 1.5))
+    ahead = EndToEndAhead(1, ["conv", "norm"], checks, best={}, unfinished={"conv": 1, "norm": 1})
+    ahead.child("conv", candidate("conv", 0, 1.5), 0)
+    ahead.child("norm", candidate("norm", 0, None), 0)       # failed: norm still has no kernel
     ahead.close()
     assert checks.started == []
 
 
-def test_the_best_so_far_of_each_subproblem_is_checked_once_all_have_one():
+def test_no_check_while_more_than_near_end_candidates_are_left_then_the_best_so_far():
     checks = Checks()
     started = []
-    ahead = EndToEndAhead(1, ["conv", "norm"], checks, best={},
+    ahead = EndToEndAhead(1, ["conv", "norm"], checks, best={}, unfinished={"conv": 8, "norm": 8},
                           on_start=lambda composition, number: started.append(dict(composition.candidates)))
+    ahead.child("conv", None, 3)                              # the searches say what they plan
+    ahead.child("norm", None, 1)
     conv, norm = candidate("conv", 1, 1.5), candidate("norm", 0, 0.9)
-    ahead.passed("conv", candidate("conv", 0, 1.2))
-    ahead.passed("conv", conv)                          # ranks higher: replaces c0000 before anything starts
-    ahead.passed("norm", norm)
+    ahead.child("conv", candidate("conv", 0, 1.2), 2)
+    ahead.child("norm", norm, 0)
+    ahead.child("conv", conv, 1)                              # ranks higher; NEAR_END candidates left
+    ahead.child("conv", candidate("conv", 2, 1.1), 0)         # slower: the composition stays
     ahead.close()
+    assert NEAR_END == 1
     assert checks.started == [(1, {"conv": conv.source, "norm": norm.source})]
     assert started == [{"conv": "c0001", "norm": "c0000"}]
 
@@ -71,21 +76,21 @@ def test_the_best_so_far_of_each_subproblem_is_checked_once_all_have_one():
 def test_a_kernel_kept_from_an_earlier_iteration_counts_as_its_subproblems_best():
     checks = Checks()
     kept = candidate("norm", 3, 1.1)
-    ahead = EndToEndAhead(2, ["conv", "norm"], checks, best={"norm": kept})
+    ahead = EndToEndAhead(2, ["conv", "norm"], checks, best={"norm": kept}, unfinished={"conv": 2})
     conv = candidate("conv", 4, 1.3)
-    ahead.passed("conv", conv)
+    ahead.child("conv", conv, 1)
     ahead.close()
     assert checks.started == [(1, {"conv": conv.source, "norm": kept.source})]
 
 
 def test_only_a_higher_ranked_kernel_changes_the_composition_and_at_most_max_checks_start():
     checks = Checks()
-    ahead = EndToEndAhead(1, ["gemm"], checks, best={})
-    ahead.passed("gemm", candidate("gemm", 0, 1.4))
-    ahead.passed("gemm", candidate("gemm", 1, 1.2))     # slower: the composition stays
-    ahead.passed("gemm", candidate("gemm", 2, 1.4))     # as fast but newer: the older one ranks first
+    ahead = EndToEndAhead(1, ["gemm"], checks, best={}, unfinished={"gemm": 0})
+    ahead.child("gemm", candidate("gemm", 0, 1.4), 0)
+    ahead.child("gemm", candidate("gemm", 1, 1.2), 0)     # slower: the composition stays
+    ahead.child("gemm", candidate("gemm", 2, 1.4), 0)     # as fast but newer: the older one ranks first
     for seq in range(3, 3 + MAX_CHECKS + 1):
-        ahead.passed("gemm", candidate("gemm", seq, 1.4 + seq))
+        ahead.child("gemm", candidate("gemm", seq, 1.4 + seq), 0)
     ahead.close()
     assert [number for number, _ in checks.started] == list(range(1, MAX_CHECKS + 1))
     assert checks.started[0][1] == {"gemm": candidate("gemm", 0, 1.4).source}
@@ -95,10 +100,10 @@ def test_only_a_higher_ranked_kernel_changes_the_composition_and_at_most_max_che
 
 def test_the_verdict_is_taken_only_for_exactly_the_checked_kernels_and_waits_for_a_running_check():
     release = threading.Event()
-    ahead = EndToEndAhead(1, ["conv", "norm"], Checks(release=release), best={})
+    ahead = EndToEndAhead(1, ["conv", "norm"], Checks(release=release), best={}, unfinished={})
     conv, norm = candidate("conv", 0, 1.5), candidate("norm", 0, 1.0)
-    ahead.passed("conv", conv)
-    ahead.passed("norm", norm)
+    ahead.child("conv", conv, 0)
+    ahead.child("norm", norm, 0)
     assert ahead.verdict_for({"conv": conv.source, "norm": "# another norm kernel\n"}) is None
     got = []
     waiter = threading.Thread(target=lambda: got.append(ahead.verdict_for({"norm": norm.source,
@@ -114,14 +119,14 @@ def test_the_verdict_is_taken_only_for_exactly_the_checked_kernels_and_waits_for
 
 
 def test_an_error_is_raised_where_the_verdict_is_used_and_reported_by_close_where_it_is_not():
-    used = EndToEndAhead(1, ["gemm"], Checks(fail=True), best={})
+    used = EndToEndAhead(1, ["gemm"], Checks(fail=True), best={}, unfinished={})
     gemm = candidate("gemm", 0, 1.4)
-    used.passed("gemm", gemm)
+    used.child("gemm", gemm, 0)
     with pytest.raises(OSError, match="no space"):
         used.verdict_for({"gemm": gemm.source})
     assert used.close() == []
-    unused = EndToEndAhead(1, ["gemm"], Checks(fail=True), best={})
-    unused.passed("gemm", gemm)
+    unused = EndToEndAhead(1, ["gemm"], Checks(fail=True), best={}, unfinished={})
+    unused.child("gemm", gemm, 0)
     errors = unused.close()
     assert [(number, type(error)) for number, error in errors] == [(1, OSError)]
 
@@ -142,8 +147,8 @@ def test_compose_takes_the_verdict_of_the_check_ahead_of_the_same_kernels(tmp_pa
 
     top_level = 'def load_subproblem(name):\n    pass\n\nGemm = load_subproblem("gemm")\n'
     decomposition = Decomposition(top_level, [SubproblemSpec("gemm", "G = 1\n")])
-    ahead = EndToEndAhead(1, ["gemm"], Checks(), best={})
-    ahead.passed("gemm", candidate("gemm", 0, 1.4, source="# gemm best\n"))
+    ahead = EndToEndAhead(1, ["gemm"], Checks(), best={}, unfinished={})
+    ahead.child("gemm", candidate("gemm", 0, 1.4, source="# gemm best\n"), 0)
     checked = []
     orchestrator = _composing_orchestrator(ahead, checked)
     result = orchestrator._compose(tmp_path, decomposition, [])

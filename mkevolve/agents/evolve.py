@@ -79,9 +79,11 @@ class SearchProgress:
 
 
 ProgressHook = Callable[[SearchProgress], None]
-# Told of every candidate whose check passed, as its verdict comes (before the beam's final cheating check and
-# judge): the orchestrator checks the best composition so far end to end while the search goes on.
-PassHook = Callable[[str, Candidate], None]
+# Told, with the subproblem's name, when its search starts (no candidate; the candidates it plans) and of each
+# candidate as its verdict comes (before the beam's final cheating check and judge), with how many of the
+# search's candidates are still without one: the orchestrator checks the best composition so far end to end
+# while the last candidates are checked.
+ChildHook = Callable[[str, Candidate | None, int], None]
 
 
 # Added to the worker priority of a check for a subproblem that already has a passing kernel: it waits behind
@@ -202,7 +204,7 @@ class KernelAgent:
     def __init__(self, subproblem: str, problem_path: Path, beam: Beam, verifier: KernelVerifier,
                  client: LLMClient, config: RunConfig, candidates_dir: Path,
                  context: RefineContext | None = None, judge: Judge | None = None,
-                 on_pass: PassHook | None = None):
+                 on_child: ChildHook | None = None):
         self.subproblem = subproblem
         self.problem_path = Path(problem_path)
         self.problem_source = read_source(problem_path)
@@ -216,7 +218,9 @@ class KernelAgent:
         self.events = client.events
         self.device = verifier.device_name
         self.judge = judge  # None: off (the default); else it reads each kernel the hard checks accept
-        self.on_pass = on_pass
+        self.on_child = on_child
+        self._unfinished = 0        # candidates the search plans that have no verdict yet (for on_child)
+        self._unfinished_lock = threading.Lock()
 
     def _input_shapes(self) -> list[str]:
         job = Job("mkevolve.agents.evolve:input_shapes_job",
@@ -275,6 +279,12 @@ class KernelAgent:
             return budget
         return max(0, min(budget, repertoire.replies - self.beam.next_seq))
 
+    def plan(self, calls: int) -> None:
+        """The search will make `calls` candidates (fewer if it settles or its time runs out): on_child hears."""
+        self._unfinished = calls
+        if self.on_child is not None:
+            self.on_child(self.subproblem, None, calls)
+
     def settled(self, beam: Beam) -> bool:
         """Without timings a passing kernel can only tie with any later one (the older wins), so calls past
         the first passing kernel would buy nothing."""
@@ -324,8 +334,11 @@ class KernelAgent:
                           tokens=response.usage, cached=response.cached)
         self._save(child, response)
         self._emit(CandidateEvent, child)
-        if child.passed and self.on_pass is not None:
-            self.on_pass(self.subproblem, child)
+        if self.on_child is not None:
+            with self._unfinished_lock:
+                self._unfinished = max(0, self._unfinished - 1)
+                unfinished = self._unfinished
+            self.on_child(self.subproblem, child, unfinished)
         return child
 
     def _verdict(self, cid: str, source: str, *, step: StepProgress) -> EvalResult:
@@ -407,7 +420,7 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
                   client: LLMClient, config: RunConfig, candidates_dir: Path,
                   context: RefineContext | None = None, progress: ProgressHook | None = None,
                   judge: Judge | None = None, deadline: float | None = None,
-                  interrupted: threading.Event | None = None, on_pass: PassHook | None = None) -> Beam:
+                  interrupted: threading.Event | None = None, on_child: ChildHook | None = None) -> Beam:
     """Spend `budget` LLM calls improving one subproblem's beam; returns a new beam, the given one untouched.
 
     The search is `config.search`: beam search (expand every member, keep the best `width`), parallel
@@ -416,8 +429,8 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     Where kernels are not timed (no GPU), beam search and MCTS stop at the first passing kernel. `progress` hears
     of every evaluated batch. `judge` (None: off) reads each kernel the hard checks accept and may reject it.
     Past `deadline` (time.monotonic(); None: none) no further batch is asked for: the run's time budget; nor
-    once `interrupted` is set (the user stopped the run). `on_pass` hears of each candidate that passes its
-    check, as it passes.
+    once `interrupted` is set (the user stopped the run). `on_child` hears how many candidates the search
+    plans, then of each candidate as its verdict comes (ChildHook).
     Raises ProviderError when the provider (the kernels' or the judge's) can answer no call.
     """
     evolved = beam.copy()
@@ -432,9 +445,10 @@ def evolve_kernel(subproblem_name: str, problem_path: Path, beam: Beam, budget: 
     if budget <= 0 or stopped():
         return evolved
     agent = KernelAgent(subproblem_name, Path(problem_path), evolved, verifier, client, config,
-                        Path(candidates_dir), context, judge, on_pass)
+                        Path(candidates_dir), context, judge, on_child)
     repertoire = agent.repertoire()
     calls = agent.calls_worth_making(budget, repertoire)
+    agent.plan(calls)
     propose = _reporting(agent, calls, progress) if progress is not None and calls > 0 else agent.propose
 
     def settled(searched: Beam) -> bool:
