@@ -351,8 +351,8 @@ def test_a_run_whose_candidates_got_no_verdict_says_how_many(tmp_path):
     run = fake_run(tmp_path / "run", pytorch=[])
     reason = "the candidate process could not be run: in each of its 3 tries the GPU's memory was held"
     with (run / "events.jsonl").open("a") as events:
-        withdrawn = {"kind": "verdict", "status": "not_run", "reason": "withdrawn while it waited for a worker",
-                     "composite": True}   # an end-to-end check ahead that a better kernel replaced
+        withdrawn = {"kind": "verdict", "status": "not_run", "composite": True,   # an end-to-end check ahead
+                     "reason": "the candidate process could not be run: it was withdrawn while it waited"}
         for event in [withdrawn, {"kind": "verdict", "status": "not_run", "reason": reason},
                       {"kind": "candidate", "id": "c0000", "status": "not_run"},
                       {"kind": "candidate", "id": "c0001", "status": "ok"},

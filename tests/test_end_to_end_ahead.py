@@ -201,3 +201,12 @@ def test_a_run_with_checks_ahead_uses_one_and_says_so(tmp_path, monkeypatch):
     assert len(composites) == 1 and "/ahead/1/" in composites[0]["solution"]
     assert composite_checked(parse_events(events)) == {1}
     assert (run_dir / "best" / "decomposed_solution.py").is_file()
+
+
+def test_a_withdrawn_check_has_no_verdict_and_counts_as_no_evaluation():
+    from mkevolve.verify.result import not_started_cause
+    from mkevolve.verify.verifier import _to_result
+    from mkevolve.workers.pool import JobFailure, JobOutcome
+
+    result = _to_result(JobOutcome(failure=JobFailure.WITHDRAWN, reason="withdrawn while it waited for a worker"))
+    assert result.status is Status.NOT_RUN and "withdrawn" in not_started_cause(result.reason)

@@ -108,7 +108,7 @@ def test_a_withdrawn_job_is_not_run_when_its_turn_comes_and_its_event_stays_on_t
     withdrawn.set()
     with WorkerPool(size=1) as fresh:
         outcome = fresh.run(Job("tests.fault_jobs:pid", withdrawn=withdrawn))
-        assert outcome.failure is JobFailure.NOT_STARTED and "withdrawn" in outcome.reason
+        assert outcome.failure is JobFailure.WITHDRAWN and "withdrawn" in outcome.reason
         assert fresh._workers[0] is None   # no worker process was started for it
         assert fresh.run(Job("tests.fault_jobs:pid", withdrawn=threading.Event())).ok   # not set: it runs
     assert pickle.loads(pickle.dumps(Job("tests.fault_jobs:pid", withdrawn=withdrawn).to_send())).withdrawn is None

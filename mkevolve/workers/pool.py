@@ -52,13 +52,14 @@ def priority_now(priority: Priority) -> int:
 
 class JobFailure(str, Enum):
     """Why a worker gave no value; the values are the verifier's status names for the same events, but for
-    NOT_STARTED: the job waited for a worker past its `start_by` and never ran; STOPPED: it was still
-    running at its `end_by`, and its worker was killed; and INTERRUPTED: the run was interrupted (abort())
-    before the job ended."""
+    NOT_STARTED: the job waited for a worker past its `start_by` and never ran; WITHDRAWN: it was withdrawn
+    while it waited (`Job.withdrawn`) and never ran; STOPPED: it was still running at its `end_by`, and its
+    worker was killed; and INTERRUPTED: the run was interrupted (abort()) before the job ended."""
 
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     NOT_STARTED = "not_started"
+    WITHDRAWN = "withdrawn"
     STOPPED = "stopped"
     INTERRUPTED = "interrupted"
 
@@ -345,7 +346,7 @@ class WorkerPool:
                 return JobOutcome(failure=JobFailure.NOT_STARTED,
                                   reason="its start-by time passed while it waited for a worker")
             if job.withdrawn is not None and job.withdrawn.is_set():
-                return JobOutcome(failure=JobFailure.NOT_STARTED, reason="withdrawn while it waited for a worker")
+                return JobOutcome(failure=JobFailure.WITHDRAWN, reason="withdrawn while it waited for a worker")
             try:
                 worker, start_s = self._healthy_worker(slot)
             except WorkerStartError as err:
