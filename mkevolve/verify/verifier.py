@@ -332,8 +332,7 @@ def _to_result(outcome: JobOutcome) -> EvalResult:
         return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: the run's time budget was "
                                                         f"spent before a worker was free")
     if outcome.failure is JobFailure.WITHDRAWN:    # an end-to-end check ahead that a better composition replaced
-        return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: it was withdrawn while it "
-                                                        f"waited for a worker")
+        return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: {outcome.reason}")
     if outcome.failure is JobFailure.STOPPED:      # no verdict either
         return EvalResult(status=Status.NOT_RUN, reason=f"{CANDIDATE_NOT_STARTED}: its check was "
                           f"still running {RUNNING_CHECK_GRACE_S:g} s after the run's time budget was spent, and "

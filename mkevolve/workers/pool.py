@@ -78,7 +78,7 @@ class Job:
     # passing kernel first and then the step nearest its end, so its search goes on to its next step (and
     # LLM calls) sooner.
     priority: Priority = 0
-    # Set while the job still waits for a worker: it is not run (NOT_STARTED) when its turn comes. An end-to-end
+    # Set while the job still waits for a worker: it is not run (WITHDRAWN) when its turn comes. An end-to-end
     # check run ahead whose composition a better kernel has replaced gives its place up this way.
     withdrawn: threading.Event | None = None
 
