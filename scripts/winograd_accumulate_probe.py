@@ -1,21 +1,20 @@
-"""How a Winograd convolution's GEMMs should add up their depth: error against fp64 and time, per way.
+"""How a convolution's tf32x3 GEMMs should add up their depth: error against fp64 and time, per way.
 
-The builtin Winograd variant's GEMMs chain their K steps through tensor-core accumulation
-(`acc = tl.dot(a, b, acc)`): each step's products are added to the running sum inside the MMA. Where
-that addition rounds toward zero rather than to nearest, its error grows with the number of steps and
-in one direction, and the output transform's coefficients amplify it. This probe rewrites the generated
-GEMM in three ways and measures each on one bench_builtin case (default: level2/11's 5x5
-ConvTranspose2d):
+The builtin convolutions chain their K steps through tensor-core accumulation (`acc = tl.dot(a, b, acc)`):
+each step's products are added to the running sum inside the MMA, and every 8-deep MMA step rounds that
+sum. A Winograd convolution's output transform then amplifies the rounding. This probe rewrites the
+generated GEMM's K loop in four ways and measures each, for the direct implicit GEMM and the Winograd
+variants of one bench_builtin case (default: level2/11's 5x5 ConvTranspose2d):
 
     chain   the generated kernel as it is
     step    each K step's products summed on their own (tl.dot from zero), added to acc by an fp32 add
-    tap     one leading tap's channels chained (tl.dot with a per-tap accumulator), the taps added by fp32 adds
+    kahan   the same steps added by compensated (Kahan) summation: acc and its running rounding error
+    tap     (Winograd only) one leading tap's channels chained, the taps added by fp32 adds
 
 The fp32 adds are written `tl.fma(x, 1.0, acc)`: Triton's combine pass rewrites `acc + tl.dot(a, b)` into
 `tl.dot(a, b, acc)`, so written as an add the step mode compiles to the chain (the 2026-12-04 run's step
-row, its error equal to the chain's to 1e-16, measured that).
-
-beside the direct implicit-GEMM tf32x3 variant and eager fp32. On a GPU only:
+row, its error equal to the chain's to 1e-16, measured that). `--outputs 2` builds the 5-tap Winograd
+variant as F(2, 5) at the points (0, 1, -1, 1/2, -2) instead of the generator's F(3, 5). On a GPU only:
 
     PYTHONPATH=. python3 scripts/winograd_accumulate_probe.py --json OUT.json [--case NAME] [--rounds 3]
 """
@@ -27,6 +26,7 @@ import json
 import re
 import statistics
 import sys
+from fractions import Fraction
 from pathlib import Path
 from tempfile import mkdtemp
 
@@ -36,11 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_builtin  # noqa: E402
 from kernelbench import environment  # noqa: E402
 
-from mkevolve.builtin.kernels import generate_kernel, variant_count  # noqa: E402
+from mkevolve.builtin.kernels import emit_winograd, generate_kernel, variant_count, winograd  # noqa: E402
+from mkevolve.config import EAGER_ERROR_SLACK  # noqa: E402
 from mkevolve.problem import fp32_strict, import_file  # noqa: E402
 from mkevolve.verify.timing import time_forward  # noqa: E402
 
-CHAINED = 'acc = tl.dot(a, b, acc, input_precision="tf32x3")'
+CHAINED = re.compile(r'acc = tl\.dot\(a, b, acc, input_precision="\w+"\)')   # the generated K step
+ZEROS = "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
+ACCURATE_F25 = tuple(Fraction(p) for p in (0, 1, -1, Fraction(1, 2), -2))   # scripts/winograd_points.py
 LOOP = re.compile(r"^(?P<pad> *)for k0 in range\(0, K_TOTAL, BLOCK_K\):\n(?P<body>(?:(?P=pad)    .*\n)+)", re.M)
 
 
@@ -49,15 +52,25 @@ def fp32_add(products: str) -> str:
     return f"tl.fma({products}, 1.0, acc)"
 
 
+def use_tile(outputs: int) -> None:
+    """Make the generator build its 5-tap Winograd variants with `outputs` per tile (F(2, 5): at ACCURATE_F25)."""
+    emit_winograd.OUTPUTS_PER_TILE[5] = outputs
+    emit_winograd.transform = lambda m, r: winograd.transform(m, r, ACCURATE_F25 if (m, r) == (2, 5) else
+                                                              winograd._POINTS)
+
+
 def rewrite(source: str, mode: str) -> str:
-    """The generated Winograd source with its GEMM's K loop rewritten for `mode`."""
+    """The generated source with its GEMM's K loop rewritten for `mode`."""
+    chained = CHAINED.search(source)[0]
+    step = chained.removeprefix("acc = ").replace(", acc,", ",")      # tl.dot(a, b, input_precision=...)
     if mode == "chain":
         return source
     if mode == "step":
-        step = CHAINED.removeprefix("acc = ").replace(", acc,", ",")      # tl.dot(a, b, input_precision=...)
-        return source.replace(CHAINED, f"acc = {fp32_add(step)}")
+        return source.replace(chained, f"acc = {fp32_add(step)}")
+    if mode == "kahan":
+        return kahan(source, chained, step)
     match = LOOP.search(source)
-    pad, body = match["pad"], match["body"].replace(CHAINED, CHAINED.replace("acc", "part"))
+    pad, body = match["pad"], match["body"].replace(chained, chained.replace("acc", "part"))
     nested = (f"{pad}for tap0 in range(0, K_TOTAL, C_in):\n"
               f"{pad}    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n"
               f"{pad}    for k0 in range(tap0, tap0 + C_in, BLOCK_K):\n"
@@ -66,17 +79,30 @@ def rewrite(source: str, mode: str) -> str:
     return source[:match.start()] + nested + source[match.end():]
 
 
+def _indent_of(source: str, line: str) -> str:
+    return re.search(rf"^( *){re.escape(line)}", source, re.M)[1]
+
+
+def kahan(source: str, chained: str, step: str) -> str:
+    """The K loop adding each step's products to acc by Kahan's compensated sum (k_comp: what acc lost)."""
+    pad, zeros_pad = _indent_of(source, chained), _indent_of(source, ZEROS)
+    lines = [f"k_part = {step}", "k_y = k_part - k_comp", "k_total = acc + k_y", "k_comp = (k_total - acc) - k_y",
+             "acc = k_total"]
+    source = source.replace(chained, f"\n{pad}".join(lines))
+    return source.replace(ZEROS, f"{ZEROS}\n{zeros_pad}{ZEROS.replace('acc', 'k_comp')}")
+
+
 def measure(path: Path, source: str, workdir: Path, name: str, rounds: int) -> dict:
-    file = workdir / f"{name}.py"
+    file = workdir / f"{re.sub(r'[^A-Za-z0-9]+', '_', name)}.py"
     file.write_text(source)
-    module = import_file(file, prefix=f"probe_{name}")
+    module = import_file(file, prefix=f"probe_{file.stem}")
     _, init, reference, inputs = bench_builtin._instantiate(path)
     candidate = bench_builtin._build(module, init)
     with torch.no_grad():
         expected, actual = reference(*inputs), candidate(*inputs)
     torch.cuda.synchronize()
-    ok, max_diff = bench_builtin._compare(expected, actual)
     eager_error, error = bench_builtin._errors_vs_fp64(reference, inputs, expected, actual)
+    ok, max_diff = bench_builtin._compare(expected, actual, EAGER_ERROR_SLACK * eager_error)
     times = [time_forward(lambda: candidate(*inputs)).median_ms for _ in range(rounds)]
     row = {"mode": name, "correct": ok, "max_abs_vs_eager": max_diff, "error_vs_fp64": error,
            "eager_error_vs_fp64": eager_error, "median_ms": statistics.median(times), "round_ms": times}
@@ -87,7 +113,9 @@ def measure(path: Path, source: str, workdir: Path, name: str, rounds: int) -> d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="convT2d_64_128_k5__11")
-    parser.add_argument("--modes", nargs="+", default=["chain", "step", "tap"])
+    parser.add_argument("--modes", nargs="+", default=["chain", "step", "kahan", "tap"])
+    parser.add_argument("--kinds", nargs="+", default=["direct", "winograd"], choices=["direct", "winograd"])
+    parser.add_argument("--outputs", type=int, help="outputs per Winograd tile (default: the generator's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -96,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     case = next(c for c in bench_builtin._kernelbench_conv_cases() if c.name == args.case)
     path = workdir / f"{case.name}.py"
     path.write_text(case.source)
+    if args.outputs:
+        use_tile(args.outputs)
     generated = [generate_kernel(path, v, target="cuda") for v in range(variant_count(path, target="cuda"))]
-    winograd = next(g for g in generated if g.description.startswith("Winograd"))
-    rows = [measure(path, generated[0].source, workdir, "direct", args.rounds)]
-    rows += [measure(path, rewrite(winograd.source, mode), workdir, mode, args.rounds) for mode in args.modes]
+    kernels = {"direct": generated[0]}
+    kernels.update({"winograd": g for g in generated if g.description.startswith("Winograd")})
+    rows = [measure(path, rewrite(kernel.source, mode), workdir, f"{kind} {mode}", args.rounds)
+            for kind, kernel in kernels.items() if kind in args.kinds
+            for mode in args.modes if kind == "winograd" or mode != "tap"]
     record = {**environment(), "case": case.name, "direct": generated[0].description,
-              "winograd": winograd.description, "rows": rows}
+              "winograd": kernels["winograd"].description if "winograd" in kernels else None, "rows": rows}
     args.json.write_text(json.dumps(record, indent=1))
     return 0
 
