@@ -66,6 +66,13 @@ class ProblemRow:
     def name(self) -> str:
         return self.problem.removesuffix(".py")
 
+    @property
+    def error_ratio(self) -> float | None:
+        """A correct solution's error against fp64 over eager fp32's (both measured, eager's above zero)."""
+        if self.correct is not True or self.err_solution is None or not self.err_eager:
+            return None
+        return self.err_solution / self.err_eager
+
     def timed_speedup(self, attr: str = "speedup_vs_compile") -> float | None:
         """A speedup that counts in the geometric mean: only a correct solution's, and only a real (positive) one."""
         value = getattr(self, attr)
@@ -154,6 +161,7 @@ class Summary:
     all_triton: int                         # correct and every subkernel in Triton
     vs_compile: list[float]                 # speedups of the correct, timed problems
     vs_eager: list[float]
+    error_ratios: list[float]               # error against fp64 over eager fp32's, of the correct problems with both
 
     def line(self) -> str:
         total = UNKNOWN if self.total is None else str(self.total)
@@ -162,14 +170,18 @@ class Summary:
         return (f"{self.label}: {self.run} of {total} problems run; correct end to end: {self.correct} of "
                 f"{self.run}; all subkernels in Triton: {self.all_triton} of {self.run}; geometric mean speedup "
                 f"vs torch.compile over the {len(self.vs_compile)} timed correct problems: "
-                f"{fmt_speedup(geomean(self.vs_compile))} (vs eager: {fmt_speedup(geomean(self.vs_eager))}).")
+                f"{fmt_speedup(geomean(self.vs_compile))} (vs eager: {fmt_speedup(geomean(self.vs_eager))}). "
+                f"Error against fp64 at most eager fp32's: {sum(r <= 1 for r in self.error_ratios)} of the "
+                f"{len(self.error_ratios)} correct problems with both measured"
+                + (f" (the largest {max(self.error_ratios):.2f} times it)." if self.error_ratios else "."))
 
 
 def summarize(label: str, rows: list[ProblemRow], total: int | None) -> Summary:
     return Summary(label=label, total=total, run=len(rows), correct=sum(r.correct is True for r in rows),
                    all_triton=sum(r.correct is True and r.all_triton is True for r in rows),
                    vs_compile=[v for r in rows if (v := r.timed_speedup("speedup_vs_compile")) is not None],
-                   vs_eager=[v for r in rows if (v := r.timed_speedup("speedup_vs_eager")) is not None])
+                   vs_eager=[v for r in rows if (v := r.timed_speedup("speedup_vs_eager")) is not None],
+                   error_ratios=[r.error_ratio for r in rows if r.error_ratio is not None])
 
 
 def summaries(report: Report) -> list[Summary]:

@@ -94,6 +94,15 @@ def test_summary_counts_and_geomean_over_correct_rows_only(results, kernelbench)
     assert "over the 0 timed correct problems: unknown (vs eager: unknown)." in table
 
 
+def test_summary_counts_the_correct_problems_at_most_as_far_from_fp64_as_eager(results, kernelbench):
+    """The failed row has no errors and the level 3 row none measured: only the two level 2 rows count, both above
+    eager's error (3.5e-7 against 2.9e-7, 1e-5 against 4e-6)."""
+    table = report.markdown(report.Report.load(results, kernelbench))
+    assert ("Error against fp64 at most eager fp32's: 0 of the 2 correct problems with both measured (the largest "
+            "2.50 times it).") in table
+    assert "Error against fp64 at most eager fp32's: 0 of the 0 correct problems with both measured." in table
+
+
 def test_header_facts_and_notes_come_from_the_file(results, kernelbench):
     table = report.markdown(report.Report.load(results, kernelbench))
     first = table.splitlines()[0]
