@@ -13,7 +13,8 @@ from mkevolve.exit_codes import ExitCode
 from mkevolve.problem_error import ProblemError
 from mkevolve.workers.prestart import prestarted_workers
 
-VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "atol", "rtol", "workers", "seed"]
+VERIFY_FLAGS = ["trials", "timeout", "memory_limit_gb", "eval_mode", "atol", "rtol", "precision_vs_eager", "workers",
+                "seed"]
 SEARCH_FLAGS = ["model", "api_base", "budget", "beam_width", "expansion", "llm_parallel", "llm_timeout"]
 
 # Settings that mean something else per command, so each command's --help says what they do there.

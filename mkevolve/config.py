@@ -77,6 +77,12 @@ class RunConfig:
     eval_mode: bool = _opt(False, "compare modules in eval mode (running stats, no dropout)", key="eval")
     atol: float = _opt(TOLERANCE, "absolute tolerance of the output comparison (KernelBench's own: 1e-2)")
     rtol: float = _opt(TOLERANCE, "relative tolerance of the output comparison (KernelBench's own: 1e-2)")
+    # The precision rule's limit (PRECISION_VS_EAGER above). Lower asks for eager fp32's accuracy and rejects
+    # kernels that trade some of it for speed (level2/11's Winograd F(3, 5) convolution errs 2.2 times eager's).
+    # The prompts keep stating the default; a verdict states the run's own limit.
+    precision_vs_eager: float = _opt(PRECISION_VS_EAGER, "largest error against the reference run in fp64, as a "
+                                                         "multiple of eager fp32's own (the precision rule)",
+                                     metavar="RATIO")
     workers: int = _opt(0, "evaluation workers (0: one per GPU, or 2 on CPU); several per GPU share it")
     executor: str = _opt("local", "where evaluations run: local worker processes or a Ray cluster",
                          choices=("local", "ray"))
@@ -184,6 +190,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("config: 'time_budget' must be >= 0 (0: no limit)")
     if config.workers < 0 or config.retries < 0:
         raise ConfigError("config: 'workers' and 'retries' must be >= 0")
+    if config.precision_vs_eager <= 0:
+        raise ConfigError(f"config: 'precision_vs_eager' must be positive, got {config.precision_vs_eager}")
     if not 0 < config.tau <= 10:
         raise ConfigError(f"config: 'tau' must be in (0, 10], got {config.tau}")
     if config.judge == BUILTIN_MODEL:

@@ -34,6 +34,7 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     ("budget: 0\n", "'budget' must be at least 1"),
     ("search: greedy\n", "'search' must be one of beam, parallel"),
     ("iterations: [1\n", "not valid YAML"),
+    ("precision_vs_eager: 0\n", "'precision_vs_eager' must be positive"),
 ])
 def test_bad_values_name_the_key(tmp_path, text, fragment):
     path = tmp_path / "bad.yaml"

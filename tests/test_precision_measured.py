@@ -48,6 +48,27 @@ def test_an_honest_kernel_stays_near_eager_and_the_mantissa_cheat_does_not(tmp_p
     assert cheat.error_vs_fp64 > 30 * cheat.eager_error_vs_fp64
 
 
+def test_the_limit_is_the_run_s_own(tmp_path):
+    """--precision-vs-eager sets the rule's limit: the honest GEMM with its outputs scaled by 1 + 2.4e-6 (about 20
+    fp32 ulps, under the tolerance) errs 12 to 15 times as much as eager; a limit of 32 times passes it, 4 times
+    (above the floor of 16 ulps of the largest output) rejects it and says so."""
+    scaled = tmp_path / "scaled_gemm.py"
+    scaled.write_text((CORPUS / "honest" / "gemm_epilogue.py").read_text().replace(
+        "y = tl.maximum(acc + bias[None, :], 0.0)", "y = tl.maximum((acc + bias[None, :]) * 1.0000024, 0.0)"))
+
+    def evaluate(vs_eager: float):
+        return evaluate_kernel(KernelEvalRequest(problem_path=str(GEMM), solution_path=str(scaled), trials=2,
+                                                 timed=False, cache_dir=str(tmp_path / "cache"),
+                                                 precision_vs_eager=vs_eager))
+
+    loose = evaluate(32.0)
+    assert loose.status is Status.OK, loose.reason
+    assert 8 * loose.eager_error_vs_fp64 < loose.error_vs_fp64 < 32 * loose.eager_error_vs_fp64
+    strict = evaluate(4.0)
+    assert strict.status is Status.CHEATING and strict.rule == "precision-downgrade", strict.reason
+    assert "allows" in strict.reason and "4 times eager" in strict.reason
+
+
 def test_a_kernel_exact_on_its_first_call_alone_is_measured_on_a_hidden_trial(tmp_path):
     cheat = _evaluate(GEMM, CORPUS / "cheats" / "precision_exact_first_call.py", tmp_path)
     assert cheat.status is Status.CHEATING and cheat.rule == "precision-downgrade", cheat.reason

@@ -58,12 +58,14 @@ class KernelEvalRequest:
     memory_limit_gb: float = 16.0
     atol: float = TOLERANCE
     rtol: float = TOLERANCE
+    precision_vs_eager: float = PRECISION_VS_EAGER   # the precision rule's limit, times eager fp32's error
 
 
 @dataclass
 class _Errors:
     atol: float = TOLERANCE
     rtol: float = TOLERANCE
+    precision_vs_eager: float = PRECISION_VS_EAGER
     slack: float = 0.0            # added to atol for the config being compared: EAGER_ERROR_SLACK x eager's error
     widest_slack: float = 0.0     # the largest of those, reported with atol
     max_abs: float = 0.0
@@ -99,7 +101,7 @@ def evaluate_kernel(request: KernelEvalRequest) -> EvalResult:
     such a part went without a verdict after 246 s."""
     fp32_strict()
     for attempt in range(1, GPU_MEMORY_TRIES + 1):
-        errors = _Errors(request.atol, request.rtol)
+        errors = _Errors(request.atol, request.rtol, request.precision_vs_eager)
         try:
             with gpu_memory_try(attempt):
                 return _evaluate_once(request, errors)
@@ -332,7 +334,7 @@ def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list
     if exact is None:
         return
     error = exact.error(actual)
-    limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
+    limit = precision_limit(exact.eager_error, exact.largest, errors.atol, errors.precision_vs_eager)
     share = error / limit if limit else (float("inf") if error else 0.0)
     if share > errors.precision_share:     # the config nearest its limit is the one reported
         errors.error_vs_fp64, errors.eager_error_vs_fp64, errors.precision_share = error, exact.eager_error, share
@@ -341,7 +343,7 @@ def _measure_precision(reference: ReferenceSet, check: OutputCheck, actual: list
     errors.precision_failure = (
         f"[{Rule.PRECISION.value}] trial {check.trial}{where}: its outputs miss the reference run in fp64 by up to "
         f"{error:.3g}, where eager fp32's miss it by {exact.eager_error:.3g} (the rule allows {limit:.3g}: "
-        f"{PRECISION_VS_EAGER:g} times eager's, or a floor for tiny errors): some step computes with less than "
+        f"{errors.precision_vs_eager:g} times eager's, or a floor for tiny errors): some step computes with less than "
         f"fp32's precision (fp16, bf16 or tf32 operands, a truncated mantissa, an approximate function)")
 
 
@@ -356,19 +358,21 @@ def _check_later_precision(reference: ReferenceSet, last_trial: OutputCheck, che
     if exact is None:
         return
     error = largest_error(actual, expected)
-    limit = precision_limit(exact.eager_error, exact.largest, errors.atol)
+    limit = precision_limit(exact.eager_error, exact.largest, errors.atol, errors.precision_vs_eager)
     if error <= limit or errors.precision_failure:
         return
     errors.precision_failure = (
         f"[{Rule.PRECISION.value}] call {check.call} (a timed or late call){where}: its outputs stray from the fp32 "
-        f"reference by up to {error:.3g}, where the rule allows {limit:.3g} ({PRECISION_VS_EAGER:g} times eager "
+        f"reference by up to {error:.3g}, where the rule allows {limit:.3g} ({errors.precision_vs_eager:g} times eager "
         f"fp32's own error against fp64 on trial {last_trial.trial}'s inputs, or a floor for tiny errors): it "
         f"computes with less precision on some calls than on the trials")
 
 
-def precision_limit(eager_error: float, largest: float, atol: float) -> float:
-    """The largest error against fp64 the precision rule allows (config.PRECISION_VS_EAGER and its floors)."""
-    return max(PRECISION_VS_EAGER * eager_error, PRECISION_ULPS * torch.finfo(torch.float32).eps * largest,
+def precision_limit(eager_error: float, largest: float, atol: float,
+                    vs_eager: float = PRECISION_VS_EAGER) -> float:
+    """The largest error against fp64 the precision rule allows: `vs_eager` times eager fp32's (the run's
+    precision_vs_eager, config.PRECISION_VS_EAGER by default) and its floors."""
+    return max(vs_eager * eager_error, PRECISION_ULPS * torch.finfo(torch.float32).eps * largest,
                PRECISION_TOLERANCE_SHARE * atol)
 
 

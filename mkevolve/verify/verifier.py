@@ -250,7 +250,7 @@ class Verifier:
             timed=timed, trusted_files=tuple(trusted_files or ()), code_files=tuple(code_files or ()),
             baseline_cache_dir=str(self.baseline_cache_dir) if self.baseline_cache_dir else None,
             timeout_s=self.config.timeout, memory_limit_gb=self.config.memory_limit_gb,
-            atol=self.config.atol, rtol=self.config.rtol,
+            atol=self.config.atol, rtol=self.config.rtol, precision_vs_eager=self.config.precision_vs_eager,
         )
 
     def abort(self) -> None:
