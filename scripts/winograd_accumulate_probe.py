@@ -1,8 +1,9 @@
 """How a convolution's tf32x3 GEMMs should add up their depth: error against fp64 and time, per way.
 
 The builtin convolutions chain their K steps through tensor-core accumulation (`acc = tl.dot(a, b, acc)`):
-each step's products are added to the running sum inside the MMA, and every 8-deep MMA step rounds that
-sum. A Winograd convolution's output transform then amplifies the rounding. This probe rewrites the
+each step's products are added to the running sum inside the MMA (scripts/tf32x3_emulation.py models one
+fp32 rounding per 8-deep MMA step), and a Winograd convolution's output transform amplifies what the sum
+loses. This probe rewrites the
 generated GEMM's K loop in four ways and measures each, for the direct implicit GEMM and the Winograd
 variants of one bench_builtin case (default: level2/11's 5x5 ConvTranspose2d):
 
