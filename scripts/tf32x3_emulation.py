@@ -27,14 +27,13 @@ import platform
 import statistics
 import sys
 from datetime import date
-from fractions import Fraction
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from winograd_points import draw  # noqa: E402
+from winograd_points import ACCURATE_F25, draw, exact_and_fp32, matrices  # noqa: E402
 
 from mkevolve.builtin.kernels import winograd  # noqa: E402
 
@@ -42,8 +41,7 @@ MMA_DEPTH = 8        # products one tensor-core MMA step adds before its sum is 
 BLOCK_K = 32         # depth of one K step of the generated kernels
 TAP_DEPTH = 64       # input channels per leading tap (level2/11)
 _LOW_BITS = 0x1FFF   # the 13 fp32 mantissa bits TF32 drops
-TILES = {"direct": None, "F(3, 5)": (3, winograd._POINTS[:6]),
-         "F(2, 5)": (2, (0, 1, -1, Fraction(1, 2), -2))}
+TILES = {"direct": None, "F(3, 5)": (3, winograd._POINTS[:6]), "F(2, 5)": (2, ACCURATE_F25)}
 
 
 def to_tf32(x: torch.Tensor, nearest: bool) -> torch.Tensor:
@@ -78,13 +76,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, nearest: bool, sum_mode: str) -> torc
     if sum_mode == "chain":
         return chain(a2, b2, 0, depth)
     step = TAP_DEPTH if sum_mode == "tap" else BLOCK_K
-    acc, lost = torch.zeros(a.shape[0], b.shape[1]), torch.zeros(a.shape[0], b.shape[1])
-    for k in range(0, depth, step):
-        part = chain(a2, b2, k, min(k + step, depth))
-        if sum_mode == "tap":
+    parts = [chain(a2, b2, k, min(k + step, depth)) for k in range(0, depth, step)]
+    acc, lost = torch.zeros_like(parts[0]), torch.zeros_like(parts[0])
+    for part in parts:
+        if sum_mode == "tap":       # plain fp32 adds
             acc = acc + part
             continue
-        part = part - lost
+        part = part - lost          # Kahan: take back what the last addition lost
         total = acc + part
         lost = (total - acc) - part
         acc = total
@@ -98,9 +96,7 @@ def convolve(signal: torch.Tensor, weight: torch.Tensor, tile, nearest: bool, su
         windows = signal.float().unfold(1, taps, 1).permute(1, 2, 0).reshape(-1, taps * depth)
         return gemm(windows, weight.float().T.reshape(-1, 1), nearest, sum_mode)[:, 0]
     outputs, points = tile
-    wt = winograd.transform(outputs, taps, tuple(Fraction(p) for p in points))
-    at, g, bt = (torch.tensor([[float(v) for v in row] for row in m], dtype=torch.float64)
-                 for m in (wt.at, wt.g, wt.bt))
+    wt, at, g, bt = matrices(outputs, taps, points, dtype=torch.float64)
     tiles = signal.float().unfold(1, wt.alpha, outputs) @ bt.T.float()          # [depth, tiles, alpha] in fp32
     u = (weight @ g.T).float()                                                    # [depth, alpha], fp64 once
     x = torch.stack([gemm(tiles[:, :, p].T.contiguous(), u[:, p:p + 1].contiguous(), nearest, sum_mode)[:, 0]
@@ -112,9 +108,8 @@ def errors(depth: int, outputs: int, seeds: int) -> dict:
     rows: dict[str, list[float]] = {"direct fp32": []}
     for seed in range(seeds):
         signal, weight = draw(depth, 5, outputs, seed)
-        exact = torch.einsum("dnk,dk->n", signal.unfold(1, 5, 1), weight)
-        fp32 = signal.float().unfold(1, 5, 1).permute(1, 0, 2).reshape(outputs, -1) @ weight.float().reshape(-1)
-        rows["direct fp32"].append(float((fp32.double() - exact).abs().max()))
+        exact, direct_error = exact_and_fp32(signal, weight)
+        rows["direct fp32"].append(direct_error)
         for name, tile in TILES.items():
             for nearest in (True, False):
                 for sum_mode in ("chain", "tap", "kahan"):

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_builtin  # noqa: E402
+from winograd_points import ACCURATE_F25  # noqa: E402
 from kernelbench import environment  # noqa: E402
 
 from mkevolve.builtin.kernels import emit_winograd, generate_kernel, variant_count, winograd  # noqa: E402
@@ -44,7 +45,6 @@ from mkevolve.verify.timing import time_forward  # noqa: E402
 
 CHAINED = re.compile(r'acc = tl\.dot\(a, b, acc, input_precision="\w+"\)')   # the generated K step
 ZEROS = "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
-ACCURATE_F25 = tuple(Fraction(p) for p in (0, 1, -1, Fraction(1, 2), -2))   # scripts/winograd_points.py
 LOOP = re.compile(r"^(?P<pad> *)for k0 in range\(0, K_TOTAL, BLOCK_K\):\n(?P<body>(?:(?P=pad)    .*\n)+)", re.M)
 
 
@@ -56,8 +56,8 @@ def fp32_add(products: str) -> str:
 def use_tile(outputs: int) -> None:
     """Make the generator build its 5-tap Winograd variants with `outputs` per tile (F(2, 5): at ACCURATE_F25)."""
     emit_winograd.OUTPUTS_PER_TILE[5] = outputs
-    emit_winograd.transform = lambda m, r: winograd.transform(m, r, ACCURATE_F25 if (m, r) == (2, 5) else
-                                                              winograd._POINTS)
+    emit_winograd.transform = lambda m, r: winograd.transform(
+        m, r, tuple(Fraction(p) for p in ACCURATE_F25) if (m, r) == (2, 5) else winograd._POINTS)
 
 
 def rewrite(source: str, mode: str) -> str:

@@ -27,17 +27,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mkevolve.builtin.kernels import winograd  # noqa: E402
 
 HALF = Fraction(1, 2)
+ACCURATE_F25 = (0, 1, -1, HALF, -2)      # the F(2, 5) points with the least error here
 # per outputs-per-tile m, point sets of m + taps - 2 finite points (taps = 5); the generator's first
 POINT_SETS = {
     3: [winograd._POINTS[:6], (0, 1, -1, HALF, -HALF, 2), (0, 1, -1, HALF, -HALF, -2), (0, 1, -1, 2, -2, -HALF)],
-    2: [winograd._POINTS[:5], (0, 1, -1, HALF, -HALF), (0, 1, -1, HALF, -2), (0, 1, -1, -HALF, 2)],
+    2: [winograd._POINTS[:5], (0, 1, -1, HALF, -HALF), ACCURATE_F25, (0, 1, -1, -HALF, 2)],
 }
+
+
+def matrices(outputs: int, taps: int, points, dtype=torch.float32) -> tuple[winograd.WinogradTransform, torch.Tensor,
+                                                                            torch.Tensor, torch.Tensor]:
+    """F(outputs, taps) at `points`, and its AT, G and BT as tensors of `dtype`."""
+    wt = winograd.transform(outputs, taps, tuple(Fraction(p) for p in points))
+    at, g, bt = (torch.tensor([[float(v) for v in row] for row in m], dtype=dtype) for m in (wt.at, wt.g, wt.bt))
+    return wt, at, g, bt
+
+
+def exact_and_fp32(signal: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The correlation of signal [depth, n + taps - 1] with weight [depth, taps] in fp64, and the largest error
+    of the direct fp32 sum (a matmul over depth x taps, as eager adds) against it."""
+    outputs, taps = signal.shape[1] - weight.shape[1] + 1, weight.shape[1]
+    windows = signal.unfold(1, taps, 1)                          # [depth, n, taps]
+    exact = torch.einsum("dnk,dk->n", windows, weight)
+    direct = windows.float().permute(1, 0, 2).reshape(outputs, -1) @ weight.float().reshape(-1)
+    return exact, float((direct.double() - exact).abs().max())
 
 
 def winograd_fp32(signal: torch.Tensor, weight: torch.Tensor, outputs: int, points) -> torch.Tensor:
     """[n] outputs of the correlation of `signal` [depth, n + taps - 1] with `weight` [depth, taps], in fp32."""
-    wt = winograd.transform(outputs, weight.shape[1], tuple(Fraction(p) for p in points))
-    at, g, bt = (torch.tensor([[float(v) for v in row] for row in m]) for m in (wt.at, wt.g, wt.bt))
+    wt, at, g, bt = matrices(outputs, weight.shape[1], points)
     tiles = signal.unfold(1, wt.alpha, outputs)                     # [depth, tiles, alpha]
     products = torch.einsum("dta,da->ta", tiles @ bt.T, weight @ g.T)   # alpha sums over the depth, per tile
     return (products @ at.T).reshape(-1)
@@ -55,10 +73,8 @@ def errors(depth: int, taps: int, outputs: int, seeds: int) -> dict:
     rows = {"direct fp32": []}
     for seed in range(seeds):
         signal, weight = draw(depth, taps, outputs, seed)
-        windows = signal.unfold(1, taps, 1)                          # [depth, n, taps]
-        exact = torch.einsum("dnk,dk->n", windows, weight)
-        direct = windows.float().permute(1, 0, 2).reshape(outputs, -1) @ weight.float().reshape(-1)
-        rows["direct fp32"].append(float((direct.double() - exact).abs().max()))
+        exact, direct_error = exact_and_fp32(signal, weight)
+        rows["direct fp32"].append(direct_error)
         for m, sets in POINT_SETS.items():
             for points in sets:
                 name = f"F({m}, {taps}) at " + ", ".join(str(Fraction(p)) for p in points)
