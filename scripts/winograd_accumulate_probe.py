@@ -1,21 +1,25 @@
 """How a convolution's tf32x3 GEMMs should add up their depth: error against fp64 and time, per way.
 
-The builtin convolutions chain their K steps through tensor-core accumulation (`acc = tl.dot(a, b, acc)`):
-each step's products are added to the running sum inside the MMA (scripts/tf32x3_emulation.py models one
-fp32 rounding per 8-deep MMA step), and a Winograd convolution's output transform amplifies what the sum
-loses. This probe rewrites the
-generated GEMM's K loop in four ways and measures each, for the direct implicit GEMM and the Winograd
-variants of one bench_builtin case (default: level2/11's 5x5 ConvTranspose2d):
+The builtin convolutions add their K steps with `acc = tl.dot(a, b, acc, input_precision="tf32x3")`, which
+Triton 3.6 builds as a dot from zero per step (the small products, then the big one, through 8-deep MMA
+steps) added to acc in fp32; a Winograd convolution's output transform amplifies what those sums lose
+(scripts/tf32x3_emulation.py models them). This probe rewrites the generated GEMM's K loop in several ways
+and measures each, for the direct implicit GEMM and the Winograd variants of one bench_builtin case
+(default: level2/11's 5x5 ConvTranspose2d):
 
-    chain   the generated kernel as it is
-    step    each K step's products summed on their own (tl.dot from zero), added to acc by an fp32 add
-    kahan   the same steps added by compensated (Kahan) summation: acc and its running rounding error
-    tap     (Winograd only) one leading tap's channels chained, the taps added by fp32 adds
+    chain     the generated kernel as it is
+    step      each K step's dot from zero, added to acc by an fp32 add written out
+    kahan     the same steps added by compensated (Kahan) summation: acc and its running rounding error
+    tap       (Winograd only) one leading tap's channels chained, the taps added by fp32 adds
+    step_rn, kahan_rn
+              step and kahan with each step's tf32x3 written out (`SPLIT_RN`): both parts of every operand
+              rounded to nearest TF32 (ties away, as `cvt.rna`), so no tensor core cuts a remainder; the
+              products from zero, the small ones first, as Triton builds its own
 
-The fp32 adds are written `tl.fma(x, 1.0, acc)`: Triton's combine pass rewrites `acc + tl.dot(a, b)` into
-`tl.dot(a, b, acc)`, so written as an add the step mode compiles to the chain (the 2026-12-04 run's step
-row, its error equal to the chain's to 1e-16, measured that). `--outputs 2` builds the 5-tap Winograd
-variant as F(2, 5) at the points (0, 1, -1, 1/2, -2) instead of the generator's F(3, 5). On a GPU only:
+The fp32 adds are written `tl.fma(x, 1.0, acc)`, which no pass folds into a tl.dot's accumulator. The chain
+adds in fp32 once per step already, so step should err as it does (the 2026-12-04 run's step row, written as
+`acc + tl.dot(a, b)`, did to 1e-16). `--outputs 2` builds the 5-tap Winograd variant as F(2, 5) at the points
+(0, 1, -1, 1/2, -2) instead of the generator's F(3, 5). On a GPU only:
 
     PYTHONPATH=. python3 scripts/winograd_accumulate_probe.py --json OUT.json [--case NAME] [--rounds 3]
 """
@@ -48,6 +52,25 @@ ZEROS = "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
 LOOP = re.compile(r"^(?P<pad> *)for k0 in range\(0, K_TOTAL, BLOCK_K\):\n(?P<body>(?:(?P=pad)    .*\n)+)", re.M)
 
 
+SPLIT_RN = '''
+@triton.jit
+def _tf32_rn(x):   # to nearest TF32, ties away from zero (as `cvt.rna`): add half the 13 dropped bits, drop them
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tf32x3_rn(a, b):
+    a_hi = _tf32_rn(a)
+    a_lo = _tf32_rn(a - a_hi)
+    b_hi = _tf32_rn(b)
+    b_lo = _tf32_rn(b - b_hi)
+    part = tl.dot(a_lo, b_hi, input_precision="tf32")
+    part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, part, input_precision="tf32")
+
+'''
+
+
 def fp32_add(products: str) -> str:
     """acc + products by an fp32 add that Triton cannot fold into a tl.dot's accumulator (the module doc)."""
     return f"tl.fma({products}, 1.0, acc)"
@@ -66,6 +89,9 @@ def rewrite(source: str, mode: str) -> str:
     step = chained.removeprefix("acc = ").replace(", acc,", ",")      # tl.dot(a, b, input_precision=...)
     if mode == "chain":
         return source
+    if mode.endswith("_rn"):     # the helpers go before the first kernel; each step calls them
+        first = re.search(r"^@triton\.(jit|autotune)", source, re.M).start()
+        source, step, mode = source[:first] + SPLIT_RN + "\n" + source[first:], "_tf32x3_rn(a, b)", mode[:-3]
     if mode == "step":
         return source.replace(chained, f"acc = {fp32_add(step)}")
     if mode == "kahan":

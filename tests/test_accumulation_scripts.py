@@ -44,7 +44,7 @@ def _kernel(path, kind: str):
 
 
 @pytest.mark.parametrize("kind, mode", [("direct", "step"), ("direct", "kahan"), ("winograd", "kahan"),
-                                        ("winograd", "tap")])
+                                        ("winograd", "tap"), ("direct", "step_rn"), ("winograd", "kahan_rn")])
 def test_each_way_of_adding_the_steps_computes_the_convolution(kind, mode, tmp_path):
     path = tmp_path / "problem.py"
     path.write_text(PROBLEM)
@@ -52,6 +52,7 @@ def test_each_way_of_adding_the_steps_computes_the_convolution(kind, mode, tmp_p
     source = probe.rewrite(kernel.source, mode)
     assert source != kernel.source
     assert not probe.CHAINED.search(source)          # no step still chained through tl.dot's accumulator
+    assert ("_tf32x3_rn(a, b)" in source) == mode.endswith("_rn")   # each step's tf32x3 written out
     file = tmp_path / f"{kind}_{mode}.py"
     file.write_text(source)
     module = import_file(file, prefix=f"accumulate_{kind}_{mode}")
@@ -64,11 +65,15 @@ def test_each_way_of_adding_the_steps_computes_the_convolution(kind, mode, tmp_p
     torch.testing.assert_close(candidate(x), model(x), atol=1e-4, rtol=1e-4)
 
 
-def test_the_emulation_errs_by_rounding_and_compensation_cuts_the_chain_s_error():
+def test_the_emulation_errs_by_rounding_and_only_rounding_toward_zero_makes_one_accumulator_far_worse():
     rows = emulation.errors(depth=320, outputs=60, seeds=1)
-    assert len(rows) == 1 + len(emulation.TILES) * 2 * 3
-    assert all(0 < row["median_max_error"] < 1e-5 for row in rows.values())
+    assert len(rows) == 1 + len(emulation.TILES) * len(emulation.SPLITS) * len(emulation.MMA_ROUNDINGS) * len(
+        emulation.SUMS)
+    assert all(0 < row["median_max_error"] < 1e-4 for row in rows.values())
     assert rows["direct fp32"]["vs_direct_fp32"] == 1.0
-    for split in ("nearest", "truncated"):
-        chained = rows[f"direct, {split} split, chain"]["median_max_error"]
-        assert rows[f"direct, {split} split, kahan"]["median_max_error"] < chained
+    error = lambda rounding, sum_mode: rows[f"direct, nearest split, mma {rounding}, {sum_mode}"][  # noqa: E731
+        "median_max_error"]
+    assert error("nearest", "kahan") < error("nearest", "step")
+    # 3xTF32 written out through one accumulator erred 28 times tf32x3 on the H200 (tf32x3_probe_h200_2026-12-04)
+    assert error("nearest", "one-acc") < 4 * error("nearest", "step")
+    assert error("toward-zero", "one-acc") > 10 * error("toward-zero", "step")

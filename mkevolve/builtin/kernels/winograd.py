@@ -18,10 +18,11 @@ for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81
 convolution is more accurate than that CPU one, and the comparison changes for 5 taps: level2/11's 5x5 layer had
 2.0e-06 with F(3, 5) against 8.6e-07 direct and cuDNN's 6.5e-07, while the 3x3 layers had 8.4e-07 and 8.7e-07
 with F(2, 3) against 9.6e-07 and 1.1e-06 direct (scripts/results/bench_builtin_winograd_h200_2026-12-04.json).
-The tf32x3 products' rounding, amplified by AT's coefficients, makes most of F(3, 5)'s error: summing the GEMMs'
-depth per leading tap barely changed it on the H200, and an emulation that fits those numbers leaves F(3, 5) at
-2.6 times a direct fp32 sum's error even with Kahan's summation of the K steps
-(scripts/results/tf32x3_emulation_cpu_2026-12-07.json). Emulated in fp32
+The tf32x3 GEMMs' rounding, amplified by AT's coefficients, makes most of F(3, 5)'s error: summing the GEMMs'
+depth per leading tap barely changed it on the H200. An emulation that fits those numbers (operand splits that
+drop their low bits, tensor-core sums rounded toward zero) leaves F(3, 5) at 2.8 times a direct fp32 sum's error
+even with Kahan's summation of the K steps, and puts it at 1.4 times with splits rounded to nearest
+(scripts/results/tf32x3_emulation_cpu_2026-12-07.json; unmeasured on a GPU). Emulated in fp32
 on a CPU (one dim, 320 terms deep, median of 7 draws; scripts/results/winograd_points_cpu_2026-12-06.json),
 F(3, 5) errs by 3.4 to 3.7 times the direct sum whatever its points, and F(2, 5) by 3.0 to 3.1 times at
 symmetric points such as these but 1.9 times at (0, 1, -1, 1/2, -2): a more accurate 5-tap tile, for 3
