@@ -10,7 +10,9 @@ in exact arithmetic wherever the hardware is exact, under:
 
     split      nearest: both parts rounded to nearest; truncated: both parts cut toward zero (the low 13 bits
                of each dropped); hi-rounded: the TF32 part rounded to nearest, the remainder cut (Triton
-               rounds the part by `cvt.rna`; a tensor core reading an fp32 operand as TF32 may cut the rest)
+               rounds the part by `cvt.rna`; a tensor core reading an fp32 operand as TF32 may cut the rest).
+               An operand presplit to hi + tf32(x - hi) (scripts/tf32x3_probe.py) gives a tf32x3 dot that
+               rounds its part to nearest the nearest split's parts
     mma        nearest or toward-zero: how an MMA step rounds its sum
     sum        step: each 32-deep K step a tf32x3 dot from zero, added to acc in fp32 (what Triton 3.6 compiles
                `acc = tl.dot(a, b, acc, input_precision="tf32x3")` to); tap: the steps of one leading tap

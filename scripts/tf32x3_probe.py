@@ -14,6 +14,9 @@ equals: the input zero-padded by K - 1 - padding = 3 and channels-last, the weig
                   3.6's own tf32x3 written out, which should match it bit for bit
     step_rn       step with the low parts rounded to TF32 too, so the tensor core cannot cut them
     step_cut      step with the high parts cut to TF32 by a bit mask instead of rounded (`cvt.rna`)
+    presplit      tf32x3 on operands first rounded so that their remainder after the TF32 part is itself
+                  TF32 (x -> hi + tf32(x - hi), both rounded to nearest): where Triton rounds its part as
+                  `cvt.rna` does, step_rn's products through its own tf32x3 dot (no tf32 dot in the TTIR)
 
 Each row also gives the error's signed mean (a bias: cut operands err toward zero) and the PTX's count of
 TF32 conversions and MMA instructions, and `--check-round` stores `cvt.rna.tf32.f32` of a million floats
@@ -44,7 +47,7 @@ C_IN, C_OUT, SIZE, K, PAD = 64, 128, 32, 5, 1
 OUT_SIZE = SIZE + K - 1 - 2 * PAD     # 34
 BORDER = K - 1 - PAD                  # 3: the padding of the equivalent forward convolution
 PADDED = SIZE + 2 * BORDER            # 38
-MODES = ("tf32x3", "tf32", "ieee", "split2", "split1", "step", "step_rn", "step_cut")
+MODES = ("tf32x3", "tf32", "ieee", "split2", "split1", "step", "step_rn", "step_cut", "presplit")
 DEFAULT_TILES = ("128x128x32x8x3", "128x64x32x4x3", "256x64x32x8x3", "256x128x32x8x3", "128x32x32x4x4")
 
 
@@ -62,6 +65,19 @@ def _tf32_cut(x):
 
 
 @triton.jit
+def _tf32_nearest(x):
+    """x rounded to TF32 by bit arithmetic: to nearest, ties away from zero (as `cvt.rna`)."""
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _presplit(x):
+    """x as hi + tf32(x - hi), hi = tf32(x): a value whose TF32 part and remainder are both exact in TF32."""
+    hi = _tf32_nearest(x)
+    return hi + _tf32_nearest(x - hi)
+
+
+@triton.jit
 def _round_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -73,7 +89,8 @@ def conv_kernel(x_ptr, w_ptr, out_ptr, M, C: tl.constexpr, CO: tl.constexpr, P: 
                 HP: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # x: padded channels-last [N, HP, HP, C]; w: flipped [(kh, kw, c), CO]; out: [N, CO, P, P].
-    # MODE: 0 tf32x3, 1 tf32, 2 ieee, 3 split2, 4 split1, 5 step, 6 step_rn, 7 step_cut (the module docstring).
+    # MODE: 0 tf32x3, 1 tf32, 2 ieee, 3 split2, 4 split1, 5 step, 6 step_rn, 7 step_cut, 8 presplit (the module
+    # docstring).
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     rm = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -98,6 +115,8 @@ def conv_kernel(x_ptr, w_ptr, out_ptr, M, C: tl.constexpr, CO: tl.constexpr, P: 
             acc = tl.dot(a, b, acc, input_precision="tf32")
         elif MODE == 2:
             acc = tl.dot(a, b, acc, input_precision="ieee")
+        elif MODE == 8:
+            acc = tl.dot(_presplit(a), _presplit(b), acc, input_precision="tf32x3")
         else:
             if MODE == 7:
                 a_hi = _tf32_cut(a)

@@ -15,6 +15,10 @@ and measures each, for the direct implicit GEMM and the Winograd variants of one
               step and kahan with each step's tf32x3 written out (`SPLIT_RN`): both parts of every operand
               rounded to nearest TF32 (ties away, as `cvt.rna`), so no tensor core cuts a remainder; the
               products from zero, the small ones first, as Triton builds its own
+    chain_pre, kahan_pre
+              chain and kahan with Triton's tf32x3 dot on operands first rounded to hi + tf32(x - hi)
+              (`_presplit`): where Triton rounds its part as `cvt.rna` does, step_rn's products with no tf32
+              dot in the kernel
 
 The fp32 adds are written `tl.fma(x, 1.0, acc)`, which no pass folds into a tl.dot's accumulator. The chain
 adds in fp32 once per step already, so step should err as it does (the 2026-12-04 run's step row, written as
@@ -59,6 +63,12 @@ def _tf32_rn(x):   # to nearest TF32, ties away from zero (as `cvt.rna`): add ha
 
 
 @triton.jit
+def _presplit(x):   # hi + tf32(x - hi): its TF32 part and remainder both exact, however a dot splits it
+    hi = _tf32_rn(x)
+    return hi + _tf32_rn(x - hi)
+
+
+@triton.jit
 def _tf32x3_rn(a, b):
     a_hi = _tf32_rn(a)
     a_lo = _tf32_rn(a - a_hi)
@@ -87,11 +97,18 @@ def rewrite(source: str, mode: str) -> str:
     """The generated source with its GEMM's K loop rewritten for `mode`."""
     chained = CHAINED.search(source)[0]
     step = chained.removeprefix("acc = ").replace(", acc,", ",")      # tl.dot(a, b, input_precision=...)
+    mode, _, operands = mode.partition("_")
+    if operands:                 # the helpers go before the first kernel; each step calls them
+        first = re.search(r"^@triton\.(jit|autotune)", source, re.M).start()
+        source = source[:first] + SPLIT_RN + "\n" + source[first:]
+        if operands == "rn":
+            step = "_tf32x3_rn(a, b)"
+        else:                    # "pre": the same tf32x3 dots, on presplit operands
+            step, presplit = (text.replace("tl.dot(a, b,", "tl.dot(_presplit(a), _presplit(b),")
+                              for text in (step, chained))
+            source, chained = source.replace(chained, presplit), presplit
     if mode == "chain":
         return source
-    if mode.endswith("_rn"):     # the helpers go before the first kernel; each step calls them
-        first = re.search(r"^@triton\.(jit|autotune)", source, re.M).start()
-        source, step, mode = source[:first] + SPLIT_RN + "\n" + source[first:], "_tf32x3_rn(a, b)", mode[:-3]
     if mode == "step":
         return source.replace(chained, f"acc = {fp32_add(step)}")
     if mode == "kahan":

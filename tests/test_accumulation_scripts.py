@@ -4,6 +4,7 @@ each way of splitting and adding within rounding of the exact correlation."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -44,7 +45,8 @@ def _kernel(path, kind: str):
 
 
 @pytest.mark.parametrize("kind, mode", [("direct", "step"), ("direct", "kahan"), ("winograd", "kahan"),
-                                        ("winograd", "tap"), ("direct", "step_rn"), ("winograd", "kahan_rn")])
+                                        ("winograd", "tap"), ("direct", "step_rn"), ("winograd", "kahan_rn"),
+                                        ("winograd", "chain_pre"), ("direct", "kahan_pre")])
 def test_each_way_of_adding_the_steps_computes_the_convolution(kind, mode, tmp_path):
     path = tmp_path / "problem.py"
     path.write_text(PROBLEM)
@@ -52,7 +54,9 @@ def test_each_way_of_adding_the_steps_computes_the_convolution(kind, mode, tmp_p
     source = probe.rewrite(kernel.source, mode)
     assert source != kernel.source
     assert not probe.CHAINED.search(source)          # no step still chained through tl.dot's accumulator
-    assert ("_tf32x3_rn(a, b)" in source) == mode.endswith("_rn")   # each step's tf32x3 written out
+    calls_split = re.search(r"[=(] ?_tf32x3_rn\(a, b\)", source) is not None   # each step's tf32x3 written out
+    assert calls_split == mode.endswith("_rn")
+    assert ("tl.dot(_presplit(a), _presplit(b)," in source) == mode.endswith("_pre")
     file = tmp_path / f"{kind}_{mode}.py"
     file.write_text(source)
     module = import_file(file, prefix=f"accumulate_{kind}_{mode}")
