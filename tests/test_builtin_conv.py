@@ -241,3 +241,43 @@ def test_tiles_are_cut_to_the_convolution():
     # for 64 FMAs; level2/67's kernel took 6.1 ms that way on an H100, 4.8 ms with 16 x 4)
     wide = conv_tiles(_conv(3, 64), tiles, dot=False)
     assert [(t.block_m, t.block_n, t.warps) for t in wide] == [(512, 16, 4), (256, 16, 2)]
+
+
+UNET_UP = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1)
+
+        def forward(self, x, skip):
+            # the smallest output of this geometry is 9 x 9; the skip connection asks for 10 x 10
+            return self.up(x, output_size=skip.shape) + skip
+
+
+    def get_inputs():
+        return [torch.randn(2, 8, 5, 5), torch.randn(2, 4, 10, 10)]
+
+
+    def get_init_inputs():
+        return []
+    """)
+
+
+def test_a_transposed_convolution_reaches_the_output_size_its_forward_asks_for(tmp_path):
+    path = tmp_path / "unet_up.py"
+    path.write_text(UNET_UP)
+    kernel_path = tmp_path / "unet_up_kernel.py"
+    kernel_path.write_text(generate_kernel(path, 0, TARGET).source)
+    module = import_file(kernel_path, prefix="unet_up")
+    problem = load_problem(path)
+    torch.manual_seed(0)
+    reference = problem.model_cls().to(DEVICE)
+    torch.manual_seed(0)
+    candidate = module.ModelNew().to(DEVICE)
+    x, skip = (t.to(DEVICE) for t in problem.module.get_inputs())
+    with torch.no_grad():
+        torch.testing.assert_close(candidate(x, skip), reference(x, skip), atol=TOLERANCE, rtol=TOLERANCE)

@@ -392,8 +392,9 @@ def _conv_module(b: Builder, call: Call):
     if call.module_attr("padding_mode") != "zeros":
         return _conv_padded_first(b, call)
     transposed = isinstance(module, nn.modules.conv._ConvTransposeNd)
+    output_padding = call.module_attr("output_padding")
     if transposed and call.arg(1, "output_size", None) is not None:
-        raise UnsupportedSubproblem("ConvTranspose with an explicit output_size")
+        output_padding = _output_padding_traced(call)
     # A subproblem's instances may differ in groups (depthwise layers of several widths) and in stride,
     # padding or dilation (a MobileNet's or ResNet's blocks): those the launcher takes per call.
     geometry = {name: [getattr(m, name) for m in call.modules] for name in ("stride", "padding", "dilation")}
@@ -402,9 +403,25 @@ def _conv_module(b: Builder, call: Call):
         raise UnsupportedSubproblem(f"{type(module).__name__} with padding='same' whose geometry differs "
                                     "between input configs")
     return conv(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"),
-                transposed=transposed, output_padding=call.module_attr("output_padding"),
+                transposed=transposed, output_padding=output_padding,
                 groups=[m.groups for m in call.modules], geometry_from=call.path if varying else None,
                 **{name: values if varying else values[0] for name, values in geometry.items()})
+
+
+def _output_padding_traced(call: Call) -> tuple[int, ...]:
+    """The output_padding by which ConvTranspose reached the output size its forward was given (`output_size`,
+    a U-Net decoder's skip.shape): the traced output's size less the smallest the geometry gives, per dim."""
+    module, x_shapes = call.module, [tuple(s) for s in call.arg(0, "input").shapes]
+    spatial = len(module.kernel_size)
+    geometry = list(zip(module.stride, module.padding, module.dilation, module.kernel_size))
+    found = set()
+    for x_shape, out_shape in zip(x_shapes, call.shapes):
+        found.add(tuple(out - ((n - 1) * s - 2 * p + d * (k - 1) + 1)
+                        for n, out, (s, p, d, k) in zip(x_shape[-spatial:], out_shape[-spatial:], geometry)))
+    if len(found) > 1:
+        raise UnsupportedSubproblem("ConvTranspose whose output_size needs a different output_padding per "
+                                    "input config")
+    return found.pop()
 
 
 # --- padding ----------------------------------------------------------------------------------------
