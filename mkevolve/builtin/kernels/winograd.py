@@ -21,7 +21,7 @@ with F(2, 3) against 9.6e-07 and 1.1e-06 direct (scripts/results/bench_builtin_w
 The tf32x3 GEMMs' rounding, amplified by AT's coefficients, makes most of F(3, 5)'s error: summing the GEMMs'
 depth per leading tap barely changed it on the H200. An emulation that fits those numbers (operand splits that
 drop their low bits, tensor-core sums rounded toward zero) leaves F(3, 5) at 2.8 times a direct fp32 sum's error
-even with Kahan's summation of the K steps, and puts it at 1.4 times with splits rounded to nearest
+even with Kahan's summation of the K steps, and puts it at 1.4 to 1.5 times with splits rounded to nearest
 (scripts/results/tf32x3_emulation_cpu_2026-12-07.json; unmeasured on a GPU). Emulated in fp32
 on a CPU (one dim, 320 terms deep, median of 7 draws; scripts/results/winograd_points_cpu_2026-12-06.json),
 F(3, 5) errs by 3.4 to 3.7 times the direct sum whatever its points, and F(2, 5) by 3.0 to 3.1 times at
