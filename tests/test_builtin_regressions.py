@@ -852,3 +852,15 @@ def test_reductions_over_reshaped_normalisations(case, tmp_path):
         """))
     assert ("(full rows)" in generate_kernel(path, 0, TARGET).description) is writes_whole
     _assert_all_variants_match(path, tmp_path)
+
+
+CONSTANT_MASK = _ROW_MODEL.format(body="""
+        keep = torch.ones(4, 16, dtype=torch.bool).tril()
+        return x.masked_fill(~keep, float("-inf")).softmax(-1)""")
+
+
+def test_a_tensor_forward_builds_from_constants_is_refused_with_what_to_do(tmp_path):
+    """fx folds it into a CPU constant beside the meta inputs; the refusal said only that devices differed."""
+    path = _write_problem(tmp_path, "constant_mask", CONSTANT_MASK)
+    with pytest.raises(UnsupportedSubproblem, match=r"builds a \[4, 16\] tensor from constants alone.*buffer"):
+        variant_count(path, TARGET)

@@ -174,6 +174,7 @@ def _fx_trace(b: _Built) -> ConfigTrace:
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in signature.parameters.values()):
         raise UnsupportedSubproblem("Model.forward takes *args or **kwargs")
     graph_module = fx.GraphModule(b.model, _BufferTracer().trace(b.model))
+    _refuse_constant_tensors(graph_module)
     ShapeProp(graph_module).propagate(*b.inputs)
     shapes, dtypes = {}, {}
     for node in graph_module.graph.nodes:
@@ -181,6 +182,19 @@ def _fx_trace(b: _Built) -> ConfigTrace:
         shapes[node.name] = _map_meta(meta, lambda m: tuple(m.shape))
         dtypes[node.name] = _map_meta(meta, lambda m: m.dtype)
     return ConfigTrace(b.model, graph_module, shapes, dtypes)
+
+
+def _refuse_constant_tensors(graph_module: fx.GraphModule) -> None:
+    """A tensor of more than one number that forward builds from constants alone (`torch.ones(8, 8).tril()`)
+    is traced into the graph as a constant, on the CPU beside meta inputs; only one-number constants are
+    inlined (lower.py), so say what to do instead of failing on the devices."""
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and node.target.startswith("_tensor_constant"):
+            tensor = getattr(graph_module, node.target)
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > 1:
+                raise UnsupportedSubproblem(
+                    f"forward builds a {list(tensor.shape)} tensor from constants alone (a mask or table); "
+                    "register it as a buffer in __init__")
 
 
 class _BufferTracer(fx.Tracer):
