@@ -864,3 +864,14 @@ def test_a_tensor_forward_builds_from_constants_is_refused_with_what_to_do(tmp_p
     path = _write_problem(tmp_path, "constant_mask", CONSTANT_MASK)
     with pytest.raises(UnsupportedSubproblem, match=r"builds a \[4, 16\] tensor from constants alone.*buffer"):
         variant_count(path, TARGET)
+
+
+VAR_MEAN = _ROW_MODEL.format(body="""
+        var, mean = torch.var_mean(x, dim=1, keepdim=True)
+        std, mean0 = torch.std_mean(x, dim=0, correction=0)
+        return (x - mean) / torch.sqrt(var + 1e-5) + std * mean0""")
+
+
+def test_var_mean_and_std_mean_give_both_outputs(tmp_path):
+    """torch.var_mean and std_mean return (var or std, mean); before, no kernel."""
+    _assert_variant_matches(_write_problem(tmp_path, "var_mean", VAR_MEAN), 0, tmp_path)

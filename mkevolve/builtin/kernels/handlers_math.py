@@ -232,7 +232,8 @@ def _reduction(kind: str, dim_default=None) -> Handler:
     return handler
 
 
-def _variance(take_sqrt: bool) -> Handler:
+def _variance(take_sqrt: bool, with_mean: bool = False) -> Handler:
+    """torch.var / torch.std, and torch.var_mean / torch.std_mean (`with_mean`: the pair (var or std, mean))."""
     def handler(b: Builder, call: Call):
         x = call.arg(0, "input")
         dims = b.const(call.arg(1, "dim", None), "reduction dim")
@@ -243,17 +244,24 @@ def _variance(take_sqrt: bool) -> Handler:
             correction = 1 if unbiased else 0
         keepdim = bool(b.const(call.kwargs.get("keepdim", call.arg(3, "keepdim", False)), "keepdim"))
         dims = normalize_dims(dims, x.rank)
-        out = variance(b, x, dims, int(b.const(correction, "correction")))
+        out, mean = variance_and_mean(b, x, dims, int(b.const(correction, "correction")))
         if take_sqrt:
             out = b.pw("sqrt", out)
-        return out if keepdim else b.squeeze(out, dims)
+        kept = (out, mean) if keepdim else (b.squeeze(out, dims), b.squeeze(mean, dims))
+        return kept if with_mean else kept[0]
     return handler
 
 
 def variance(b: Builder, x: Value, dims, correction: int = 0) -> Value:
     """Two-pass variance: mean((x - mean(x))^2), keepdim."""
-    centered = b.pw("sub", x, b.reduce("mean", x, dims))
-    return b.reduce("mean", b.pw("mul", centered, centered), dims, correction)
+    return variance_and_mean(b, x, dims, correction)[0]
+
+
+def variance_and_mean(b: Builder, x: Value, dims, correction: int = 0) -> tuple[Value, Value]:
+    """The two-pass variance and the mean it is taken about, both keepdim."""
+    mean = b.reduce("mean", x, dims)
+    centered = b.pw("sub", x, mean)
+    return b.reduce("mean", b.pw("mul", centered, centered), dims, correction), mean
 
 
 def _norm(b: Builder, call: Call):
@@ -640,6 +648,7 @@ FUNCTIONS.update({
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
+    "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),
     "norm": _norm, "linalg_vector_norm": _vector_norm, "vector_norm": _vector_norm, "normalize": _normalize,
     "softmax": _softmax(False), "log_softmax": _softmax(True), "_softmax": _softmax(False),
     "_log_softmax": _softmax(True), "special_softmax": _softmax(False), "logsumexp": _logsumexp,
