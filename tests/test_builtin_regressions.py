@@ -875,3 +875,37 @@ VAR_MEAN = _ROW_MODEL.format(body="""
 def test_var_mean_and_std_mean_give_both_outputs(tmp_path):
     """torch.var_mean and std_mean return (var or std, mean); before, no kernel."""
     _assert_variant_matches(_write_problem(tmp_path, "var_mean", VAR_MEAN), 0, tmp_path)
+
+
+LRN_MODEL = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lrn = nn.LocalResponseNorm({size}, alpha=0.01, beta=0.6, k=2.0)
+
+    def forward(self, x):
+        return {body}
+
+
+def get_inputs():
+    return [torch.randn{shape}]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("size, body, shape", [
+    (5, "self.lrn(x)", (2, 12, 5, 6)),                                   # even and odd halves of the window
+    (4, "self.lrn(x) * 2.0", (2, 12, 7)),                                # 3-d input: a 2-d pool
+    (3, "F.local_response_norm(x, 3, alpha=0.01, beta=0.6, k=2.0)", (2, 8, 4, 4))])
+def test_local_response_norm_matches_pytorch(tmp_path, size, body, shape):
+    """nn.LocalResponseNorm and F.local_response_norm; before, no kernel."""
+    path = _write_problem(tmp_path, f"lrn_{size}", LRN_MODEL.format(size=size, body=body, shape=shape))
+    _assert_variant_matches(path, 0, tmp_path)

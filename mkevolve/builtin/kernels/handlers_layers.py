@@ -689,6 +689,32 @@ def _pool_module(b: Builder, call: Call):
     return b.pool("avg", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode, include_pad, divisor)
 
 
+def local_response_norm(b: Builder, x: Value, size, alpha, beta, k) -> Value:
+    """x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta, the channels zero-padded by
+    size // 2 before and (size - 1) // 2 after, as PyTorch computes it: the channel axis made a pooling axis
+    ([N, 1, C, ..]) and averaged by a window of `size` channels and 1 position."""
+    size = int(b.const(size, "LocalResponseNorm size"))
+    if x.rank not in (3, 4):
+        raise UnsupportedSubproblem(f"LocalResponseNorm of a rank-{x.rank} input (3 or 4 are supported)")
+    lifted = b.unsqueeze(b.pw("mul", x, x), 1)                  # [N, 1, C, L] or [N, 1, C, H, W]
+    spatial = x.rank - 1
+    padded = pad(b, lifted, [0, 0] * (spatial - 1) + [size // 2, (size - 1) // 2])
+    window = (size,) + (1,) * (spatial - 1)
+    mean = b.squeeze(b.pool("avg", padded, window, (1,) * spatial, (0,) * spatial, (1,) * spatial, False), (1,))
+    scaled = b.pw("add", b.pw("mul", mean, b.scalar(alpha)), b.scalar(k))
+    return b.pw("div", x, b.pw("pow_const", scaled, exponent=b.scalar(beta)))
+
+
+def _local_response_norm(b: Builder, call: Call):
+    return local_response_norm(b, call.arg(0, "input"), call.arg(1, "size"), call.arg(2, "alpha", 1e-4),
+                               call.arg(3, "beta", 0.75), call.arg(4, "k", 1.0))
+
+
+def _local_response_norm_module(b: Builder, call: Call):
+    return local_response_norm(b, call.arg(0, "input"), call.module_attr("size"), call.module_attr("alpha"),
+                               call.module_attr("beta"), call.module_attr("k"))
+
+
 def _adaptive_pool(kind: str, spatial: int) -> Handler:
     def handler(b: Builder, call: Call):
         if kind == "max" and call.kwargs.get("return_indices", False):
@@ -942,6 +968,7 @@ FUNCTIONS: dict[str, Handler] = {
     "adaptive_avg_pool1d": _adaptive_pool("avg", 1), "adaptive_avg_pool2d": _adaptive_pool("avg", 2),
     "adaptive_avg_pool3d": _adaptive_pool("avg", 3), "adaptive_max_pool1d": _adaptive_pool("max", 1),
     "adaptive_max_pool2d": _adaptive_pool("max", 2), "adaptive_max_pool3d": _adaptive_pool("max", 3),
+    "local_response_norm": _local_response_norm,
     "view": _view_method("reshape", varargs=True), "reshape": _view_method("reshape", varargs=True),
     "_unsafe_view": _view_method("reshape", varargs=True),
     "permute": _view_method("permute", varargs=True), "expand": _view_method("expand", varargs=True),
@@ -964,6 +991,7 @@ MODULES: dict[type, Handler] = {
     **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
     nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.GLU: _glu_module,
+    nn.LocalResponseNorm: _local_response_norm_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
