@@ -909,3 +909,39 @@ def test_local_response_norm_matches_pytorch(tmp_path, size, body, shape):
     """nn.LocalResponseNorm and F.local_response_norm; before, no kernel."""
     path = _write_problem(tmp_path, f"lrn_{size}", LRN_MODEL.format(size=size, body=body, shape=shape))
     _assert_variant_matches(path, 0, tmp_path)
+
+
+BILINEAR_MODEL = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bilinear = nn.Bilinear(12, 10, 6, bias={bias})
+
+    def forward(self, x):
+        left, right = x[..., :12], x[..., 12:] * 0.5
+        return {body}
+
+
+def get_inputs():
+    return [torch.randn{shape}]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("bias, body, shape", [
+    (True, "self.bilinear(left, right)", (5, 22)),
+    (False, "torch.tanh(self.bilinear(left, right))", (2, 3, 22)),           # leading dims kept
+    (True, "F.bilinear(left, right, self.bilinear.weight, self.bilinear.bias)", (4, 22))])
+def test_bilinear_matches_pytorch(tmp_path, bias, body, shape):
+    """nn.Bilinear and F.bilinear; before, no kernel."""
+    path = _write_problem(tmp_path, f"bilinear_{len(shape)}_{bias}", BILINEAR_MODEL.format(bias=bias, body=body,
+                                                                                          shape=shape))
+    _assert_variant_matches(path, 0, tmp_path)

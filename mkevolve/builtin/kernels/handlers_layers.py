@@ -38,6 +38,31 @@ def _linear_module(b: Builder, call: Call):
     return linear(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"))
 
 
+def bilinear(b: Builder, x1: Value, x2: Value, weight: Value, bias: Value | None) -> Value:
+    """x1^T A_o x2 + b_o for each output o: one GEMM of x1 [.., I1] with the weight seen as [I1, O * I2], then
+    each output's I2 products with x2 summed, the bias in the epilogue."""
+    out_f, in1, in2 = weight.shapes[0]
+    if any(s != weight.shapes[0] for s in weight.shapes):
+        raise UnsupportedSubproblem("a Bilinear weight whose shape differs between input configs")
+    per_input = b.view(weight, "permute", ((1, 0, 2),), tuple((in1, out_f, in2) for _ in weight.shapes))
+    flat = b.view(per_input, "reshape", ((in1, out_f * in2),), tuple((in1, out_f * in2) for _ in weight.shapes))
+    rows = b.matmul(x1, flat)                                              # [.., O * I2]
+    split = b.view(rows, "reshape", ((*x1.shapes[0][:-1], out_f, in2),),
+                   tuple((*s[:-1], out_f, in2) for s in x1.shapes))
+    out = b.reduce_keep("sum", b.pw("mul", split, b.unsqueeze(x2, x2.rank - 1)), split.rank - 1, keepdim=False)
+    return b.pw("add", out, bias) if bias is not None else out
+
+
+def _bilinear(b: Builder, call: Call):
+    return bilinear(b, call.arg(0, "input1"), call.arg(1, "input2"), as_param(call.arg(2, "weight"), "weight"),
+                    as_param(call.arg(3, "bias", None), "bias"))
+
+
+def _bilinear_module(b: Builder, call: Call):
+    return bilinear(b, call.arg(0, "input1"), call.arg(1, "input2"), module_param(b, call, "weight"),
+                    module_param(b, call, "bias"))
+
+
 def _matmul(b: Builder, call: Call):
     a, other = call.arg(0, "input"), call.arg(1, "other")
     return fuse_attention(b, a, other) or b.matmul(a, other)
@@ -960,7 +985,7 @@ FUNCTIONS: dict[str, Handler] = {
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
     "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
-    "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
+    "bilinear": _bilinear, "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
     "max_pool1d": _max_pool(1), "max_pool2d": _max_pool(2), "max_pool3d": _max_pool(3),
@@ -983,7 +1008,7 @@ FUNCTIONS: dict[str, Handler] = {
 }
 
 MODULES: dict[type, Handler] = {
-    nn.Linear: _linear_module, nn.Flatten: _flatten_module, nn.Unflatten: _unflatten_module,
+    nn.Linear: _linear_module, nn.Bilinear: _bilinear_module, nn.Flatten: _flatten_module, nn.Unflatten: _unflatten_module,
     nn.Embedding: _embedding_module, nn.MultiheadAttention: multihead_attention_module,
     nn.TransformerEncoderLayer: _transformer_encoder_layer, nn.TransformerDecoderLayer: _transformer_decoder_layer,
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
