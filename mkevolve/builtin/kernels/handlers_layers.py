@@ -985,7 +985,8 @@ FUNCTIONS: dict[str, Handler] = {
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
     "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
-    "bilinear": _bilinear, "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
+    "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
+    "bilinear": _bilinear,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
     "max_pool1d": _max_pool(1), "max_pool2d": _max_pool(2), "max_pool3d": _max_pool(3),
@@ -1008,7 +1009,8 @@ FUNCTIONS: dict[str, Handler] = {
 }
 
 MODULES: dict[type, Handler] = {
-    nn.Linear: _linear_module, nn.Bilinear: _bilinear_module, nn.Flatten: _flatten_module, nn.Unflatten: _unflatten_module,
+    nn.Linear: _linear_module, nn.Bilinear: _bilinear_module, nn.Flatten: _flatten_module,
+    nn.Unflatten: _unflatten_module,
     nn.Embedding: _embedding_module, nn.MultiheadAttention: multihead_attention_module,
     nn.TransformerEncoderLayer: _transformer_encoder_layer, nn.TransformerDecoderLayer: _transformer_decoder_layer,
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
