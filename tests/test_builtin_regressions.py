@@ -945,3 +945,11 @@ def test_bilinear_matches_pytorch(tmp_path, bias, body, shape):
     path = _write_problem(tmp_path, f"bilinear_{len(shape)}_{bias}", BILINEAR_MODEL.format(bias=bias, body=body,
                                                                                           shape=shape))
     _assert_variant_matches(path, 0, tmp_path)
+
+
+def test_bilinear_serves_every_input_config(tmp_path):
+    """The output's leading dims differ between configs: the products are split per output by a view that
+    names no leading size."""
+    model = BILINEAR_MODEL.format(bias=True, body="self.bilinear(left, right)", shape=(2, 3, 22))
+    path = _write_problem(tmp_path, "bilinear_configs", _with_configs(model, [([], (2, 3, 22)), ([], (4, 5, 22))]))
+    _assert_variant_matches(path, 0, tmp_path)

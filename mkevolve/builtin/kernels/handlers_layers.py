@@ -47,8 +47,7 @@ def bilinear(b: Builder, x1: Value, x2: Value, weight: Value, bias: Value | None
     per_input = b.view(weight, "permute", ((1, 0, 2),), tuple((in1, out_f, in2) for _ in weight.shapes))
     flat = b.view(per_input, "reshape", ((in1, out_f * in2),), tuple((in1, out_f * in2) for _ in weight.shapes))
     rows = b.matmul(x1, flat)                                              # [.., O * I2]
-    split = b.view(rows, "reshape", ((*x1.shapes[0][:-1], out_f, in2),),
-                   tuple((*s[:-1], out_f, in2) for s in x1.shapes))
+    split = b.view(rows, "unflatten", (-1, (out_f, in2)), tuple((*s[:-1], out_f, in2) for s in x1.shapes))
     out = b.reduce_keep("sum", b.pw("mul", split, b.unsqueeze(x2, x2.rank - 1)), split.rank - 1, keepdim=False)
     return b.pw("add", out, bias) if bias is not None else out
 
