@@ -3,6 +3,7 @@ shape arithmetic into the tensor program."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -729,9 +730,14 @@ def local_response_norm(b: Builder, x: Value, size, alpha, beta, k) -> Value:
     return b.pw("div", x, b.pw("pow_const", scaled, exponent=b.scalar(beta)))
 
 
+# PyTorch's own defaults (alpha, beta, k), read from its signature rather than copied here
+_LRN_DEFAULTS = inspect.signature(F.local_response_norm).parameters
+
+
 def _local_response_norm(b: Builder, call: Call):
-    return local_response_norm(b, call.arg(0, "input"), call.arg(1, "size"), call.arg(2, "alpha", 1e-4),
-                               call.arg(3, "beta", 0.75), call.arg(4, "k", 1.0))
+    alpha, beta, k = (call.arg(i, name, _LRN_DEFAULTS[name].default)
+                      for i, name in enumerate(("alpha", "beta", "k"), start=2))
+    return local_response_norm(b, call.arg(0, "input"), call.arg(1, "size"), alpha, beta, k)
 
 
 def _local_response_norm_module(b: Builder, call: Call):
