@@ -953,3 +953,58 @@ def test_bilinear_serves_every_input_config(tmp_path):
     model = BILINEAR_MODEL.format(bias=True, body="self.bilinear(left, right)", shape=(2, 3, 22))
     path = _write_problem(tmp_path, "bilinear_configs", _with_configs(model, [([], (2, 3, 22)), ([], (4, 5, 22))]))
     _assert_variant_matches(path, 0, tmp_path)
+
+
+SOFTMIN_AND_FRIENDS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmin = nn.Softmin(dim=1)
+        self.softmax2d = nn.Softmax2d()
+
+    def forward(self, x):
+        channels = self.softmax2d(x) + self.softmin(x)                 # both over dim 1 of [2, 3, 4, 5]
+        rows = F.softmin(x, dim=-1) + F.rrelu(x, 0.1, 0.3)            # functional rrelu: training=False
+        mixed = torch.lerp(x, rows, 0.25) + torch.lerp(rows, x, rows)  # scalar weight, then tensor weight
+        return channels + torch.addcmul(mixed, x, rows, value=0.5) + torch.addcdiv(x, rows, x.abs() + 1)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 4, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_softmin_softmax2d_rrelu_lerp_addcmul_and_addcdiv_match_pytorch(tmp_path):
+    """Before, no kernel for any of them."""
+    _assert_variant_matches(_write_problem(tmp_path, "softmin_and_friends", SOFTMIN_AND_FRIENDS), 0, tmp_path)
+
+
+RRELU_MODULE = _ROW_MODEL.format(body="""
+        return self.rrelu(x)
+
+    def __init__(self):
+        super().__init__()
+        self.rrelu = nn.RReLU(0.1, 0.3)""")
+
+
+def test_rrelu_module_gets_kernels_in_eval_mode_only(tmp_path):
+    """In training mode nn.RReLU draws a slope per element; in eval mode it is leaky_relu with the mean slope."""
+    path = _write_problem(tmp_path, "rrelu_module", RRELU_MODULE)
+    with pytest.raises(UnsupportedSubproblem, match="RReLU in training mode"):
+        generate_kernel(path, 0, TARGET, mode="train")
+    module = import_file(_save(generate_kernel(path, 0, TARGET, mode="eval").source, tmp_path, "rrelu_eval"),
+                         prefix="generated")
+    x = torch.randn(4, 16, device=DEVICE)
+    expected = nn.RReLU(0.1, 0.3).eval()(x)
+    with torch.no_grad():
+        actual = module.ModelNew().to(DEVICE).eval()(x)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)

@@ -334,6 +334,50 @@ def _softmax_module(log: bool) -> Handler:
     return handler
 
 
+def _softmin(b: Builder, call: Call):
+    """softmin(x) = softmax(-x), along F.softmin's dim (or nn.Softmin's)."""
+    x = call.arg(0, "input")
+    dim = call.module_attr("dim") if call.modules else call.arg(1, "dim", None)
+    return softmax(b, b.pw("neg", x), _softmax_dim(b, x, dim), log=False)
+
+
+def _softmax2d(b: Builder, call: Call):
+    """nn.Softmax2d: a softmax over the channels of [C, H, W] or [N, C, H, W], dim -3."""
+    x = call.arg(0, "input")
+    if x.rank not in (3, 4):
+        raise UnsupportedSubproblem(f"Softmax2d of a rank-{x.rank} input (3 or 4 are supported)")
+    return softmax(b, x, x.rank - 3, log=False)
+
+
+def _rrelu(b: Builder, call: Call):
+    """RReLU where it draws no slopes (eval mode): leaky_relu with the mean slope (lower + upper) / 2."""
+    if call.modules:
+        lower, upper, training = call.module_attr("lower"), call.module_attr("upper"), call.module.training
+    else:
+        lower, upper = call.arg(1, "lower", 1.0 / 8.0), call.arg(2, "upper", 1.0 / 3.0)
+        training = call.arg(3, "training", False)
+    if training:
+        raise UnsupportedInMode("RReLU in training mode draws its slopes from torch's random stream, which a "
+                                "generated kernel cannot reproduce; compare in eval mode (--eval)")
+    slope = (float(b.const(lower, "RReLU lower")) + float(b.const(upper, "RReLU upper"))) / 2
+    return b.pw("leaky_relu", call.arg(0, "input"), negative_slope=slope)
+
+
+def _lerp(b: Builder, call: Call):
+    """torch.lerp(start, end, weight) = start + weight * (end - start)."""
+    start, end = call.arg(0, "input"), call.arg(1, "end")
+    return b.pw("add", start, b.pw("mul", b.pw("sub", end, start), call.arg(2, "weight")))
+
+
+def _add_times(op: str) -> Handler:
+    """torch.addcmul / addcdiv: input + value * (tensor1 op tensor2)."""
+    def handler(b: Builder, call: Call):
+        product = b.pw(op, call.arg(1, "tensor1"), call.arg(2, "tensor2"))
+        value = call.arg(3, "value", 1)
+        return b.pw("add", call.arg(0, "input"), b.pw("mul", product, value) if value != 1 else product)
+    return handler
+
+
 def logsumexp(b: Builder, x: Value, dims: tuple[int, ...]) -> Value:
     """log(sum(exp(x))) over `dims`, kept as size 1, shifted by the maximum so no exp overflows."""
     peak = b.reduce("amax", x, dims)
@@ -650,7 +694,8 @@ FUNCTIONS.update({
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
     "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),
     "norm": _norm, "linalg_vector_norm": _vector_norm, "vector_norm": _vector_norm, "normalize": _normalize,
-    "softmax": _softmax(False), "log_softmax": _softmax(True), "_softmax": _softmax(False),
+    "softmax": _softmax(False), "log_softmax": _softmax(True), "_softmax": _softmax(False), "softmin": _softmin,
+    "rrelu": _rrelu, "lerp": _lerp, "addcmul": _add_times("mul"), "addcdiv": _add_times("div"),
     "_log_softmax": _softmax(True), "special_softmax": _softmax(False), "logsumexp": _logsumexp,
     "layer_norm": _layer_norm, "group_norm": _group_norm, "batch_norm": _batch_norm,
     "instance_norm": _instance_norm, "rms_norm": _rms_norm,
@@ -668,7 +713,8 @@ MODULES.update({
     nn.Softshrink: _module_op("softshrink", lambd="lambd"), nn.Hardshrink: _module_op("hardshrink", lambd="lambd"),
     nn.Dropout: _dropout, nn.Dropout1d: _dropout, nn.Dropout2d: _dropout, nn.Dropout3d: _dropout,
     nn.AlphaDropout: _dropout, nn.FeatureAlphaDropout: _dropout, nn.Identity: _identity,
-    nn.Softmax: _softmax_module(False), nn.LogSoftmax: _softmax_module(True),
+    nn.Softmax: _softmax_module(False), nn.LogSoftmax: _softmax_module(True), nn.Softmin: _softmin,
+    nn.Softmax2d: _softmax2d, nn.RReLU: _rrelu,
     nn.LayerNorm: _layer_norm_module, nn.GroupNorm: _group_norm_module,
     nn.BatchNorm1d: _batch_norm_module, nn.BatchNorm2d: _batch_norm_module, nn.BatchNorm3d: _batch_norm_module,
     nn.InstanceNorm1d: _instance_norm_module, nn.InstanceNorm2d: _instance_norm_module,
