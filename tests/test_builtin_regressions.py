@@ -1008,3 +1008,76 @@ def test_rrelu_module_gets_kernels_in_eval_mode_only(tmp_path):
     with torch.no_grad():
         actual = module.ModelNew().to(DEVICE).eval()(x)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+STATE_ASSIGNED = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.zeros(4, 16)
+
+    def forward(self, x):
+        self.hidden = self.hidden.to(x.device)
+        self.hidden = torch.tanh(x + self.hidden)
+        return self.hidden * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_forward_that_assigns_a_tensor_attribute_is_refused_by_name(tmp_path):
+    """The graph does not record `self.hidden = ...`, so a kernel would drop the state; before, the second
+    trace (eval mode) met the first trace's proxy and failed with 'multiple different tracers'."""
+    path = _write_problem(tmp_path, "state_assigned", STATE_ASSIGNED)
+    with pytest.raises(UnsupportedSubproblem, match=r"assigns module state \(self\.hidden = a tensor\)"):
+        variant_count(path, TARGET)
+
+
+ARG_REDUCE_SPECIAL_VALUES = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        top = x.argmax(dim=1, keepdim=True)
+        return torch.argmin(x, dim=1), top, x.gather(1, top).isnan().float() + top.float() / 4.0
+
+
+def get_inputs():
+    x = torch.randn(5, 12)
+    x[0, 7] = x[0, 9] = float("nan")        # the first NaN, for argmax and argmin alike
+    x[1, 3] = x[1, 8] = float("inf")
+    x[2] = float("-inf")                     # nothing beats -inf: position 0
+    x[3, 2], x[3, 5] = float("nan"), float("-inf")
+    x[4] = 1.0                               # all tied: position 0
+    return [x]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_argmax_and_argmin_give_pytorchs_positions_for_nan_infinities_and_ties(tmp_path):
+    """Before, no kernel for argmax or argmin; their int64 positions are read as float and as gather indices."""
+    path = _write_problem(tmp_path, "arg_special", ARG_REDUCE_SPECIAL_VALUES)
+    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "arg_special_kernel"),
+                         prefix="generated")
+    problem = load_problem(path)
+    (x,) = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
+    expected, actual = problem.model_cls()(x), module.ModelNew()(x.to(DEVICE))
+    assert [a.dtype for a in actual] == [torch.int64, torch.int64, torch.float32]
+    assert expected[0][[0, 2, 3, 4]].tolist() == [7, 0, 2, 0] and expected[1].flatten().tolist() == [7, 3, 0, 2, 0]
+    for e, a in zip(expected, actual):
+        assert torch.equal(a.cpu(), e)

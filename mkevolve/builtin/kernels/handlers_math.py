@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import Assign, BatchStats, IntOp, Param, Scalar, Scan, Value
+from .ir import ArgReduce, Assign, BatchStats, IntOp, Param, Scalar, Scan, Value, is_integer
 
 # --- elementwise ------------------------------------------------------------------------------------
 
@@ -202,21 +203,48 @@ def _maximum_or_reduce(kind: str, op: str) -> Handler:
             return b.pw(op, x, other)
         if other is None:
             return b.squeeze(b.reduce(kind, x, None), tuple(range(x.rank)))
-        keepdim = bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
-        return ValuesIndices(b.reduce_keep(kind, x, b.const(other, "dim"), keepdim))
+        dim, keepdim = b.const(other, "dim"), bool(b.const(call.arg(2, "keepdim", False), "keepdim"))
+        return ValuesIndices(b.reduce_keep(kind, x, dim, keepdim),
+                             lambda: arg_reduce(b, x, kind.removeprefix("a"), dim, keepdim))
     return handler
 
 
 @dataclass
 class ValuesIndices:
-    """The (values, indices) pair torch.max/min return with a dim; only the values are supported."""
+    """The (values, indices) pair torch.max/min return with a dim; the indices kernel is built only where the
+    forward takes them."""
 
     values: Value
+    indices: Callable[[], Value] | None = None
 
     def item(self, index):
         if index in (0, "values"):
             return self.values
-        raise UnsupportedSubproblem("the indices output of max/min (argmax) is not supported")
+        if index in (1, "indices") and self.indices is not None:
+            return self.indices()
+        raise UnsupportedSubproblem(f"output {index!r} of this (values, indices) pair is not supported")
+
+
+def arg_reduce(b: Builder, x: Value, kind: str, dim: int | None, keepdim: bool) -> Value:
+    """argmax ("max") / argmin ("min") along `dim`, int64; dim None: of the flattened tensor, a 0-d result."""
+    if x.rank == 0 or is_integer(x):
+        raise UnsupportedSubproblem(f"arg{kind} of a 0-d or integer tensor")
+    if dim is None:
+        if keepdim:
+            raise UnsupportedSubproblem(f"arg{kind} with keepdim=True and no dim")
+        flat = b.view(x, "reshape", (-1,), tuple((math.prod(s),) for s in x.shapes))
+        return b.squeeze(arg_reduce(b, flat, kind, 0, keepdim=True), (0,))
+    dim = dim % x.rank
+    shapes = tuple(s[:dim] + (1,) + s[dim + 1:] for s in x.shapes)
+    out = b.program.add(ArgReduce(shapes, x=x, dim=dim, kind=kind))
+    return out if keepdim else b.squeeze(out, (dim,))
+
+
+def _arg_reduce(kind: str) -> Handler:
+    def handler(b: Builder, call: Call):
+        dim = b.const(call.arg(1, "dim", None), "dim")
+        return arg_reduce(b, call.arg(0, "input"), kind, dim, bool(b.const(call.arg(2, "keepdim", False), "keepdim")))
+    return handler
 
 
 # --- reductions -------------------------------------------------------------------------------------
@@ -674,6 +702,7 @@ FUNCTIONS.update({
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
     "where": _where, "masked_fill": _masked_fill, "logaddexp": _logaddexp, "logical_not": _unary("logical_not"),
+    "isnan": _unary("isnan"), "isinf": _unary("isinf"), "isfinite": _unary("isfinite"),
     # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
     "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),
@@ -690,6 +719,7 @@ FUNCTIONS.update({
     "detach": _identity, "positive": _identity, "to": _identity, "float": _identity, "type": _identity,
     "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
+    "argmax": _arg_reduce("max"), "argmin": _arg_reduce("min"),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
     "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),

@@ -250,6 +250,19 @@ class Scan(Value):
 
 
 @dataclass(eq=False, repr=False)
+class ArgReduce(Value):
+    """torch.argmax ("max") and argmin ("min") of `x` along `dim`: int64 positions, the first one on ties and
+    the first NaN where there is one, as PyTorch gives them. `shapes` has `dim` kept (size 1) or dropped."""
+
+    x: Value | None = None
+    dim: int = 0
+    kind: str = "max"
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
+@dataclass(eq=False, repr=False)
 class Resize(Value):
     """F.interpolate and nn.Upsample: `x` resampled along its spatial dims (all dims after the first two) to
     the output's sizes, "nearest", "nearest-exact" or "linear" (bilinear and trilinear: linear along each
@@ -368,9 +381,9 @@ def _flatten(spec) -> list[Value]:
 
 
 def is_integer(value: Value) -> bool:
-    """An integer input or buffer, or a view of one."""
+    """An integer input or buffer, an argmax/argmin, or a view of one."""
     value = base_of(value)
-    return isinstance(value, (Input, Param)) and value.integer
+    return isinstance(value, ArgReduce) or isinstance(value, (Input, Param)) and value.integer
 
 
 def base_of(value: Value) -> Value:

@@ -16,7 +16,7 @@ from .errors import UnsupportedOps, UnsupportedSubproblem
 from .ir import Arange, Assign, Input, Program, Scalar, Value, View, base_of, is_integer, is_leaf
 from .mutation import (check_no_stale_alias, is_inplace_name, is_module_attribute, mutated_input,
                        touches_caller_tensor)
-from .trace import INDEX_DTYPES, Trace
+from .trace import FX_CONSTANT, INDEX_DTYPES, Trace
 
 FUNCTIONS: dict[str, Handler] = {**handlers_math.FUNCTIONS, **handlers_layers.FUNCTIONS, **handlers_losses.FUNCTIONS}
 MODULES: dict[type, Handler] = {**handlers_math.MODULES, **handlers_layers.MODULES, **handlers_losses.MODULES}
@@ -197,8 +197,9 @@ class _Lowering:
 
     def _check_dtype(self, node: fx.Node, value) -> None:
         """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken.
-        Integer results pass only where nothing computes them: integer inputs and buffers, torch.arange
-        positions and views of them (kernels read them as indices, or convert them as PyTorch promotes them)."""
+        Integer results pass only where no arithmetic computes them: integer inputs and buffers, torch.arange
+        positions, argmax/argmin and views of them (kernels read them as indices, or convert them as PyTorch
+        promotes them)."""
         dtype = self.trace.configs[0].dtypes[node.name]
         if dtype in INDEX_DTYPES and isinstance(value, Value) and (is_integer(value)
                                                                    or isinstance(base_of(value), Arange)):
@@ -275,7 +276,7 @@ class _Lowering:
     def _get_attr(self, node: fx.Node, shapes):
         """A parameter or buffer of the model; constants that tracing created (`torch.tensor(0.5)` in
         forward) are inlined when they hold one number."""
-        if not node.target.startswith("_tensor_constant"):
+        if not node.target.startswith(FX_CONSTANT):
             tensor = _resolve(self.trace.configs[0].model, node.target)
             if isinstance(tensor, torch.Tensor):
                 return self.program.assigned(node.target) or self.builder.param(

@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 
 from .errors import UnsupportedSubproblem
+from .trace import FX_CONSTANT
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv}
 
@@ -85,7 +86,7 @@ def check_no_stale_alias(node: fx.Node, mutated: fx.Node, module_of: Callable[[s
 def is_module_attribute(node: fx.Node) -> bool:
     """`self.<path>` itself (a parameter, buffer or plain tensor attribute), not a view of it: the lowering can
     write an in-place op's result back into it."""
-    return node.op == "get_attr" and not node.target.startswith("_tensor_constant")
+    return node.op == "get_attr" and not node.target.startswith(FX_CONSTANT)
 
 
 def touches_caller_tensor(mutated: fx.Node, module_of: Callable[[str], nn.Module]) -> bool:

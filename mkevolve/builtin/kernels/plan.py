@@ -39,8 +39,8 @@ def plan(program: Program) -> Plan:
 def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
     """Only an embedding reads arange positions (as a slice of its table), and only an attention kernel
     computes ones_like/tril masks (it has the query and key offsets). Integer tensors are read by elementwise
-    code and reductions, which convert them to float32 as PyTorch promotes them (the lowering refuses every
-    integer result), and as a gather's indices; a GEMM's or convolution's template loads its operands as
+    code and reductions, which convert them to float32 as PyTorch promotes them (the lowering refuses integer
+    arithmetic), and as a gather's indices; a GEMM's or convolution's template loads its operands as
     they are, so none takes one."""
     for leaf in kernel.leaves:
         if is_integer(leaf):
@@ -79,8 +79,8 @@ def _copy_leaf_outputs(program: Program) -> None:
     def fix(spec):
         if isinstance(spec, (tuple, list)):
             return type(spec)(fix(s) for s in spec)
-        if is_integer(spec):
-            raise UnsupportedSubproblem("the forward returns an integer tensor (kernels write float32)")
+        if is_leaf(spec) and is_integer(spec):
+            raise UnsupportedSubproblem("the forward returns an integer input or buffer (kernels write float32)")
         if is_leaf(spec):
             return program.add(Pointwise(spec.shapes, op="identity", args=(spec,)))
         return spec

@@ -147,16 +147,44 @@ def _tag_scalar_attributes(model: nn.Module, problem_module: str) -> None:
                 setattr(module, name, TaggedInt(value, attr))
 
 
-def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
-    for b in built:
-        b.model.train(mode == "train")
+FX_CONSTANT = "_tensor_constant"   # prefix of fx's own attributes for constants met in forward
+
+
+@contextlib.contextmanager
+def _state_kept(models: list[nn.Module]):
+    """Restores every module's attributes after a trace, and refuses a forward that assigns a tensor attribute
+    (VanillaRNN's `self.hidden = self.tanh(...)`): the graph does not record the assignment, so a kernel would
+    silently drop that state, and the tracer's proxy left behind would break the next trace."""
+    saved = [(module, dict(vars(module)), dict(module._parameters), dict(module._buffers))
+             for model in models for module in model.modules()]
     try:
-        configs = [_fx_trace(b) for b in built]
-        kind = "fx"
-        trace = Trace(kind, mode, configs, placeholder_inputs=_placeholders(configs[0]))
+        yield
+    finally:
+        assigned = sorted({name for module, attributes, _, _ in saved for name, value in vars(module).items()
+                           if isinstance(value, (torch.Tensor, fx.Proxy)) and value is not attributes.get(name)
+                           and not name.startswith(FX_CONSTANT)})
+        for module, attributes, parameters, buffers in saved:
+            for live, kept in ((vars(module), attributes), (module._parameters, parameters),
+                               (module._buffers, buffers)):
+                live.clear()
+                live.update(kept)
+    if assigned:
+        raise UnsupportedSubproblem(f"Model.forward assigns module state ({', '.join(f'self.{n}' for n in assigned)}"
+                                    " = a tensor), which a kernel cannot write; update it in place with copy_")
+
+
+def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
+    models = [b.model for b in built]
+    for model in models:
+        model.train(mode == "train")
+    try:
+        with _state_kept(models):
+            configs = [_fx_trace(b) for b in built]
+        trace = Trace("fx", mode, configs, placeholder_inputs=_placeholders(configs[0]))
     except Exception as fx_err:  # fx fails on shape-dependent Python; export next
         try:
-            trace = _export_trace(built, mode)
+            with _state_kept(models):
+                trace = _export_trace(built, mode)
         except Exception as export_err:  # both tracers failed: report both reasons
             raise UnsupportedSubproblem(
                 f"cannot trace Model: torch.fx said {type(fx_err).__name__}: {first_line(str(fx_err))}; "
@@ -189,7 +217,7 @@ def _refuse_constant_tensors(graph_module: fx.GraphModule) -> None:
     is traced into the graph as a constant, on the CPU beside meta inputs; only one-number constants are
     inlined (lower.py), so say what to do instead of failing on the devices."""
     for node in graph_module.graph.nodes:
-        if node.op == "get_attr" and node.target.startswith("_tensor_constant"):
+        if node.op == "get_attr" and node.target.startswith(FX_CONSTANT):
             tensor = getattr(graph_module, node.target)
             if isinstance(tensor, torch.Tensor) and tensor.numel() > 1:
                 raise UnsupportedSubproblem(
