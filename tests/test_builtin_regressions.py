@@ -1081,3 +1081,13 @@ def test_argmax_and_argmin_give_pytorchs_positions_for_nan_infinities_and_ties(t
     assert expected[0][[0, 2, 3, 4]].tolist() == [7, 0, 2, 0] and expected[1].flatten().tolist() == [7, 3, 0, 2, 0]
     for e, a in zip(expected, actual):
         assert torch.equal(a.cpu(), e)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
+def test_arg_reductions_compile_for_sm_90(tmp_path, monkeypatch):
+    """The running (value, first position, first NaN) state of argmax/argmin compiles for an H200."""
+    path = Path(__file__).resolve().parent / "subproblems" / "arg_reductions.py"
+    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "arg")
+    assert any("arg_reduce" in name for _, name, *_ in specs)
+    _assert_compiles(specs)
