@@ -1091,3 +1091,37 @@ def test_arg_reductions_compile_for_sm_90(tmp_path, monkeypatch):
     specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "arg")
     assert any("arg_reduce" in name for _, name, *_ in specs)
     _assert_compiles(specs)
+
+
+ROUNDING_AND_SHUFFLE = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shuffle = nn.ChannelShuffle(3)
+
+    def forward(self, x):
+        halves = x * 2.0                                           # many exact halves: round goes to even
+        y = torch.round(halves) + torch.trunc(halves) * 0.5 + torch.frac(halves) + halves.round() * 0.25
+        return self.shuffle(y) + F.channel_shuffle(y, 2)
+
+
+def get_inputs():
+    x = torch.randn(2, 6, 4, 5).mul(4.0).round().div(4.0)          # quarters
+    x[0, 0, 0, :3] = torch.tensor([-0.25, 0.25, -1.25])            # -0.5, 0.5, -2.5 after doubling
+    return [x]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_round_trunc_frac_and_channel_shuffle_match_pytorch(tmp_path):
+    """round to even on exact halves, trunc and frac of negatives, nn.ChannelShuffle and F.channel_shuffle;
+    before, no kernel."""
+    _assert_variant_matches(_write_problem(tmp_path, "round_shuffle", ROUNDING_AND_SHUFFLE), 0, tmp_path)

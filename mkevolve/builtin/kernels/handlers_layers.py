@@ -589,6 +589,22 @@ def _pixel_shuffle_module(b: Builder, call: Call):
     return pixel_shuffle(b, call.arg(0, "input"), factor, inverse)
 
 
+def channel_shuffle(b: Builder, x: Value, groups) -> Value:
+    """nn.ChannelShuffle: channels seen as [groups, C / groups], transposed and flattened back (ShuffleNet's
+    spelling), so the copy is the reordering the views imply."""
+    g = int(b.const(groups, "channel shuffle groups"))
+    if x.rank < 3 or g < 1 or any(shape[1] % g for shape in x.shapes):
+        raise UnsupportedSubproblem(f"channel shuffle of a rank-{x.rank} tensor into {g} groups")
+    split = b.view(x, "unflatten", (1, (g, -1)), tuple((s[0], g, s[1] // g, *s[2:]) for s in x.shapes))
+    swapped = b.view(split, "transpose", (1, 2), tuple((s[0], s[2], s[1], *s[3:]) for s in split.shapes))
+    return b.view(swapped, "flatten", (1, 2), x.shapes)
+
+
+def _channel_shuffle(b: Builder, call: Call):
+    groups = call.module_attr("groups") if call.modules else call.arg(1, "groups")
+    return channel_shuffle(b, call.arg(0, "input"), groups)
+
+
 # --- resampling -------------------------------------------------------------------------------------
 
 # F.interpolate's modes the kernel writes, by the name it takes them under: (bi/tri)linear is linear along
@@ -989,7 +1005,8 @@ FUNCTIONS: dict[str, Handler] = {
     "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select, "arange": _arange,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
-    "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True), **_ATEN_UPSAMPLES,
+    "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True),
+    "channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, **_ATEN_UPSAMPLES,
     "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
     "bilinear": _bilinear,
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
@@ -1022,7 +1039,8 @@ MODULES: dict[type, Handler] = {
                                      nn.ConvTranspose3d)},
     **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
-    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.GLU: _glu_module,
+    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module,
+    nn.ChannelShuffle: _channel_shuffle, nn.GLU: _glu_module,
     nn.LocalResponseNorm: _local_response_norm_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},

@@ -20,10 +20,10 @@ from .ir import ArgReduce, Assign, BatchStats, IntOp, Param, Scalar, Scan, Value
 # torch name -> op in pointwise_ops, for ops whose only argument is the tensor
 _UNARY = {name: name for name in (
     "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "square", "sin",
-    "cos", "erf", "floor", "ceil", "sign", "relu", "relu6", "sigmoid", "tanh", "silu", "mish", "selu",
+    "cos", "erf", "floor", "ceil", "trunc", "frac", "sign", "relu", "relu6", "sigmoid", "tanh", "silu", "mish", "selu",
     "hardswish", "hardsigmoid", "logsigmoid", "softsign", "tanhshrink")}
 _UNARY.update({"negative": "neg", "absolute": "abs", "special_erf": "erf", "special_expit": "sigmoid",
-               "log_sigmoid": "logsigmoid"})
+               "log_sigmoid": "logsigmoid", "fix": "trunc"})
 
 _UNARY_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu",
                   nn.Mish: "mish", nn.SELU: "selu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
@@ -360,6 +360,14 @@ def _softmax_module(log: bool) -> Handler:
         x = call.arg(0, "input")
         return softmax(b, x, _softmax_dim(b, x, call.module_attr("dim")), log)
     return handler
+
+
+def _round(b: Builder, call: Call):
+    """torch.round to whole numbers, halves to even; with `decimals` PyTorch scales by 10**decimals first, which
+    rounds once more (not written)."""
+    if call.kwargs.get("decimals", 0) != 0:
+        raise UnsupportedSubproblem("torch.round with decimals")
+    return b.pw("round", call.arg(0, "input"))
 
 
 def _softmin(b: Builder, call: Call):
@@ -702,7 +710,7 @@ FUNCTIONS.update({
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
     "where": _where, "masked_fill": _masked_fill, "logaddexp": _logaddexp, "logical_not": _unary("logical_not"),
-    "isnan": _unary("isnan"), "isinf": _unary("isinf"), "isfinite": _unary("isfinite"),
+    "round": _round, "isnan": _unary("isnan"), "isinf": _unary("isinf"), "isfinite": _unary("isfinite"),
     # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
     "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),

@@ -116,6 +116,15 @@ def _mish(x):
     n = tl.fma(e, e + 2.0, 0.0)
     return tl.where(x > 20.0, x, x * {divide("n", "n + 2.0", normal_divisor=True)})
 ''',
+    "_round": '''@triton.jit
+def _round(x):
+    # torch.round: to the nearest whole number, halves to the even one. x - floor(x) is exact but for x in
+    # (-0.5, 0), where it rounds up, to 1.0 at most, and the answer (0) stays the same; from 2**23 on x is whole.
+    r = tl.floor(x)
+    d = x - r
+    odd = r - 2.0 * tl.floor(r * 0.5)
+    return tl.where((d > 0.5) | ((d == 0.5) & (odd == 1.0)), r + 1.0, r)
+''',
     "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
     # log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)), linear above the threshold as in torch
@@ -177,6 +186,9 @@ OPS: dict[str, PointwiseOp] = {
     "erf": _unary("tl.erf({x})"),
     "floor": _unary("tl.floor({x})"),
     "ceil": _unary("tl.ceil({x})"),
+    "trunc": _unary("tl.where({x} < 0.0, tl.ceil({x}), tl.floor({x}))"),
+    "frac": _unary("({x} - tl.where({x} < 0.0, tl.ceil({x}), tl.floor({x})))"),
+    "round": _unary("_round({x})"),
     "sign": _unary("tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
     "relu": _unary("tl.maximum({x}, 0.0)"),
     "relu6": _unary("tl.minimum(tl.maximum({x}, 0.0), 6.0)"),
