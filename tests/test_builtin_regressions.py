@@ -1125,3 +1125,55 @@ def test_round_trunc_frac_and_channel_shuffle_match_pytorch(tmp_path):
     """round to even on exact halves, trunc and frac of negatives, nn.ChannelShuffle and F.channel_shuffle;
     before, no kernel."""
     _assert_variant_matches(_write_problem(tmp_path, "round_shuffle", ROUNDING_AND_SHUFFLE), 0, tmp_path)
+
+
+NAN_PROPAGATION = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return (torch.relu(x), F.relu6(x), F.hardtanh(x), x.clamp(-1.0, 1.0), x.clamp_min(0.0), x.clamp_max(0.0),
+                F.hardsigmoid(x), F.hardswish(x), F.celu(x), F.threshold(x, 0.5, -2.0), F.softshrink(x),
+                F.hardshrink(x), torch.maximum(x, x.flip(1)), torch.minimum(x, x.flip(1)), torch.fmax(x, x.flip(1)),
+                x.amax(dim=1), x.amin(dim=0), x.max(dim=1).values, torch.sign(x), F.softplus(x), F.mish(x),
+                F.max_pool1d(x.unsqueeze(0), 2), F.adaptive_max_pool1d(x.unsqueeze(0), 3), x.norm(p=float("inf"), dim=1))
+
+
+def get_inputs():
+    x = torch.randn(6, 8)
+    x[0, 1] = x[2, 6] = x[5, 0] = float("nan")
+    x[1, 3], x[3, 7] = float("inf"), float("-inf")
+    return [x]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_nan_propagates_through_max_min_clamps_and_relus_as_in_pytorch(tmp_path):
+    """PyTorch's relu, clamps, maximum, amax and max pooling return NaN for a NaN; tl.maximum and tl.max skip
+    it, so a problem whose forward makes NaNs (a log of negatives) failed the verifier's NaN-placement check."""
+    path = _write_problem(tmp_path, "nan_propagation", NAN_PROPAGATION)
+    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "nan_kernel"), prefix="generated")
+    problem = load_problem(path)
+    (x,) = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
+    with torch.no_grad():
+        expected, actual = problem.model_cls()(x), module.ModelNew()(x.to(DEVICE))
+    assert len(actual) == len(expected) == 24
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4, equal_nan=True, msg=f"output {i}")
+    assert expected[0].isnan().sum() == 3 and expected[14].isnan().sum() == 0    # fmax: a NaN loses
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
+def test_nan_keeping_max_and_min_compile_for_sm_90(tmp_path, monkeypatch):
+    """tl.reduce with a NaN-keeping combine (amax, amin) and tl.maximum(..., propagate_nan=ALL) compile."""
+    path = _write_problem(tmp_path, "nan_propagation", NAN_PROPAGATION)
+    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "nan")
+    assert len(specs) >= 3
+    _assert_compiles(specs)

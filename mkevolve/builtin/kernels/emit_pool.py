@@ -19,7 +19,7 @@ from .emit_common import (
 from .indexing import GroupIndices, Indexer, Space
 from .ir import AdaptivePool, Pool, Program
 from .kernel_plan import KernelPlan
-from .pointwise_ops import divide
+from .pointwise_ops import divide, maximum
 from .signature import KernelParam, constexpr, signature
 
 
@@ -99,7 +99,7 @@ def _accumulate(kind: str, spatial: int, mask: str) -> list[str]:
     offset = " + ".join(f"in{d} * sx{d}" for d in range(spatial))
     if kind == "max":
         return [f"{inner}v = tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=-float(\"inf\"))",
-                f"{inner}acc = tl.maximum(acc, v)"]
+                f"{inner}acc = {maximum('acc', 'v')}"]
     return [f"{inner}acc += tl.load(x_ptr + plane * sxp + {offset}, mask={mask}, other=0.0)"]
 
 

@@ -32,17 +32,18 @@ from .emit_common import (
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Pointwise, Program, Reduce, Value, walk
 from .kernel_plan import KernelPlan
-from .pointwise_ops import as_float, divide
+from .pointwise_ops import as_float, divide, maximum, minimum
 from .signature import KernelParam, constexpr, signature
 
 _INIT = {"sum": "0.0", "mean": "0.0", "amax": '-float("inf")', "amin": 'float("inf")'}
-_FINAL = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
+# amax and amin keep a NaN, as PyTorch's do (tl.max and tl.min skip it)
+_FINAL = {"sum": "tl.sum", "mean": "tl.sum", "amax": "_amax", "amin": "_amin"}
 
 
 def _combine(kind: str, acc: str, value: str) -> str:
     if kind in ("sum", "mean"):
         return f"{acc} + {value}"
-    return f"tl.{'maximum' if kind == 'amax' else 'minimum'}({acc}, {value})"
+    return maximum(acc, value) if kind == "amax" else minimum(acc, value)
 
 
 @dataclass

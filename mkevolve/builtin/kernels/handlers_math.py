@@ -714,12 +714,13 @@ FUNCTIONS.update({
     # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
     "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),
-    "fmax": _compare("maximum"), "fmin": _compare("minimum"),
+    "fmax": _compare("fmax"), "fmin": _compare("fmin"),
     "clamp": _clamp, "clip": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "hardtanh": _hardtanh,
     "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0), "prelu": _prelu,
     "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
     "leaky_relu": _with_attrs("leaky_relu", negative_slope=0.01),
     "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
+    "_threshold": _with_attrs("threshold", threshold=0.0, value=0.0),   # F.threshold, as fx records it
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,

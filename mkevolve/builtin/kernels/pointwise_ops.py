@@ -36,6 +36,16 @@ def divide(a: str, b: str, normal_divisor: bool = False) -> str:
     return f"_div({a}, {b})" if normal_divisor else f"tl.div_rn({a}, {b})"
 
 
+def maximum(a: str, b: str) -> str:
+    """max(a, b) as PyTorch's max, relu and clamp take it: a NaN wins (tl.maximum alone returns the other)."""
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def minimum(a: str, b: str) -> str:
+    """min(a, b), a NaN winning, as `maximum`."""
+    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
 def as_float(name: str) -> str:
     """An integer kernel argument (or a Python int Triton made a constant) as fp32, for `divide`."""
     return f"({name} * 1.0)"
@@ -66,6 +76,23 @@ def _horner_lines(coefficients: tuple[Fraction, ...], var: str, out: str, indent
 # (tests/test_pointwise_accuracy.py). _mish also keeps a convolution's epilogue small: composed, the extra
 # temporaries made level2/87's convolution kernel spill registers.
 HELPER_SOURCES: dict[str, str] = {
+    "_maximum": f'''@triton.jit
+def _maximum(a, b):
+    return {maximum("a", "b")}
+''',
+    "_minimum": f'''@triton.jit
+def _minimum(a, b):
+    return {minimum("a", "b")}
+''',
+    # amax / amin of a tile along `axis`, a NaN in it the result, as torch.amax gives (tl.max skips NaNs)
+    "_amax": '''@triton.jit
+def _amax(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _maximum)
+''',
+    "_amin": '''@triton.jit
+def _amin(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _minimum)
+''',
     "_div": '''@triton.jit
 def _div(n, d):
     # n / d for d finite and normal and a finite quotient, within 1 ulp and nearly always IEEE's: Triton's
@@ -190,8 +217,8 @@ OPS: dict[str, PointwiseOp] = {
     "frac": _unary("({x} - tl.where({x} < 0.0, tl.ceil({x}), tl.floor({x})))"),
     "round": _unary("_round({x})"),
     "sign": _unary("tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
-    "relu": _unary("tl.maximum({x}, 0.0)"),
-    "relu6": _unary("tl.minimum(tl.maximum({x}, 0.0), 6.0)"),
+    "relu": _unary(maximum("{x}", "0.0")),
+    "relu6": _unary(minimum(maximum("{x}", "0.0"), "6.0")),
     "sigmoid": _unary(_SIGMOID),
     "tanh": _unary("_tanh({x})"),
     "silu": _unary("({x} * " + _SIGMOID + ")"),
@@ -201,30 +228,34 @@ OPS: dict[str, PointwiseOp] = {
     "softplus": _unary("_softplus({x}, {beta}, {threshold})"),
     "elu": _unary("tl.where({x} > 0, {x}, {alpha} * (tl.exp({x}) - 1.0))"),
     "selu": _unary("1.0507009873554805 * tl.where({x} > 0, {x}, 1.6732632423543772 * (tl.exp({x}) - 1.0))"),
-    "celu": _unary("(tl.maximum({x}, 0.0) + tl.minimum({alpha} * (tl.exp(" + divide("{x}", as_float("{alpha}"))
-                   + ") - 1.0), 0.0))"),
+    "celu": _unary("(" + maximum("{x}", "0.0") + " + "
+                   + minimum("{alpha} * (tl.exp(" + divide("{x}", as_float("{alpha}")) + ") - 1.0)", "0.0") + ")"),
     "leaky_relu": _unary("tl.where({x} > 0, {x}, {x} * {negative_slope})"),
-    "hardtanh": _unary("tl.minimum(tl.maximum({x}, {low}), {high})"),
-    "clamp_min": _unary("tl.maximum({x}, {low})"),
-    "clamp_max": _unary("tl.minimum({x}, {high})"),
+    "hardtanh": _unary(minimum(maximum("{x}", "{low}"), "{high}")),
+    "clamp_min": _unary(maximum("{x}", "{low}")),
+    "clamp_max": _unary(minimum("{x}", "{high}")),
     # x relu6(x + 3) / 6 as x (relu6(x + 3) / 6): the same two roundings, and a finite quotient for `_div`
-    "hardswish": _unary("({x} * " + divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)
+    "hardswish": _unary("({x} * " + divide(minimum(maximum("{x} + 3.0", "0.0"), "6.0"), "6.0", normal_divisor=True)
                         + ")"),
-    "hardsigmoid": _unary(divide("tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)", "6.0", normal_divisor=True)),
+    "hardsigmoid": _unary(divide(minimum(maximum("{x} + 3.0", "0.0"), "6.0"), "6.0", normal_divisor=True)),
     "logsigmoid": _unary("(tl.minimum({x}, 0.0) - _log1p(tl.exp(-tl.abs({x}))))"),
     "softsign": _unary(divide("{x}", "1.0 + tl.abs({x})", normal_divisor=True)),    # x infinite: NaN, as in PyTorch
     "tanhshrink": _unary("({x} - _tanh({x}))"),
-    "threshold": _unary("tl.where({x} > {threshold}, {x}, {value})"),
-    "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, 0.0))"),
-    "hardshrink": _unary("tl.where(({x} > {lambd}) | ({x} < -{lambd}), {x}, 0.0)"),
+    # a NaN passes through these, as in PyTorch: every comparison with it is false
+    "threshold": _unary("tl.where(({x} > {threshold}) | ({x} != {x}), {x}, {value})"),
+    "softshrink": _unary("tl.where({x} > {lambd}, {x} - {lambd}, tl.where({x} < -{lambd}, {x} + {lambd}, "
+                         "tl.where({x} != {x}, {x}, 0.0)))"),
+    "hardshrink": _unary("tl.where(({x} > {lambd}) | ({x} < -{lambd}) | ({x} != {x}), {x}, 0.0)"),
     "pow_const": PointwiseOp(1, _pow_const),
     "add": _binary("({a} + {b})"),
     "sub": _binary("({a} - {b})"),
     "mul": _binary("({a} * {b})"),
     # either side may be an integer attribute (level2/71's divisor = 2), passed as an int32 kernel argument
     "div": _binary(divide(as_float("{a}"), as_float("{b}"))),
-    "maximum": _binary("tl.maximum({a}, {b})"),
-    "minimum": _binary("tl.minimum({a}, {b})"),
+    "maximum": _binary(maximum("{a}", "{b}")),
+    "minimum": _binary(minimum("{a}", "{b}")),
+    "fmax": _binary("tl.maximum({a}, {b})"),          # torch.fmax: a NaN loses, as tl.maximum's default
+    "fmin": _binary("tl.minimum({a}, {b})"),
     "gt": _binary("({a} > {b})", boolean=True),
     "lt": _binary("({a} < {b})", boolean=True),
     "ge": _binary("({a} >= {b})", boolean=True),
