@@ -80,7 +80,8 @@ def _copy_leaf_outputs(program: Program) -> None:
         if isinstance(spec, (tuple, list)):
             return type(spec)(fix(s) for s in spec)
         if is_leaf(spec) and is_integer(spec):
-            raise UnsupportedSubproblem("the forward returns an integer input or buffer (kernels write float32)")
+            raise UnsupportedSubproblem("the forward returns an integer tensor it was given, or a view of one "
+                                        "(kernels write float32)")
         if is_leaf(spec):
             return program.add(Pointwise(spec.shapes, op="identity", args=(spec,)))
         return spec
