@@ -22,7 +22,7 @@ KERNELS = TESTS.parent / "mkevolve" / "builtin" / "kernels"
 PROBLEMS = (sorted((TESTS / "subproblems").glob("*.py")) + sorted((TESTS / "fixtures" / "attention_small").glob("*.py"))
             + sorted((TESTS.parent / "problems").glob("*.py")))
 # IR nodes that never start a kernel of their own: leaves, elementwise values, views and reductions.
-NOT_ANCHORS = {ir.Value, ir.Input, ir.Param, ir.Pointwise, ir.View, ir.Reduce, ir.IndexMask, ir.Arange}
+NOT_ANCHORS = {ir.Value, ir.Input, ir.Param, ir.Pointwise, ir.View, ir.Reduce, ir.IndexMask}
 
 
 def _kinds_planned() -> set[str]:

@@ -1085,11 +1085,13 @@ def test_argmax_and_argmin_give_pytorchs_positions_for_nan_infinities_and_ties(t
 
 @pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
-def test_arg_reductions_compile_for_sm_90(tmp_path, monkeypatch):
-    """The running (value, first position, first NaN) state of argmax/argmin compiles for an H200."""
-    path = Path(__file__).resolve().parent / "subproblems" / "arg_reductions.py"
-    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "arg")
-    assert any("arg_reduce" in name for _, name, *_ in specs)
+@pytest.mark.parametrize("stem, kind", [("arg_reductions", "arg_reduce"), ("aranges", "arange")])
+def test_int64_writing_kernels_compile_for_sm_90(stem, kind, tmp_path, monkeypatch):
+    """argmax/argmin's running (value, first position, first NaN) state and arange's int64 and fp32 numbers
+    compile for an H200."""
+    path = Path(__file__).resolve().parent / "subproblems" / f"{stem}.py"
+    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, stem)
+    assert any(f"_{kind}_kernel" in name for _, name, *_ in specs)
     _assert_compiles(specs)
 
 

@@ -233,7 +233,8 @@ def _arange_of(index: Value) -> Arange | None:
 
 
 def _arange(b: Builder, call: Call):
-    """torch.arange of integers: kept as positions for an embedding (`gather`), never loaded by a kernel."""
+    """torch.arange: an embedding's positions (a slice of its table, see `_arange_of`), or numbers a kernel of
+    its own writes (int64, or float32 where floats were asked for)."""
     positional = [a for a in call.args if not isinstance(a, torch.dtype)]
     if len(positional) == 1 and "end" not in call.kwargs:       # arange(end)
         positional = [0] + positional
@@ -241,13 +242,13 @@ def _arange(b: Builder, call: Call):
     start, end, step = (given.get(k, call.kwargs.get(k, default)) for k, default in
                         (("start", 0), ("end", None), ("step", 1)))
     dtype = call.kwargs.get("dtype")
-    if (dtype is not None and dtype not in (torch.int64, torch.int32)) or any(
-            isinstance(v, float) for v in (start, end, step)):
-        raise UnsupportedSubproblem("torch.arange of floats (integer positions, as embedding indices, only)")
-    if end is None or not (isinstance(step, int) and step > 0):
-        raise UnsupportedSubproblem("torch.arange without an end, or with a step that is not a positive int")
+    floating = dtype == torch.float32 or any(isinstance(v, float) for v in (start, end, step))
+    if dtype is not None and dtype not in (torch.int64, torch.int32, torch.float32):
+        raise UnsupportedSubproblem(f"torch.arange of {dtype}")
+    if end is None or not (isinstance(step, (int, float)) and step > 0):
+        raise UnsupportedSubproblem("torch.arange without an end, or with a step that is not positive")
     return b.program.add(Arange(call.shapes, start=_shape_arg(b, start), end=_shape_arg(b, end),
-                                step=_shape_arg(b, step)))
+                                step=_shape_arg(b, step), floating=floating))
 
 
 def _gather_along(b: Builder, call: Call):

@@ -294,12 +294,14 @@ class IndexMask(Value):
 
 @dataclass(eq=False, repr=False)
 class Arange(Value):
-    """`torch.arange(start, end, step)` of integers: positions. Only an embedding reads it, and `gather` turns
-    that into a slice of the table's rows; no kernel ever loads it."""
+    """`torch.arange(start, end, step)`. As an embedding's positions `gather` turns it into a slice of the
+    table's rows and nothing computes it; read otherwise (a sinusoidal embedding's frequencies), a kernel of
+    its own writes it: int64, or float32 where it was asked for floats."""
 
-    start: object = 0                    # each an int, or a shape int the forward computes
+    start: object = 0                    # each a number, or a shape int the forward computes
     end: object = 0
     step: object = 1
+    floating: bool = False
 
 
 @dataclass(eq=False, repr=False)
@@ -381,9 +383,10 @@ def _flatten(spec) -> list[Value]:
 
 
 def is_integer(value: Value) -> bool:
-    """An integer input or buffer, an argmax/argmin, or a view of one."""
+    """An integer input or buffer, an integer arange, an argmax/argmin, or a view of one."""
     value = base_of(value)
-    return isinstance(value, ArgReduce) or isinstance(value, (Input, Param)) and value.integer
+    return (isinstance(value, ArgReduce) or isinstance(value, Arange) and not value.floating
+            or isinstance(value, (Input, Param)) and value.integer)
 
 
 def base_of(value: Value) -> Value:
@@ -408,9 +411,8 @@ def walk(start: Value, descend: Callable[[Value], bool]) -> Iterator[Value]:
 
 
 def is_leaf(value: Value) -> bool:
-    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one; index
-    masks, which the attention kernel that reads them computes from its offsets; and arange positions, which
-    only an embedding reads, as a slice of its table (the plan refuses any kernel that would load them)."""
+    """A tensor that exists in the forward without a kernel: an input, a parameter, or a view of one; and index
+    masks, which the attention kernel that reads them computes from its offsets."""
     if isinstance(value, View):
         return is_leaf(value.base)
-    return isinstance(value, (Input, Param, IndexMask, Arange))
+    return isinstance(value, (Input, Param, IndexMask))

@@ -13,7 +13,7 @@ from . import handlers_layers, handlers_losses, handlers_math
 from .builders import Builder
 from .calls import Call, Handler
 from .errors import UnsupportedOps, UnsupportedSubproblem
-from .ir import Arange, Assign, Input, Program, Scalar, Value, View, base_of, is_integer, is_leaf
+from .ir import Assign, Input, Program, Scalar, Value, View, is_integer, is_leaf
 from .mutation import (check_no_stale_alias, is_inplace_name, is_module_attribute, mutated_input,
                        touches_caller_tensor)
 from .trace import FX_CONSTANT, INDEX_DTYPES, Trace
@@ -197,12 +197,11 @@ class _Lowering:
 
     def _check_dtype(self, node: fx.Node, value) -> None:
         """Tensor results must be float32 (or masks); a tuple's entries are checked where they are taken.
-        Integer results pass only where no arithmetic computes them: integer inputs and buffers, torch.arange
-        positions, argmax/argmin and views of them (kernels read them as indices, or convert them as PyTorch
+        Integer results pass only where no arithmetic computes them: integer inputs and buffers, torch.arange,
+        argmax/argmin and views of them (kernels read them as indices, or convert them as PyTorch
         promotes them)."""
         dtype = self.trace.configs[0].dtypes[node.name]
-        if dtype in INDEX_DTYPES and isinstance(value, Value) and (is_integer(value)
-                                                                   or isinstance(base_of(value), Arange)):
+        if dtype in INDEX_DTYPES and isinstance(value, Value) and is_integer(value):
             return
         if isinstance(dtype, torch.dtype) and dtype not in _FLOAT_DTYPES:
             raise UnsupportedSubproblem(f"{_describe(node)} produces {dtype}; only float32 is supported")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Arange, Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
+from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
                  View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
@@ -37,11 +37,10 @@ def plan(program: Program) -> Plan:
 
 
 def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
-    """Only an embedding reads arange positions (as a slice of its table), and only an attention kernel
-    computes ones_like/tril masks (it has the query and key offsets). Integer tensors are read by elementwise
-    code and reductions, which convert them to float32 as PyTorch promotes them (the lowering refuses integer
-    arithmetic), and as a gather's indices; a GEMM's or convolution's template loads its operands as
-    they are, so none takes one."""
+    """Only an attention kernel computes ones_like/tril masks (it has the query and key offsets). Integer
+    tensors are read by elementwise code and reductions, which convert them to float32 as PyTorch promotes
+    them (the lowering refuses integer arithmetic), and as a gather's indices; a GEMM's or convolution's
+    template loads its operands as they are, so none takes one."""
     for leaf in kernel.leaves:
         if is_integer(leaf):
             readers = [program.values[vid] for vid in kernel.body if leaf in program.values[vid].operands()]
@@ -49,8 +48,6 @@ def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
                 raise UnsupportedSubproblem("an integer tensor is an operand of a GEMM, convolution, attention or "
                                             "other template (only elementwise code, reductions and gathers' "
                                             "indices read integers)")
-        if isinstance(base_of(leaf), Arange):
-            raise UnsupportedSubproblem("torch.arange used other than as an embedding's positions")
         if isinstance(leaf, IndexMask):
             raise UnsupportedSubproblem("a ones_like/tril/triu mask used other than in a fused attention's scores")
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .configs import Variant
+from .emit_arange import emit_arange
 from .emit_arg_reduce import emit_arg_reduce
 from .emit_attention import attention_flops, emit_attention
 from .emit_batch_stats import emit_batch_stats
@@ -47,8 +48,8 @@ from .emit_resize import emit_resize
 from .emit_scan import emit_scan
 from .emit_rows import emit_rows
 from .emit_winograd import emit_winograd, winograd_fits
-from .ir import (AdaptivePool, ArgReduce, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool, Program,
-                 Reindex, Resize, Scan, Value)
+from .ir import (AdaptivePool, Arange, ArgReduce, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool,
+                 Program, Reindex, Resize, Scan, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -119,6 +120,7 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("reindex", emit_reindex, Reindex),
     KernelKind("scan", emit_scan, Scan),
     KernelKind("arg_reduce", emit_arg_reduce, ArgReduce),
+    KernelKind("arange", emit_arange, Arange),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
 )
 
@@ -126,7 +128,8 @@ _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
 # The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
-# interpolation, reordering copies, scans, argmax/argmin and a training-mode batch norm's statistics.
+# interpolation, reordering copies, scans, argmax/argmin, aranges read as numbers and a training-mode batch
+# norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 
