@@ -1179,3 +1179,12 @@ def test_nan_keeping_max_and_min_compile_for_sm_90(tmp_path, monkeypatch):
     specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "nan")
     assert len(specs) >= 3
     _assert_compiles(specs)
+
+
+PRODUCT_OF_LONG_ROWS = _ROW_MODEL.replace("torch.randn(4, 16)", "torch.randn(4, 3000)").format(body="""
+        return torch.prod(1.0 + 0.001 * x, dim=1)""")
+
+
+def test_prod_is_right_in_every_variant_of_its_rows_kernel(tmp_path):
+    """Single-block, looped and split rows: the split one multiplies per-program partial products."""
+    _assert_all_variants_match(_write_problem(tmp_path, "prod_rows", PRODUCT_OF_LONG_ROWS), tmp_path)

@@ -35,14 +35,16 @@ from .kernel_plan import KernelPlan
 from .pointwise_ops import as_float, divide, maximum, minimum
 from .signature import KernelParam, constexpr, signature
 
-_INIT = {"sum": "0.0", "mean": "0.0", "amax": '-float("inf")', "amin": 'float("inf")'}
+_INIT = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": '-float("inf")', "amin": 'float("inf")'}
 # amax and amin keep a NaN, as PyTorch's do (tl.max and tl.min skip it)
-_FINAL = {"sum": "tl.sum", "mean": "tl.sum", "amax": "_amax", "amin": "_amin"}
+_FINAL = {"sum": "tl.sum", "mean": "tl.sum", "prod": "_prod", "amax": "_amax", "amin": "_amin"}
 
 
 def _combine(kind: str, acc: str, value: str) -> str:
     if kind in ("sum", "mean"):
         return f"{acc} + {value}"
+    if kind == "prod":
+        return f"{acc} * {value}"
     return maximum(acc, value) if kind == "amax" else minimum(acc, value)
 
 

@@ -729,7 +729,7 @@ FUNCTIONS.update({
     "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "argmax": _arg_reduce("max"), "argmin": _arg_reduce("min"),
-    "sum": _reduction("sum"), "mean": _reduction("mean"), "amax": _reduction("amax", ()),
+    "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
     "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),
     "norm": _norm, "linalg_vector_norm": _vector_norm, "vector_norm": _vector_norm, "normalize": _normalize,

@@ -104,7 +104,7 @@ class View(Value):
 class Reduce(Value):
     """Reduction over a run of adjacent dims, keepdim; mean divides by (count - correction)."""
 
-    kind: str = "sum"                    # sum | mean | amax | amin
+    kind: str = "sum"                    # sum | mean | prod | amax | amin
     base: Value | None = None
     dims: tuple[int, ...] = ()
     correction: int = 0

@@ -93,6 +93,14 @@ def _amax(x, axis: tl.constexpr):
 def _amin(x, axis: tl.constexpr):
     return tl.reduce(x, axis, _minimum)
 ''',
+    "_multiply": '''@triton.jit
+def _multiply(a, b):
+    return a * b
+''',
+    "_prod": '''@triton.jit
+def _prod(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _multiply)
+''',
     "_div": '''@triton.jit
 def _div(n, d):
     # n / d for d finite and normal and a finite quotient, within 1 ulp and nearly always IEEE's: Triton's
