@@ -1188,3 +1188,37 @@ PRODUCT_OF_LONG_ROWS = _ROW_MODEL.replace("torch.randn(4, 16)", "torch.randn(4, 
 def test_prod_is_right_in_every_variant_of_its_rows_kernel(tmp_path):
     """Single-block, looped and split rows: the split one multiplies per-program partial products."""
     _assert_all_variants_match(_write_problem(tmp_path, "prod_rows", PRODUCT_OF_LONG_ROWS), tmp_path)
+
+
+TRIANGLES_OF_DATA = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        scores = x @ x.transpose(-1, -2)                                     # [2, 5, 5]
+        y = y.masked_fill(y > 1.5, float("nan"))                             # a NaN cut off reads 0
+        return torch.tril(scores).sum(0) + scores.triu(2)[0], y.tril(-1) - torch.triu(y, diagonal=3)
+
+
+def get_inputs():
+    return [torch.randn(2, 5, 7), torch.randn(3, 4, 6)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_tril_and_triu_of_computed_tensors_match_pytorch(tmp_path):
+    """Before, only tril/triu of ones_like (an attention mask) had a kernel."""
+    path = _write_problem(tmp_path, "triangles", TRIANGLES_OF_DATA)
+    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "triangles_kernel"),
+                         prefix="generated")
+    problem = load_problem(path)
+    inputs = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
+    with torch.no_grad():
+        expected, actual = problem.model_cls()(*inputs), module.ModelNew()(*[t.to(DEVICE) for t in inputs])
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4, equal_nan=True)

@@ -14,7 +14,7 @@ from .builders import Builder
 from .calls import Call
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices
-from .ir import Attention, IndexMask, Input, Matmul, Param, Pointwise, Scalar, Value, View
+from .ir import Arange, Attention, IndexMask, Input, Matmul, Param, Pointwise, Scalar, Value, View
 
 NEG_INF = float("-inf")
 
@@ -229,10 +229,29 @@ def ones_like(b: Builder, call: Call) -> Value:
 
 
 def triangle(kind: str):
-    """tril/triu of ones_like(...): the causal mask; of any other tensor, not supported."""
+    """tril/triu of ones_like(...): the causal mask an attention kernel computes from its offsets; of any other
+    tensor, its elements on the kept side of the diagonal and zeros elsewhere."""
     def handler(b: Builder, call: Call) -> Value:
-        x, diagonal = call.arg(0, "input"), b.const(call.arg(1, "diagonal", 0), f"{kind} diagonal")
-        if not (isinstance(x, IndexMask) and x.kind == "ones"):
-            raise UnsupportedSubproblem(f"{kind} of a tensor other than ones_like(...) (a mask)")
-        return b.program.add(IndexMask(x.shapes, kind=kind, diagonal=int(diagonal)))
+        x, diagonal = call.arg(0, "input"), int(b.const(call.arg(1, "diagonal", 0), f"{kind} diagonal"))
+        if isinstance(x, IndexMask) and x.kind == "ones":
+            return b.program.add(IndexMask(x.shapes, kind=kind, diagonal=diagonal))
+        return _triangle_of_data(b, x, kind, diagonal)
     return handler
+
+
+def _triangle_of_data(b: Builder, x: Value, kind: str, diagonal: int) -> Value:
+    """x where column - row <= diagonal (tril) or >= diagonal (triu), else 0, over the last two dims; the row
+    and column numbers are aranges (exact as float32 below 2**24)."""
+    sizes = {shape[-2:] for shape in x.shapes} if x.rank >= 2 else set()
+    if len(sizes) != 1:
+        raise UnsupportedSubproblem(f"{kind} of a tensor whose last two sizes differ between input configs "
+                                    "(or of fewer than two dims)")
+    ((rows, cols),) = sizes
+
+    def numbers(n: int, shape: tuple[int, int]) -> Value:
+        arange = b.program.add(Arange(((n,),) * b.n_configs, start=0, end=n, step=1))
+        return b.view(arange, "reshape", shape, (shape,) * b.n_configs)
+
+    offset = b.pw("sub", numbers(cols, (1, cols)), numbers(rows, (rows, 1)))      # [rows, cols]
+    keep = b.pw("le" if kind == "tril" else "ge", offset, float(diagonal))
+    return b.pw("where", keep, x, 0.0)
