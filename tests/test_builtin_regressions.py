@@ -78,6 +78,19 @@ def _assert_variant_matches(path: Path, variant: int, tmp_path: Path):
     return generated
 
 
+def _first_config_outputs(path: Path, tmp_path: Path) -> tuple[tuple, tuple]:
+    """Model's and variant 0's ModelNew's outputs (tuples, the kernel's on the CPU) on the first input config;
+    for outputs that a close-match assertion cannot take as they are (int64 positions, NaNs)."""
+    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, f"{path.stem}_kernel"),
+                         prefix="generated")
+    problem = load_problem(path)
+    inputs = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
+    with torch.no_grad():
+        expected = problem.model_cls()(*inputs)
+        actual = module.ModelNew().to(DEVICE)(*[t.to(DEVICE) for t in inputs])
+    return tuple(expected), tuple(a.cpu() for a in actual)
+
+
 def _save(source: str, tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.py"
     path.write_text(source)
@@ -1071,16 +1084,12 @@ def get_init_inputs():
 
 def test_argmax_and_argmin_give_pytorchs_positions_for_nan_infinities_and_ties(tmp_path):
     """Before, no kernel for argmax or argmin; their int64 positions are read as float and as gather indices."""
-    path = _write_problem(tmp_path, "arg_special", ARG_REDUCE_SPECIAL_VALUES)
-    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "arg_special_kernel"),
-                         prefix="generated")
-    problem = load_problem(path)
-    (x,) = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
-    expected, actual = problem.model_cls()(x), module.ModelNew()(x.to(DEVICE))
+    expected, actual = _first_config_outputs(_write_problem(tmp_path, "arg_special", ARG_REDUCE_SPECIAL_VALUES),
+                                             tmp_path)
     assert [a.dtype for a in actual] == [torch.int64, torch.int64, torch.float32]
     assert expected[0][[0, 2, 3, 4]].tolist() == [7, 0, 2, 0] and expected[1].flatten().tolist() == [7, 3, 0, 2, 0]
     for e, a in zip(expected, actual):
-        assert torch.equal(a.cpu(), e)
+        assert torch.equal(a, e)
 
 
 @pytest.mark.slow
@@ -1141,7 +1150,8 @@ class Model(nn.Module):
                 F.hardsigmoid(x), F.hardswish(x), F.celu(x), F.threshold(x, 0.5, -2.0), F.softshrink(x),
                 F.hardshrink(x), torch.maximum(x, x.flip(1)), torch.minimum(x, x.flip(1)), torch.fmax(x, x.flip(1)),
                 x.amax(dim=1), x.amin(dim=0), x.max(dim=1).values, torch.sign(x), F.softplus(x), F.mish(x),
-                F.max_pool1d(x.unsqueeze(0), 2), F.adaptive_max_pool1d(x.unsqueeze(0), 3), x.norm(p=float("inf"), dim=1))
+                F.max_pool1d(x.unsqueeze(0), 2), F.adaptive_max_pool1d(x.unsqueeze(0), 3),
+                x.norm(p=float("inf"), dim=1))
 
 
 def get_inputs():
@@ -1160,14 +1170,10 @@ def test_nan_propagates_through_max_min_clamps_and_relus_as_in_pytorch(tmp_path)
     """PyTorch's relu, clamps, maximum, amax and max pooling return NaN for a NaN; tl.maximum and tl.max skip
     it, so a problem whose forward makes NaNs (a log of negatives) failed the verifier's NaN-placement check."""
     path = _write_problem(tmp_path, "nan_propagation", NAN_PROPAGATION)
-    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "nan_kernel"), prefix="generated")
-    problem = load_problem(path)
-    (x,) = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
-    with torch.no_grad():
-        expected, actual = problem.model_cls()(x), module.ModelNew()(x.to(DEVICE))
+    expected, actual = _first_config_outputs(path, tmp_path)
     assert len(actual) == len(expected) == 24
     for i, (e, a) in enumerate(zip(expected, actual)):
-        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4, equal_nan=True, msg=f"output {i}")
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4, equal_nan=True, msg=f"output {i}")
     assert expected[0].isnan().sum() == 3 and expected[14].isnan().sum() == 0    # fmax: a NaN loses
 
 
@@ -1213,12 +1219,6 @@ def get_init_inputs():
 
 def test_tril_and_triu_of_computed_tensors_match_pytorch(tmp_path):
     """Before, only tril/triu of ones_like (an attention mask) had a kernel."""
-    path = _write_problem(tmp_path, "triangles", TRIANGLES_OF_DATA)
-    module = import_file(_save(generate_kernel(path, 0, TARGET).source, tmp_path, "triangles_kernel"),
-                         prefix="generated")
-    problem = load_problem(path)
-    inputs = call_inputs(path, problem.configs[0].get_inputs, "get_inputs")
-    with torch.no_grad():
-        expected, actual = problem.model_cls()(*inputs), module.ModelNew()(*[t.to(DEVICE) for t in inputs])
+    expected, actual = _first_config_outputs(_write_problem(tmp_path, "triangles", TRIANGLES_OF_DATA), tmp_path)
     for e, a in zip(expected, actual):
-        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4, equal_nan=True)
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4, equal_nan=True)
