@@ -515,19 +515,17 @@ def test_a_pad_computed_from_shapes_is_named_as_unsupported(mode, tmp_path):
         generate_kernel(path, 0, TARGET)
 
 
-@pytest.mark.parametrize("use, reason", [
-    ("x * torch.arange(x.shape[-1], device=x.device)", "torch.arange used other than as an embedding's positions"),
-    ("x + torch.arange(x.shape[-1], device=x.device, dtype=torch.float32)", "torch.arange of floats"),
-])
-def test_torch_arange_is_read_only_as_an_embedding_s_positions(use, reason, tmp_path):
-    """Positions become a slice of the embedding table (position_embeddings.py); no kernel loads them, so any
-    other use is refused by name rather than read as floats."""
+@pytest.mark.parametrize("use", ["x * torch.arange(x.shape[-1], device=x.device)",
+                                 "x + torch.arange(x.shape[-1], device=x.device, dtype=torch.float32) * 0.5"])
+def test_torch_arange_read_as_numbers_gets_a_kernel_of_its_own(use, tmp_path):
+    """Before, refused: only an embedding's positions (a slice of its table) were read."""
     path = tmp_path / "arange_use.py"
     path.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
                     f"        return {use}\n\n\ndef get_inputs():\n    return [torch.randn(3, 4)]\n\n\n"
                     "def get_init_inputs():\n    return []\n")
-    with pytest.raises(UnsupportedSubproblem, match=reason):
-        generate_kernel(path, 0, TARGET)
+    generated = generate_kernel(path, 0, TARGET)
+    assert "_arange_kernel_" in generated.source
+    _assert_matches(path, generated, tmp_path)
 
 
 _INDEX_PROBLEM = """import torch

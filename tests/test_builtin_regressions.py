@@ -1222,3 +1222,14 @@ def test_tril_and_triu_of_computed_tensors_match_pytorch(tmp_path):
     expected, actual = _first_config_outputs(_write_problem(tmp_path, "triangles", TRIANGLES_OF_DATA), tmp_path)
     for e, a in zip(expected, actual):
         torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
+ARANGE_OF_A_SIZE = _ROW_MODEL.format(body="""
+        return x * torch.arange(x.shape[-1], device=x.device)""")
+
+
+def test_an_arange_as_long_as_a_size_that_differs_between_configs_is_refused_by_name(tmp_path):
+    """Its kernel writes a length fixed when it is generated; a config of another length would read past it."""
+    path = _write_problem(tmp_path, "arange_sizes", _with_configs(ARANGE_OF_A_SIZE, [([], (4, 16)), ([], (4, 8))]))
+    with pytest.raises(UnsupportedSubproblem, match="torch.arange read by a kernel, with bounds the forward"):
+        generate_kernel(path, 0, TARGET)
