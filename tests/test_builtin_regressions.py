@@ -1233,3 +1233,37 @@ def test_an_arange_as_long_as_a_size_that_differs_between_configs_is_refused_by_
     path = _write_problem(tmp_path, "arange_sizes", _with_configs(ARANGE_OF_A_SIZE, [([], (4, 16)), ([], (4, 8))]))
     with pytest.raises(UnsupportedSubproblem, match="torch.arange read by a kernel, with bounds the forward"):
         generate_kernel(path, 0, TARGET)
+
+
+HYPOT_AND_NAN_TO_NUM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        near_zero = y.clamp(-0.5, 0.5).round()                    # -0.0 where y < 0: x / -0.0 is -inf
+        return (torch.hypot(x, y), torch.hypot(x * 1e20, y * 1e20), torch.hypot(x * 1e-25, y * 1e-25),
+                torch.nan_to_num(x.log()), torch.nan_to_num(x / near_zero, nan=0.5, posinf=2.0),
+                x.log().nan_to_num(neginf=-7.0))
+
+
+def get_inputs():
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    x[0, :4] = torch.tensor([float("inf"), float("nan"), 0.0, -float("inf")])
+    y[0, :4] = torch.tensor([float("nan"), float("inf"), 0.0, 3.0])
+    return [x, y]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_hypot_nan_to_num_and_the_sign_of_a_rounded_zero_match_pytorch(tmp_path):
+    """hypot without overflow or underflow, an infinity beating a NaN; nan_to_num's defaults (fp32's largest
+    numbers); round(-0.3) is -0.0, whose reciprocal is -inf. Before, no kernel for hypot or nan_to_num."""
+    path = _write_problem(tmp_path, "hypot_nan_to_num", HYPOT_AND_NAN_TO_NUM)
+    expected, actual = _first_config_outputs(path, tmp_path)
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        torch.testing.assert_close(a, e, atol=0.0, rtol=1e-6, equal_nan=True, msg=f"output {i}")

@@ -370,6 +370,14 @@ def _round(b: Builder, call: Call):
     return b.pw("round", call.arg(0, "input"))
 
 
+def _nan_to_num(b: Builder, call: Call):
+    """torch.nan_to_num: NaN to `nan` (0), infinities to `posinf`/`neginf` (fp32's largest finite numbers)."""
+    largest = float(torch.finfo(torch.float32).max)
+    nan, posinf, neginf = (call.arg(i, name, None) for i, name in enumerate(("nan", "posinf", "neginf"), start=1))
+    return b.pw("nan_to_num", call.arg(0, "input"), nan=0.0 if nan is None else nan,
+                posinf=largest if posinf is None else posinf, neginf=-largest if neginf is None else neginf)
+
+
 def _softmin(b: Builder, call: Call):
     """softmin(x) = softmax(-x), along F.softmin's dim (or nn.Softmin's)."""
     x = call.arg(0, "input")
@@ -710,7 +718,8 @@ FUNCTIONS.update({
     "logical_and": _compare("logical_and"), "logical_or": _compare("logical_or"),
     "operator.and_": _compare("logical_and"), "operator.or_": _compare("logical_or"),
     "where": _where, "masked_fill": _masked_fill, "logaddexp": _logaddexp, "logical_not": _unary("logical_not"),
-    "round": _round, "isnan": _unary("isnan"), "isinf": _unary("isinf"), "isfinite": _unary("isfinite"),
+    "round": _round, "nan_to_num": _nan_to_num, "hypot": _compare("hypot"),
+    "isnan": _unary("isnan"), "isinf": _unary("isinf"), "isfinite": _unary("isfinite"),
     # ~x of a tensor that reaches a kernel is of a bool one: torch refuses it on floats, integer inputs only index
     "operator.invert": _unary("logical_not"), "bitwise_not": _unary("logical_not"),
     "maximum": _compare("maximum"), "minimum": _compare("minimum"),

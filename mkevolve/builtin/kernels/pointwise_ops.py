@@ -158,7 +158,18 @@ def _round(x):
     r = tl.floor(x)
     d = x - r
     odd = r - 2.0 * tl.floor(r * 0.5)
-    return tl.where((d > 0.5) | ((d == 0.5) & (odd == 1.0)), r + 1.0, r)
+    rounded = tl.where((d > 0.5) | ((d == 0.5) & (odd == 1.0)), r + 1.0, r)
+    return tl.where(rounded == 0.0, x * 0.0, rounded)  # a zero keeps x's sign: round(-0.3) is -0.0
+''',
+    "_hypot": f'''@triton.jit
+def _hypot(a, b):
+    # sqrt(a^2 + b^2) without overflow or underflow: the larger magnitude times sqrt(1 + r^2), r <= 1; an
+    # infinity wins over a NaN, as in C's hypot, which PyTorch calls
+    big = {maximum("tl.abs(a)", "tl.abs(b)")}
+    small = {minimum("tl.abs(a)", "tl.abs(b)")}
+    ratio = tl.div_rn(small, big)
+    h = tl.where(big == 0.0, 0.0, big * tl.sqrt_rn(1.0 + ratio * ratio))
+    return tl.where((tl.abs(a) == float("inf")) | (tl.abs(b) == float("inf")), float("inf"), h)
 ''',
     "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
@@ -260,6 +271,9 @@ OPS: dict[str, PointwiseOp] = {
     "mul": _binary("({a} * {b})"),
     # either side may be an integer attribute (level2/71's divisor = 2), passed as an int32 kernel argument
     "div": _binary(divide(as_float("{a}"), as_float("{b}"))),
+    "hypot": _binary("_hypot({a}, {b})"),
+    "nan_to_num": _unary("tl.where({x} != {x}, {nan}, tl.where({x} == float(\"inf\"), {posinf}, "
+                         "tl.where({x} == -float(\"inf\"), {neginf}, {x})))"),
     "maximum": _binary(maximum("{a}", "{b}")),
     "minimum": _binary(minimum("{a}", "{b}")),
     "fmax": _binary("tl.maximum({a}, {b})"),          # torch.fmax: a NaN loses, as tl.maximum's default
