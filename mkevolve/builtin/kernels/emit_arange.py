@@ -31,7 +31,8 @@ def emit_arange(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     params = [output_param(kernel, f"output [{n}]: start + step * i"), KernelParam("N", "elements"),
               constexpr("BLOCK", "elements per program")]
     if anchor.floating:
-        # one rounding of the exact start + step * i, as PyTorch's (computed wider, then rounded to fp32)
+        # start + step * i rounded once, as PyTorch rounds it (computed in fp64); a step fp32 cannot hold
+        # exactly (0.1) can put the two an ulp apart
         value = f"tl.fma(i.to(tl.float32), {literal(anchor.step)}, {literal(anchor.start)})"
     else:
         value = f"{int(anchor.start)} + {int(anchor.step)} * i"
