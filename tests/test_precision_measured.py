@@ -50,8 +50,8 @@ def test_an_honest_kernel_stays_near_eager_and_the_mantissa_cheat_does_not(tmp_p
 
 def test_the_limit_is_the_run_s_own(tmp_path):
     """--precision-vs-eager sets the rule's limit: the honest GEMM with its outputs scaled by 1 + 2.4e-6 (about 20
-    fp32 ulps, under the tolerance) errs 12 to 15 times as much as eager; a limit of 32 times passes it, 4 times
-    (above the floor of 16 ulps of the largest output) rejects it and says so."""
+    fp32 ulps, under the tolerance) errs 6 to 15 times as much as eager, by the inputs drawn; a limit of 64
+    times passes it, 4 times (above the floor of 16 ulps of the largest output) rejects it and says so."""
     scaled = tmp_path / "scaled_gemm.py"
     scaled.write_text((CORPUS / "honest" / "gemm_epilogue.py").read_text().replace(
         "y = tl.maximum(acc + bias[None, :], 0.0)", "y = tl.maximum((acc + bias[None, :]) * 1.0000024, 0.0)"))
@@ -61,9 +61,9 @@ def test_the_limit_is_the_run_s_own(tmp_path):
                                                  timed=False, cache_dir=str(tmp_path / "cache"),
                                                  precision_vs_eager=vs_eager))
 
-    loose = evaluate(32.0)
+    loose = evaluate(64.0)
     assert loose.status is Status.OK, loose.reason
-    assert 8 * loose.eager_error_vs_fp64 < loose.error_vs_fp64 < 32 * loose.eager_error_vs_fp64
+    assert 4 * loose.eager_error_vs_fp64 < loose.error_vs_fp64 < 64 * loose.eager_error_vs_fp64
     strict = evaluate(4.0)
     assert strict.status is Status.CHEATING and strict.rule == "precision-downgrade", strict.reason
     assert "allows" in strict.reason and "4 times eager" in strict.reason
@@ -211,7 +211,9 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(64, 64)]
+    # from 0.5 to 1.5: fp64 holds 4096 + x exactly (53 bits reach down to 2**-40), so the fp64 reference is x
+    # itself; a draw of randn below 2**-17 in magnitude would make it miss x, and an exact kernel err by 1e-13
+    return [torch.rand(64, 64) + 0.5]
 
 
 def get_init_inputs():
