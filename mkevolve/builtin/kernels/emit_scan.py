@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, indent, make_operands, output_param
-from .indexing import Operand
 from .errors import UnsupportedSubproblem
+from .indexing import Operand
 from .ir import Program, Scan
 from .kernel_plan import KernelPlan
 from .signature import KernelParam, constexpr, signature

@@ -378,6 +378,9 @@ def _nan_to_num(b: Builder, call: Call):
                 posinf=largest if posinf is None else posinf, neginf=-largest if neginf is None else neginf)
 
 
+_THRESHOLD = _with_attrs("threshold", threshold=0.0, value=0.0)
+
+
 def _softmin(b: Builder, call: Call):
     """softmin(x) = softmax(-x), along F.softmin's dim (or nn.Softmin's)."""
     x = call.arg(0, "input")
@@ -728,8 +731,7 @@ FUNCTIONS.update({
     "gelu": _gelu, "softplus": _with_attrs("softplus", beta=1.0, threshold=20.0), "prelu": _prelu,
     "elu": _with_attrs("elu", alpha=1.0), "celu": _with_attrs("celu", alpha=1.0),
     "leaky_relu": _with_attrs("leaky_relu", negative_slope=0.01),
-    "threshold": _with_attrs("threshold", threshold=0.0, value=0.0),
-    "_threshold": _with_attrs("threshold", threshold=0.0, value=0.0),   # F.threshold, as fx records it
+    "threshold": _THRESHOLD, "_threshold": _THRESHOLD,   # the second: F.threshold, as fx records it
     "softshrink": _with_attrs("softshrink", lambd=0.5), "hardshrink": _with_attrs("hardshrink", lambd=0.5),
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout, "native_dropout": _dropout,
