@@ -242,7 +242,9 @@ def _arange(b: Builder, call: Call):
     start, end, step = (given.get(k, call.kwargs.get(k, default)) for k, default in
                         (("start", 0), ("end", None), ("step", 1)))
     dtype = call.kwargs.get("dtype")
-    floating = dtype == torch.float32 or any(isinstance(v, float) for v in (start, end, step))
+    # an explicit dtype decides, as in PyTorch (arange(0.0, 4.0, dtype=torch.int64) is int64); without one,
+    # any float bound makes floats
+    floating = dtype == torch.float32 or dtype is None and any(isinstance(v, float) for v in (start, end, step))
     if dtype is not None and dtype not in (torch.int64, torch.int32, torch.float32):
         raise UnsupportedSubproblem(f"torch.arange of {dtype}")
     if end is None or not (isinstance(step, (int, float)) and step > 0):
