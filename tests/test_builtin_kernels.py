@@ -517,7 +517,8 @@ def test_a_pad_computed_from_shapes_is_named_as_unsupported(mode, tmp_path):
 
 @pytest.mark.parametrize("use", ["x * torch.arange(x.shape[-1], device=x.device)",
                                  "x + torch.arange(x.shape[-1], device=x.device, dtype=torch.float32) * 0.5",
-                                 "x + torch.arange(0.0, 4.0, device=x.device, dtype=torch.int64)"])
+                                 "x + torch.arange(0.0, 4.0, device=x.device, dtype=torch.int64)",
+                                 "torch.arange(x.shape[-1], device=x.device, dtype=torch.int32)"])
 def test_torch_arange_read_as_numbers_gets_a_kernel_of_its_own(use, tmp_path):
     """Before, refused: only an embedding's positions (a slice of its table) were read."""
     path = tmp_path / "arange_use.py"

@@ -1,5 +1,5 @@
 """torch.arange read as numbers (a sinusoidal embedding's frequencies, an index for a gather): a kernel that
-writes start + step * i, as int64, or as float32 where floats were asked for.
+writes start + step * i in the arange's dtype (int64, int32 or float32).
 
 An embedding's positions never come here: `gather` reads those as a slice of the table.
 """
@@ -30,26 +30,26 @@ def emit_arange(kernel: KernelPlan, name: str, variant: Variant, program: Progra
     (n,) = anchor.shapes[0]
     params = [output_param(kernel, f"output [{n}]: start + step * i"), KernelParam("N", "elements"),
               constexpr("BLOCK", "elements per program")]
-    if anchor.floating:
+    floating = anchor.dtype == "float32"
+    if floating:
         # start + step * i rounded once, as PyTorch rounds it (computed in fp64); a step fp32 cannot hold
         # exactly (0.1) can put the two an ulp apart
         value = f"tl.fma(i.to(tl.float32), {literal(anchor.step)}, {literal(anchor.start)})"
     else:
-        value = f"{int(anchor.start)} + {int(anchor.step)} * i"
+        value = f"({int(anchor.start)} + {int(anchor.step)} * i).to(tl.{anchor.dtype})"
     body = ["i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
             f"tl.store(out_ptr + i, {value}, mask=i < N)"]
     source = f'''@triton.jit
 {signature(name, params)}
 {indent(body, 4)}
 '''
-    dtype = "torch.float32" if anchor.floating else "torch.int64"
     lines = [f"# {device_of.name or 'the first input'} only says which device the numbers go on",
-             f"out = torch.empty({n}, device=device_of.device, dtype={dtype})",
+             f"out = torch.empty({n}, device=device_of.device, dtype=torch.{anchor.dtype})",
              f"{name}[(_cdiv({n}, {_BLOCK}),)](out, {n}, BLOCK={_BLOCK}, num_warps=4)",
              "return out"]
     launcher = f'''def {name}_launch(device_of):
 {indent(lines, 4)}
 '''
-    start, step = (literal(v) if anchor.floating else int(v) for v in bounds)
+    start, step = (literal(v) if floating else int(v) for v in bounds)
     return KernelSource(source, launcher, f"{name}_launch", [LauncherArg("device_of", value=device_of)], False,
                         description=f"arange from {start} by {step}")

@@ -234,7 +234,7 @@ def _arange_of(index: Value) -> Arange | None:
 
 def _arange(b: Builder, call: Call):
     """torch.arange: an embedding's positions (a slice of its table, see `_arange_of`), or numbers a kernel of
-    its own writes (int64, or float32 where floats were asked for)."""
+    its own writes in the dtype PyTorch would give it."""
     positional = [a for a in call.args if not isinstance(a, torch.dtype)]
     if len(positional) == 1 and "end" not in call.kwargs:       # arange(end)
         positional = [0] + positional
@@ -242,15 +242,14 @@ def _arange(b: Builder, call: Call):
     start, end, step = (given.get(k, call.kwargs.get(k, default)) for k, default in
                         (("start", 0), ("end", None), ("step", 1)))
     dtype = call.kwargs.get("dtype")
-    # an explicit dtype decides, as in PyTorch (arange(0.0, 4.0, dtype=torch.int64) is int64); without one,
-    # any float bound makes floats
-    floating = dtype == torch.float32 or dtype is None and any(isinstance(v, float) for v in (start, end, step))
-    if dtype is not None and dtype not in (torch.int64, torch.int32, torch.float32):
+    if dtype is None:      # as PyTorch picks it: any float bound makes floats
+        dtype = torch.float32 if any(isinstance(v, float) for v in (start, end, step)) else torch.int64
+    if dtype not in (torch.int64, torch.int32, torch.float32):
         raise UnsupportedSubproblem(f"torch.arange of {dtype}")
     if end is None or not (isinstance(step, (int, float)) and step > 0):
         raise UnsupportedSubproblem("torch.arange without an end, or with a step that is not positive")
     return b.program.add(Arange(call.shapes, start=_shape_arg(b, start), end=_shape_arg(b, end),
-                                step=_shape_arg(b, step), floating=floating))
+                                step=_shape_arg(b, step), dtype=str(dtype).removeprefix("torch.")))
 
 
 def _gather_along(b: Builder, call: Call):

@@ -296,12 +296,12 @@ class IndexMask(Value):
 class Arange(Value):
     """`torch.arange(start, end, step)`. As an embedding's positions `gather` turns it into a slice of the
     table's rows and nothing computes it; read otherwise (a sinusoidal embedding's frequencies), a kernel of
-    its own writes it: int64, or float32 where it was asked for floats."""
+    its own writes it in its dtype."""
 
     start: object = 0                    # each a number, or a shape int the forward computes
     end: object = 0
     step: object = 1
-    floating: bool = False
+    dtype: str = "int64"                 # int64 | int32 | float32, as torch.arange gives it
 
 
 @dataclass(eq=False, repr=False)
@@ -385,7 +385,7 @@ def _flatten(spec) -> list[Value]:
 def is_integer(value: Value) -> bool:
     """An integer input or buffer, an integer arange, an argmax/argmin, or a view of one."""
     value = base_of(value)
-    return (isinstance(value, ArgReduce) or isinstance(value, Arange) and not value.floating
+    return (isinstance(value, ArgReduce) or isinstance(value, Arange) and value.dtype != "float32"
             or isinstance(value, (Input, Param)) and value.integer)
 
 
