@@ -19,8 +19,8 @@ TOLERANCE = 1e-4
 # call's distance from the fp32 reference at most the same limit. It is never held below PRECISION_ULPS fp32 ulps
 # of the largest output nor PRECISION_TOLERANCE_SHARE of the absolute tolerance, so an error too small to matter
 # is never one. The builtin kernels of bench_builtin (H200, H100) err 0.2 to 3.1 times as much as eager (tf32x3
-# GEMMs and convolutions, Winograd F(3, 5), outer products), a GroupNorm + mean 8.8 times at 9e-09, under the
-# floor; bf16, fp16 or plain tf32 operands err hundreds of times more.
+# GEMMs and convolutions, Winograd F(3, 5) before its compensated F(2, 5), outer products), a GroupNorm + mean
+# 8.8 times at 9e-09, under the floor; bf16, fp16 or plain tf32 operands err hundreds of times more.
 PRECISION_VS_EAGER = 16.0
 PRECISION_ULPS = 16
 PRECISION_TOLERANCE_SHARE = 0.01
@@ -78,7 +78,7 @@ class RunConfig:
     atol: float = _opt(TOLERANCE, "absolute tolerance of the output comparison (KernelBench's own: 1e-2)")
     rtol: float = _opt(TOLERANCE, "relative tolerance of the output comparison (KernelBench's own: 1e-2)")
     # The precision rule's limit (PRECISION_VS_EAGER above). Lower asks for eager fp32's accuracy and rejects
-    # kernels that trade some of it for speed (level2/11's Winograd F(3, 5) convolution errs 2.2 times eager's).
+    # kernels that trade some of it for speed (level2/11's Winograd F(3, 5) convolution erred 2.2 times eager's).
     # The prompts keep stating the default; a verdict states the run's own limit.
     precision_vs_eager: float = _opt(PRECISION_VS_EAGER, "largest error against the reference run in fp64, as a "
                                                          "multiple of eager fp32's own (the precision rule)",

@@ -7,7 +7,7 @@ steps) added to acc in fp32; a Winograd convolution's output transform amplifies
 and measures each, for the direct implicit GEMM and the Winograd variants of one bench_builtin case
 (default: level2/11's 5x5 ConvTranspose2d):
 
-    chain     the generated kernel as it is
+    chain     the generated kernel with every K step chained through tl.dot's accumulator (`chained_gemms`)
     step      each K step's dot from zero, added to acc by an fp32 add written out
     kahan     the same steps added by compensated (Kahan) summation: acc and its running rounding error
     tap       (Winograd only) one leading tap's channels chained, the taps added by fp32 adds
@@ -22,8 +22,8 @@ and measures each, for the direct implicit GEMM and the Winograd variants of one
 
 The fp32 adds are written `tl.fma(x, 1.0, acc)`, which no pass folds into a tl.dot's accumulator. The chain
 adds in fp32 once per step already, so step should err as it does (the 2026-12-04 run's step row, written as
-`acc + tl.dot(a, b)`, did to 1e-16). `--outputs 2` builds the 5-tap Winograd variant as F(2, 5) at the points
-(0, 1, -1, 1/2, -2) instead of the generator's F(3, 5). On a GPU only:
+`acc + tl.dot(a, b)`, did to 1e-16). `--outputs 3` builds the 5-tap Winograd variant as F(3, 5), the generator's tile
+before F(2, 5) at (0, 1, -1, 1/2, -2). On a GPU only:
 
     PYTHONPATH=. python3 scripts/winograd_accumulate_probe.py --json OUT.json [--case NAME] [--rounds 3]
 """
@@ -35,7 +35,7 @@ import json
 import re
 import statistics
 import sys
-from fractions import Fraction
+from contextlib import contextmanager
 from pathlib import Path
 from tempfile import mkdtemp
 
@@ -43,10 +43,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_builtin  # noqa: E402
-from winograd_points import ACCURATE_F25  # noqa: E402
 from kernelbench import environment  # noqa: E402
 
-from mkevolve.builtin.kernels import emit_winograd, generate_kernel, variant_count, winograd  # noqa: E402
+from mkevolve.builtin.kernels import emit_winograd, generate_kernel, variant_count  # noqa: E402
 from mkevolve.config import EAGER_ERROR_SLACK  # noqa: E402
 from mkevolve.problem import fp32_strict, import_file  # noqa: E402
 from mkevolve.verify.timing import time_forward  # noqa: E402
@@ -86,11 +85,21 @@ def fp32_add(products: str) -> str:
     return f"tl.fma({products}, 1.0, acc)"
 
 
+@contextmanager
+def chained_gemms():
+    """The generator's K loops all chained through tl.dot's accumulator, as the modes below start from: it
+    compensates the GEMMs of Winograd tiles whose output transform amplifies them itself (their kahan)."""
+    amplifies = emit_winograd._amplifies
+    emit_winograd._amplifies = lambda wt: False
+    try:
+        yield
+    finally:
+        emit_winograd._amplifies = amplifies
+
+
 def use_tile(outputs: int) -> None:
-    """Make the generator build its 5-tap Winograd variants with `outputs` per tile (F(2, 5): at ACCURATE_F25)."""
+    """Make the generator build its 5-tap Winograd variants with `outputs` per tile (at its own points)."""
     emit_winograd.OUTPUTS_PER_TILE[5] = outputs
-    emit_winograd.transform = lambda m, r: winograd.transform(
-        m, r, tuple(Fraction(p) for p in ACCURATE_F25) if (m, r) == (2, 5) else winograd._POINTS)
 
 
 def rewrite(source: str, mode: str) -> str:
@@ -170,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(case.source)
     if args.outputs:
         use_tile(args.outputs)
-    generated = [generate_kernel(path, v, target="cuda") for v in range(variant_count(path, target="cuda"))]
+    with chained_gemms():
+        generated = [generate_kernel(path, v, target="cuda") for v in range(variant_count(path, target="cuda"))]
     kernels = {"direct": generated[0]}
     kernels.update({"winograd": g for g in generated if g.description.startswith("Winograd")})
     rows = [measure(path, rewrite(kernel.source, mode), workdir, f"{kind} {mode}", args.rounds)

@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mkevolve.builtin.kernels import winograd  # noqa: E402
 
 HALF = Fraction(1, 2)
-ACCURATE_F25 = (0, 1, -1, HALF, -2)      # the F(2, 5) points with the least error here
+ACCURATE_F25 = (0, 1, -1, HALF, -2)      # the F(2, 5) points with the least error here: the generator's now
 # per outputs-per-tile m, point sets of m + taps - 2 finite points (taps = 5); the generator's first
 POINT_SETS = {
     3: [winograd._POINTS[:6], (0, 1, -1, HALF, -HALF, 2), (0, 1, -1, HALF, -HALF, -2), (0, 1, -1, 2, -2, -HALF)],
-    2: [winograd._POINTS[:5], (0, 1, -1, HALF, -HALF), ACCURATE_F25, (0, 1, -1, -HALF, 2)],
+    2: [winograd._POINTS[:5], (0, 1, -1, HALF, -HALF), (0, 1, -1, 2, -2), (0, 1, -1, -HALF, 2)],
 }
 
 

@@ -114,7 +114,8 @@ def test_only_the_accumulator_is_carried_through_the_gemm_loop(name, tmp_path):
     source = _winograd_variant(path, "cuda").source
     gemm = next(node for node in ast.walk(ast.parse(source))
                 if isinstance(node, ast.FunctionDef) and node.name.endswith("_gemm"))
-    assert _loop_carried(gemm) == {"acc"}
+    # 5 taps: F(2, 5)'s output transform multiplies by up to 2, so the sum carries its rounding (`lost`) too
+    assert _loop_carried(gemm) == ({"acc", "lost"} if "k5" in name else {"acc"})
 
 
 @pytest.mark.parametrize("name", WINOGRAD_CASES)

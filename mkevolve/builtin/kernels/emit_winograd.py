@@ -111,7 +111,24 @@ def _input_transform(name: str, spatial: int, wt: WinogradTransform) -> str:
 '''
 
 
-def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...], autotune: bool) -> str:
+def _accumulate_lines(precision: str, compensated: bool) -> list[str]:
+    """The K step's products added to acc: chained through tl.dot's accumulator, or (`compensated`) by Kahan's
+    sum, which also carries what each fp32 add rounds away (`lost`). An output transform whose coefficients
+    exceed 1 amplifies those roundings: on an H100, F(2, 5)'s error against fp64 on level2/11's layer fell from
+    0.88 to 0.73 times eager fp32's for 20 % more time, F(3, 5)'s from 1.23 to 0.98 for 9 %
+    (scripts/results/winograd_accumulate_probe_h100_2026-12-07.json; the whole problem: winograd.py)."""
+    if not compensated:
+        return [f'    acc = tl.dot(a, b, acc, input_precision="{precision}")']
+    return ["    # Kahan's sum: `lost` carries what each fp32 add rounds away, which the output transform amplifies",
+            f'    step = tl.dot(a, b, input_precision="{precision}")',
+            "    kept = step - lost",
+            "    total = acc + kept",
+            "    lost = (total - acc) - kept",
+            "    acc = total"]
+
+
+def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...], autotune: bool,
+          compensated: bool) -> str:
     lead = range(spatial - 1)
     params = ([KernelParam("v_ptr", "transformed input [ALPHA, R, C_in]"),
                KernelParam("u_ptr", "transformed weight [ALPHA, leading taps.., C_in, C_out]"),
@@ -137,8 +154,9 @@ def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...]
                + "  # the row tap (0, ..) reads",
                "a_rows = point.to(tl.int64) * R * C_in + v_row.to(tl.int64) * C_in",
                "b_point = point.to(tl.int64) * K_TOTAL * C_out",
-               "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-               "for k0 in range(0, K_TOTAL, BLOCK_K):",
+               "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+            + (["lost = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"] if compensated else [])
+            + ["for k0 in range(0, K_TOTAL, BLOCK_K):",
                "    tap = k0 // C_in  # BLOCK_K divides C_in: the whole step reads one leading tap",
                "    c = k0 - tap * C_in + tl.arange(0, BLOCK_K)"]
             + [f"    {line}"
@@ -146,9 +164,9 @@ def _gemm(name: str, spatial: int, precision: str, tiles: tuple[MatmulTile, ...]
             + [f"    shift = ({taps}) * T * C_in  # V rows between tap (0, ..) and this one",
                "    a = tl.load(v_ptr + a_rows[:, None] + (shift + c)[None, :])",
                "    b = tl.load(u_ptr + b_point + (k0 + tl.arange(0, BLOCK_K))[:, None] * C_out + rn[None, :], "
-               "mask=n_ok[None, :], other=0.0)",
-               f'    acc = tl.dot(a, b, acc, input_precision="{precision}")',
-               "x_offs = point.to(tl.int64) * M * C_out + rm.to(tl.int64)[:, None] * C_out + rn[None, :]",
+               "mask=n_ok[None, :], other=0.0)"]
+            + _accumulate_lines(precision, compensated)
+            + ["x_offs = point.to(tl.int64) * M * C_out + rm.to(tl.int64)[:, None] * C_out + rn[None, :]",
                "tl.store(x_ptr + x_offs, acc, mask=m_ok[:, None] & n_ok[None, :])"])
     decorator = tile_autotune(tiles, ["M", "C_in", "C_out"], group_m=False) if autotune else ""
     return f'''{decorator}@triton.jit
@@ -242,6 +260,11 @@ def _weight_transform(name: str, conv: Conv, wt: WinogradTransform) -> str:
 '''
 
 
+def _amplifies(wt: WinogradTransform) -> bool:
+    """Whether the output transform multiplies a product by more than 1 (F(2, 5): by up to 2; F(2, 3): no)."""
+    return any(abs(c) > 1 for row in wt.at for c in row)
+
+
 def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
     conv: Conv = kernel.anchor
     spatial = len(conv.stride)
@@ -259,7 +282,7 @@ def emit_winograd(kernel: KernelPlan, name: str, variant: Variant, program: Prog
                        + scalars.kernel_signature())
     tiles = conv_tiles(conv, variant.conv)
     source = "\n\n".join([_weight_transform(name, conv, wt), _input_transform(name, spatial, wt),
-                          _gemm(name, spatial, variant.precision, tiles, variant.autotune),
+                          _gemm(name, spatial, variant.precision, tiles, variant.autotune, _amplifies(wt)),
                           _output_transform(name, spatial, wt, epilogue_params, epi_lines, result)])
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]

@@ -14,22 +14,23 @@ How many outputs per tile: larger tiles need fewer products but reach points who
 rounding grows with them. Against an fp64 reference on a CPU (64 -> 128 channels, 4 images of 32x32, fp32
 transforms and GEMMs, weights of level2/11's scale), the error relative to PyTorch's CPU fp32 convolution's was,
 for r = 5: m = 2 1.17, m = 3 1.00, m = 4 1.12, m = 6 12.4; for r = 3: m = 2 0.81, m = 3 1.16, m = 4 2.07, and
-`OUTPUTS_PER_TILE` keeps, for each r, the tile with the least error there. On the H200 the direct tf32x3
+`OUTPUTS_PER_TILE` keeps r = 3's most accurate tile, m = 2 (r = 5's: below). On the H200 the direct tf32x3
 convolution is more accurate than that CPU one, and the comparison changes for 5 taps: level2/11's 5x5 layer had
 2.0e-06 with F(3, 5) against 8.6e-07 direct and cuDNN's 6.5e-07, while the 3x3 layers had 8.4e-07 and 8.7e-07
 with F(2, 3) against 9.6e-07 and 1.1e-06 direct (scripts/results/bench_builtin_winograd_h200_2026-12-04.json).
 The tf32x3 GEMMs' rounding, amplified by AT's coefficients, makes most of F(3, 5)'s error: summing the GEMMs'
-depth per leading tap barely changed it on the H200. An emulation that fits those numbers (operand splits that
-drop their low bits, tensor-core sums rounded toward zero) leaves F(3, 5) at 2.8 times a direct fp32 sum's error
-even with Kahan's summation of the K steps, and puts it at 1.4 to 1.5 times with splits rounded to nearest
-(scripts/results/tf32x3_emulation_cpu_2026-12-07.json; unmeasured on a GPU). Emulated in fp32
-on a CPU (one dim, 320 terms deep, median of 7 draws; scripts/results/winograd_points_cpu_2026-12-06.json),
-F(3, 5) errs by 3.4 to 3.7 times the direct sum whatever its points, and F(2, 5) by 3.0 to 3.1 times at
-symmetric points such as these but 1.9 times at (0, 1, -1, 1/2, -2): a more accurate 5-tap tile, for 3
-products per output instead of 2.33. On an H100, level2/11's whole kernel with that F(2, 5) erred 1.23 times
-eager fp32's error against fp64 (F(3, 5) 1.87, the direct convolution 0.81) and took 12 % longer than with
-F(3, 5) (the direct one 43 %; scripts/results/generator_trees_h100_2026-12-06_b.json). Neither tile reaches
-eager's error, so F(3, 5), the faster, stays.
+depth per leading tap barely changed it on the H200, nor did tf32x3 operands rounded to nearest TF32 parts
+before the dot, which an emulation had put at half the error (9.7e-06 against 9.9e-06 for level2/11's whole
+kernel on an H100). Emulated in fp32 on a CPU (one dim, 320 terms deep, median of 7 draws;
+scripts/results/winograd_points_cpu_2026-12-06.json), F(3, 5) errs by 3.4 to 3.7 times the direct sum whatever
+its points, and F(2, 5) by 3.0 to 3.1 times at symmetric points but 1.9 times at (0, 1, -1, 1/2, -2), the first
+five of `_POINTS`. On an H100, level2/11's whole kernel erred, against fp64 and in times eager fp32's error:
+F(3, 5) 1.87, the same with Kahan's sum of the GEMMs' K steps (emit_winograd) 1.38, F(2, 5) 1.23, F(2, 5) with
+Kahan's sum 0.99, the direct tf32x3 convolution 0.81; in time 3.90, 4.50, 4.45 and 5.1 ms, the direct one 43 %
+more than F(3, 5) (scripts/results/generator_trees_h100_2026-12-07.json, generator_trees_h100_2026-12-06_b.json). F(2, 5) with
+Kahan's sum is the most accurate tile that stays faster than the direct convolution, so it is the 5-tap tile:
+level2/11 end to end 0.74 times torch.compile at 0.98 times eager's error, where F(3, 5) was 0.97 times at 2.2
+(scripts/results/kernelbench_h100.json).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-# taps r -> outputs m per tile (see the module docstring): r = 5 does 7 products per 3 outputs instead of 15,
+# taps r -> outputs m per tile (see the module docstring): r = 5 does 6 products per 2 outputs instead of 10,
 # r = 3 does 4 per 2 instead of 6
-OUTPUTS_PER_TILE = {3: 2, 5: 3}
-_POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2), Fraction(-1, 2))
+OUTPUTS_PER_TILE = {3: 2, 5: 2}
+# the finite points, in the order tiles take them: F(2, 5) the first five, its most accurate set
+_POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(1, 2), Fraction(-2), Fraction(2), Fraction(-1, 2))
 
 
 @dataclass(frozen=True)
