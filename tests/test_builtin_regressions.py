@@ -1092,12 +1092,62 @@ def test_argmax_and_argmin_give_pytorchs_positions_for_nan_infinities_and_ties(t
         assert torch.equal(a, e)
 
 
+SORT_SPECIAL_VALUES = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        up, up_at = torch.sort(x, dim=1, stable=True)
+        down, down_at = torch.sort(x, dim=1, descending=True, stable=True)
+        return up, up_at, down, down_at, torch.topk(x, 3).values   # its indices on ties: PyTorch's own order
+
+
+def get_inputs():
+    x = torch.randn(4, 9)
+    x[0, 2] = x[0, 6] = float("nan")         # NaNs above +inf: last ascending, first descending, in order
+    x[0, 4] = float("inf")
+    x[1, 1], x[1, 5] = -0.0, 0.0             # equal: kept in order, each keeping its sign
+    x[2, 3] = x[2, 7] = float("-inf")
+    x[3] = 2.0                               # all tied
+    return [x]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_sorts_put_nans_infinities_signed_zeros_and_ties_where_pytorch_does(tmp_path):
+    """Before, no kernel for sort or topk. A stable sort's order, compared bit for bit (-0.0 and NaN too)."""
+    expected, actual = _first_config_outputs(_write_problem(tmp_path, "sort_special", SORT_SPECIAL_VALUES), tmp_path)
+    assert [a.dtype for a in actual] == [torch.float32, torch.int64, torch.float32, torch.int64, torch.float32]
+    assert expected[1][0, -2:].tolist() == [2, 6] and expected[3][0, :3].tolist() == [2, 6, 4]
+    assert expected[1][3].tolist() == list(range(9))
+    for e, a in zip(expected, actual):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           e.view(torch.int32) if e.is_floating_point() else e)
+
+
+@pytest.mark.parametrize("call, message", [
+    ("torch.topk(x, 2, sorted=False)", "sorted=False"),
+    ("torch.sort(torch.cat([x] * 700, dim=1)).values", "6300 elements"),
+    ("torch.argsort(torch.argmax(x, dim=1))", "integer tensor")])
+def test_sorts_it_cannot_write_are_refused_by_name(call, message, tmp_path):
+    source = SORT_SPECIAL_VALUES.replace(
+        "return up, up_at, down, down_at, torch.topk(x, 3).values", f"return {call}")
+    with pytest.raises(UnsupportedSubproblem, match=message):
+        variant_count(_write_problem(tmp_path, "sort_refused", source), TARGET)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
-@pytest.mark.parametrize("stem, kind", [("arg_reductions", "arg_reduce"), ("aranges", "arange")])
+@pytest.mark.parametrize("stem, kind", [("arg_reductions", "arg_reduce"), ("aranges", "arange"),
+                                       ("sorts", "sort")])
 def test_int64_writing_kernels_compile_for_sm_90(stem, kind, tmp_path, monkeypatch):
-    """argmax/argmin's running (value, first position, first NaN) state and arange's int64 and fp32 numbers
-    compile for an H200."""
+    """argmax/argmin's running (value, first position, first NaN) state, arange's int64 and fp32 numbers and
+    a sort's int64 keys through tl.sort compile for an H200."""
     path = Path(__file__).resolve().parent / "subproblems" / f"{stem}.py"
     specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, stem)
     assert any(f"_{kind}_kernel" in name for _, name, *_ in specs)

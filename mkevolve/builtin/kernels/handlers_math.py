@@ -13,7 +13,8 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import ArgReduce, Assign, BatchStats, IntOp, Param, Scalar, Scan, Value, is_integer
+from .ir import (MAX_SORT_LENGTH, ArgReduce, Assign, BatchStats, IntOp, Param, Scalar, Scan, Sort, Value,
+                 is_integer)
 
 # --- elementwise ------------------------------------------------------------------------------------
 
@@ -245,6 +246,49 @@ def _arg_reduce(kind: str) -> Handler:
         dim = b.const(call.arg(1, "dim", None), "dim")
         return arg_reduce(b, call.arg(0, "input"), kind, dim, bool(b.const(call.arg(2, "keepdim", False), "keepdim")))
     return handler
+
+
+def sort_along(b: Builder, x: Value, dim: int, descending: bool, k: int | None, indices: bool) -> Value:
+    """The first `k` (None: all) of each row along `dim`, sorted; their int64 positions where `indices`."""
+    if x.rank == 0 or is_integer(x):
+        raise UnsupportedSubproblem("sort or topk of a 0-d or integer tensor")
+    dim = dim % x.rank
+    longest = max(s[dim] for s in x.shapes)
+    if longest > MAX_SORT_LENGTH:
+        raise UnsupportedSubproblem(f"sort or topk along a dim of {longest} elements (a row must fit one "
+                                    f"program: at most {MAX_SORT_LENGTH})")
+    shapes = tuple(s[:dim] + (s[dim] if k is None else k,) + s[dim + 1:] for s in x.shapes)
+    return b.program.add(Sort(shapes, x=x, dim=dim, k=k, descending=descending, indices=indices))
+
+
+def _sorted_pair(b: Builder, x: Value, dim: int, descending: bool, k: int | None) -> ValuesIndices:
+    return ValuesIndices(sort_along(b, x, dim, descending, k, False),
+                         lambda: sort_along(b, x, dim, descending, k, True))
+
+
+def _sort(b: Builder, call: Call):
+    """torch.sort: (values, indices). `stable` changes nothing here: equal values always keep their order."""
+    descending = bool(b.const(call.arg(2, "descending", False), "descending"))
+    return _sorted_pair(b, call.arg(0, "input"), b.const(call.arg(1, "dim", -1), "dim"), descending, None)
+
+
+def _argsort(b: Builder, call: Call):
+    descending = bool(b.const(call.arg(2, "descending", False), "descending"))
+    return sort_along(b, call.arg(0, "input"), b.const(call.arg(1, "dim", -1), "dim"), descending, None, True)
+
+
+def _msort(b: Builder, call: Call):
+    return sort_along(b, call.arg(0, "input"), 0, False, None, False)
+
+
+def _topk(b: Builder, call: Call):
+    """torch.topk: the k largest (or smallest) in order. Unsorted, PyTorch's order is its own: refused."""
+    if not b.const(call.arg(4, "sorted", True), "sorted"):
+        raise UnsupportedSubproblem("topk with sorted=False returns its k elements in an order PyTorch does not "
+                                    "specify; ask for sorted=True")
+    k = int(b.const(call.arg(1, "k"), "k"))
+    largest = bool(b.const(call.arg(3, "largest", True), "largest"))
+    return _sorted_pair(b, call.arg(0, "input"), b.const(call.arg(2, "dim", -1), "dim"), largest, k)
 
 
 # --- reductions -------------------------------------------------------------------------------------
@@ -740,6 +784,7 @@ FUNCTIONS.update({
     "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "argmax": _arg_reduce("max"), "argmin": _arg_reduce("min"),
+    "sort": _sort, "argsort": _argsort, "msort": _msort, "topk": _topk,
     "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
     "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),

@@ -262,6 +262,29 @@ class ArgReduce(Value):
         return [self.x]
 
 
+# The longest row a Sort takes: a row is sorted in one program's registers (emit_sort.py), 4096 int64 keys
+# being 32 a thread at 4 warps.
+MAX_SORT_LENGTH = 4096
+
+
+@dataclass(eq=False, repr=False)
+class Sort(Value):
+    """torch.sort, argsort, msort and topk of `x` along `dim`: each row's first `k` elements (None: all) in
+    ascending or descending order, as values or (`indices`) as their int64 positions. Equal values keep the
+    order of their positions and a NaN counts as larger than +inf, as PyTorch's stable sort gives them. Its
+    unstable sort and topk may order the positions of equal values otherwise (topk on a CPU does): there a
+    kernel's positions differ from PyTorch's and the verifier rejects it; its values are the same."""
+
+    x: Value | None = None
+    dim: int = 0
+    k: int | None = None
+    descending: bool = False
+    indices: bool = False
+
+    def operands(self) -> list[Value]:
+        return [self.x]
+
+
 @dataclass(eq=False, repr=False)
 class Resize(Value):
     """F.interpolate and nn.Upsample: `x` resampled along its spatial dims (all dims after the first two) to
@@ -383,9 +406,10 @@ def _flatten(spec) -> list[Value]:
 
 
 def is_integer(value: Value) -> bool:
-    """An integer input or buffer, an integer arange, an argmax/argmin, or a view of one."""
+    """An integer input or buffer, an integer arange, an argmax/argmin, a sort's positions, or a view of one."""
     value = base_of(value)
     return (isinstance(value, ArgReduce) or isinstance(value, Arange) and value.dtype != "float32"
+            or isinstance(value, Sort) and value.indices
             or isinstance(value, (Input, Param)) and value.integer)
 
 

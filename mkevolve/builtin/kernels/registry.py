@@ -45,11 +45,12 @@ from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool
 from .emit_resize import emit_resize
-from .emit_scan import emit_scan
 from .emit_rows import emit_rows
+from .emit_scan import emit_scan
+from .emit_sort import emit_sort
 from .emit_winograd import emit_winograd, winograd_fits
 from .ir import (AdaptivePool, Arange, ArgReduce, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool,
-                 Program, Reindex, Resize, Scan, Value)
+                 Program, Reindex, Resize, Scan, Sort, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -120,6 +121,7 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("reindex", emit_reindex, Reindex),
     KernelKind("scan", emit_scan, Scan),
     KernelKind("arg_reduce", emit_arg_reduce, ArgReduce),
+    KernelKind("sort", emit_sort, Sort),
     KernelKind("arange", emit_arange, Arange),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
 )
@@ -128,7 +130,7 @@ _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
 # The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
-# interpolation, reordering copies, scans, argmax/argmin, aranges read as numbers and a training-mode batch
+# interpolation, reordering copies, scans, argmax/argmin, sorts, aranges read as numbers and a training-mode batch
 # norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 

@@ -27,10 +27,10 @@ its points, and F(2, 5) by 3.0 to 3.1 times at symmetric points but 1.9 times at
 five of `_POINTS`. On an H100, level2/11's whole kernel erred, against fp64 and in times eager fp32's error:
 F(3, 5) 1.87, the same with Kahan's sum of the GEMMs' K steps (emit_winograd) 1.38, F(2, 5) 1.23, F(2, 5) with
 Kahan's sum 0.99, the direct tf32x3 convolution 0.81; in time 3.90, 4.50, 4.45 and 5.1 ms, the direct one 43 %
-more than F(3, 5) (scripts/results/generator_trees_h100_2026-12-07.json, generator_trees_h100_2026-12-06_b.json). F(2, 5) with
-Kahan's sum is the most accurate tile that stays faster than the direct convolution, so it is the 5-tap tile:
-level2/11 end to end 0.74 times torch.compile at 0.98 times eager's error, where F(3, 5) was 0.97 times at 2.2
-(scripts/results/kernelbench_h100.json).
+more than F(3, 5) (scripts/results/generator_trees_h100_2026-12-07.json, generator_trees_h100_2026-12-06_b.json).
+F(2, 5) with Kahan's sum is the most accurate tile that stays faster than the direct convolution, so it is the
+5-tap tile: level2/11 end to end 0.74 times torch.compile at 0.98 times eager's error, where F(3, 5) was 0.97
+times at 2.2 (scripts/results/kernelbench_h100.json).
 """
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""Sort kernels: torch.sort, argsort, msort and topk along one dim, as values or as int64 positions.
+
+The input is seen as (O, R, I): O outer positions, R along the sorted dim, I inner positions. A program owns
+one outer position and BLOCK_I inner ones, and holds their whole rows (BLOCK_R >= R) as a [BLOCK_I, BLOCK_R]
+tile of int64 keys that tl.sort orders along R:
+
+    key = (the value's bits as an order-keeping int32) << 32 | its position
+
+so equal values keep the order of their positions (a stable sort), and a value is read back by its position,
+exactly (-0.0 stays -0.0). NaNs get the largest int32, above +inf, where PyTorch puts them; a descending sort
+flips the value's half of the key (~v), not the position's. The first K keys of each row are written.
+"""
+
+from __future__ import annotations
+
+from .configs import Variant
+from .emit_common import KernelSource, LauncherArg, indent, make_operands
+from .emit_scan import along_dim_params
+from .errors import UnsupportedSubproblem
+from .ir import MAX_SORT_LENGTH, Program, Sort
+from .kernel_plan import KernelPlan
+from .signature import KernelParam, signature
+
+
+def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
+    anchor: Sort = kernel.anchor
+    if kernel.target is not None:
+        raise UnsupportedSubproblem("a sort written into a module buffer")
+    x = make_operands(kernel.leaves)[anchor.x.id]
+    what = "int64 positions" if anchor.indices else "values"
+    params = along_dim_params(x, kernel, f"output [O, K, I], the first K sorted {what} of each row, contiguous",
+                              "sorted")
+    params.insert(3, KernelParam("K", "elements kept per row: R, or topk's k"))
+    flip = ["order = ~order  # descending: larger values first, positions still in order"] if anchor.descending \
+        else []
+    written = "at.to(tl.int64)" if anchor.indices else "tl.load(row + at.to(tl.int64) * stride_r, mask=keep)"
+    body = [
+        "o = tl.program_id(0).to(tl.int64)",
+        "i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)",
+        "r = tl.arange(0, BLOCK_R)  # the whole row: BLOCK_R >= R",
+        "mask = (i[:, None] < I) & (r[None, :] < R)",
+        "row = x_ptr + o * stride_o + i[:, None].to(tl.int64) * stride_i",
+        "x = tl.load(row + r[None, :].to(tl.int64) * stride_r, mask=mask, other=0.0)",
+        "bits = (x + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as 0.0 does",
+        "order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats' bits reversed: float order as int order",
+        "order = tl.where(x != x, 0x7FFFFFFF, order)  # every NaN above +inf",
+        *flip,
+        "key = (order.to(tl.int64) << 32) | r[None, :].to(tl.int64)",
+        "key = tl.where(mask, key, 0x7FFFFFFFFFFFFFFF)  # lanes past R sort last",
+        "key = tl.sort(key, dim=1)",
+        "at = key.to(tl.int32)  # the low 32 bits: each sorted element's position in its row",
+        "keep = (i[:, None] < I) & (r[None, :] < K)",
+        f"tl.store(out_ptr + (o * K + r[None, :]) * I + i[:, None], {written}, mask=keep)",
+    ]
+    order = "descending" if anchor.descending else "ascending"
+    source = f'''@triton.jit
+{signature(name, params)}
+    # Sort along R of an (O, R, I) view, {order}: one outer position and BLOCK_I whole rows per program, each
+    # element a key of its value's order and its position, sorted in registers; the first K written.
+{indent(body, 4)}
+'''
+    dim = anchor.dim
+    kept = "length" if anchor.k is None else str(anchor.k)
+    lines = [f"outer, length = {x.name}.shape[:{dim}].numel(), {x.name}.shape[{dim}]",
+             f"inner = {x.name}.shape[{dim + 1}:].numel()",
+             f"kept = {kept}",
+             "# a view where the dims allow it; dims that cannot merge are copied by reshape",
+             f"src = {x.name}.reshape(outer, length, inner)",
+             f"out = torch.empty((*{x.name}.shape[:{dim}], kept, *{x.name}.shape[{dim + 1}:]), device={x.name}.device, "
+             f"dtype={'torch.int64' if anchor.indices else 'torch.float32'})",
+             "if out.numel():",
+             "    block_r = _next_power_of_2(length)",
+             f"    block_i = max(1, min(_next_power_of_2(inner), {MAX_SORT_LENGTH} // block_r))",
+             f"    {name}[(outer, _cdiv(inner, block_i))](src, out, length, kept, inner, *src.stride(), "
+             "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=4)",
+             "return out"]
+    launcher = f"def {name}_launch({x.name}):\n{indent(lines, 4)}\n"
+    k_text = "" if anchor.k is None else f", first {anchor.k}"
+    return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,
+                        description=f"{order} sort along dim {dim}{k_text} ({what})")
