@@ -1141,6 +1141,35 @@ def test_sorts_it_cannot_write_are_refused_by_name(call, message, tmp_path):
         variant_count(_write_problem(tmp_path, "sort_refused", source), TARGET)
 
 
+UNFOLD = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return F.unfold(x, 2) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 4, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_tensor_unfold_is_refused_by_name_not_read_as_f_unfold(tmp_path):
+    """Tensor.unfold (sliding windows along one dim) shares F.unfold's name, and its ints would pass for
+    F.unfold's kernel size, dilation and padding."""
+    assert variant_count(_write_problem(tmp_path, "unfold", UNFOLD), TARGET) >= 1
+    source = UNFOLD.replace("F.unfold(x, 2)", "x.unfold(3, 2, 1)")
+    with pytest.raises(UnsupportedSubproblem, match="Tensor.unfold"):
+        variant_count(_write_problem(tmp_path, "unfold_method", source), TARGET)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
 @pytest.mark.parametrize("stem, kind", [("arg_reductions", "arg_reduce"), ("aranges", "arange"),

@@ -24,6 +24,7 @@ class Call:
     results: Any = None                              # per config, the traced shapes of any result (tuples too)
     modules: list[nn.Module] = field(default_factory=list)   # call_module: the instance under each config
     path: str = ""                                   # call_module: its attribute path on the model
+    method: bool = False                             # a Tensor method (x.unfold), not a function (F.unfold)
 
     def arg(self, index: int, name: str, default: Any = _REQUIRED) -> Any:
         """Positional `index` or keyword `name` (aten spells the first argument `self`)."""

@@ -233,6 +233,8 @@ def _reindex_lines(anchor: Reindex) -> list[str]:
     if anchor.kind == "repeat_interleave":
         r = anchor.amounts[0]
         return [f"j{d} = i{d} // {r}" if d in anchor.dims else f"j{d} = i{d}" for d in range(rank_in)]
+    if anchor.kind == "unfold":
+        return _unfold_lines(anchor)
     r, (c, h, w) = anchor.amounts[0], range(rank_in - 3, rank_in)
     lines = [f"j{d} = i{d}" for d in range(rank_in - 3)]
     if anchor.kind == "pixel_shuffle":   # output (c, h, w) reads channel c*r*r + (h % r)*r + w % r at (h // r, w // r)
@@ -240,6 +242,29 @@ def _reindex_lines(anchor: Reindex) -> list[str]:
                         f"j{w} = i{w} // {r}"]
     return lines + [f"j{c} = i{c} // {r * r}", f"j{h} = i{h} * {r} + (i{c} // {r}) % {r}",   # pixel_unshuffle
                     f"j{w} = i{w} * {r} + i{c} % {r}"]
+
+
+def _unfold_lines(anchor: Reindex) -> list[str]:
+    """F.unfold: output (.., column, block) reads channel column // (kh kw) at the block's corner plus the
+    column's tap; taps in the padding read nothing (`inside`, the load's extra mask) and give 0."""
+    kh, kw, dh, dw, ph, pw, sh, sw = anchor.amounts
+    lead = anchor.x.rank - 3
+    col, block = lead, lead + 1
+    c, h, w = range(lead, lead + 3)
+    return ([f"j{d} = i{d}" for d in range(lead)]
+            + [f"blocks_w = (D{w}{_plus(2 * pw - dw * (kw - 1) - 1)}) // {sw} + 1  # blocks along the width",
+               f"tap = i{col} % {kh * kw}",
+               f"j{c} = i{col} // {kh * kw}",
+               f"j{h} = (i{block} // blocks_w) * {sh} + (tap // {kw}) * {dh} - {ph}",
+               f"j{w} = (i{block} % blocks_w) * {sw} + (tap % {kw}) * {dw} - {pw}",
+               f"inside = (j{h} >= 0) & (j{h} < D{h}) & (j{w} >= 0) & (j{w} < D{w})",
+               f"j{h} = tl.where(inside, j{h}, 0)",
+               f"j{w} = tl.where(inside, j{w}, 0)"])
+
+
+def _plus(number: int) -> str:
+    """` + n` or ` - |n|`, or nothing for 0: a constant added in generated code."""
+    return f" + {number}" if number > 0 else f" - {-number}" if number < 0 else ""
 
 
 def _reindex_out_shape(anchor: Reindex, x: str) -> str:
@@ -250,6 +275,11 @@ def _reindex_out_shape(anchor: Reindex, x: str) -> str:
         lead = anchor.rank - anchor.x.rank
         return ("(" + "".join(f"{t}, " for t in anchor.amounts[:lead])
                 + "".join(f"{x}.shape[{d}] * {t}, " for d, t in enumerate(anchor.amounts[lead:])) + ")")
+    if anchor.kind == "unfold":
+        kh, kw, dh, dw, ph, pw, sh, sw = anchor.amounts
+        blocks = (f"(({x}.shape[-2]{_plus(2 * ph - dh * (kh - 1) - 1)}) // {sh} + 1) * "
+                  f"(({x}.shape[-1]{_plus(2 * pw - dw * (kw - 1) - 1)}) // {sw} + 1)")
+        return f"(*{x}.shape[:-3], {x}.shape[-3] * {kh * kw}, {blocks})"
     r = anchor.amounts[0]
     if anchor.kind == "repeat_interleave":
         return "(" + "".join(f"{x}.shape[{d}]{f' * {r}' if d in anchor.dims else ''}, "
@@ -262,7 +292,9 @@ def _reindex_out_shape(anchor: Reindex, x: str) -> str:
 _REINDEX_MEANING = {"flip": "reversed along dims {dims}", "roll": "rolled along dims {dims}",
                     "repeat": "tiled {amounts} times", "repeat_interleave": "each element repeated {r[0]} times "
                     "along dim {dims[0]}", "pixel_shuffle": "pixel shuffle by {r[0]}",
-                    "pixel_unshuffle": "pixel unshuffle by {r[0]}"}
+                    "pixel_unshuffle": "pixel unshuffle by {r[0]}",
+                    "unfold": "im2col: {amounts[0]}x{amounts[1]} blocks, dilation {amounts[2]}x{amounts[3]}, "
+                    "padding {amounts[4]}x{amounts[5]}, stride {amounts[6]}x{amounts[7]}"}
 
 
 def emit_reindex(kernel: KernelPlan, name: str, variant: Variant, program: Program) -> KernelSource:
@@ -284,7 +316,7 @@ def emit_reindex(kernel: KernelPlan, name: str, variant: Variant, program: Progr
 {signature(name, params)}
     # A copy, {what}: output element i reads the input at the index j its own maps to.
 {indent(unravel_lines(rank) + _reindex_lines(anchor), 4)}
-    y = tl.load(x_ptr + {at}, mask=mask)
+    y = tl.load(x_ptr + {at}, mask={"mask & inside, other=0.0" if anchor.kind == "unfold" else "mask"})
     tl.store(out_ptr + offs, y, mask=mask)
 '''
     shifts = "".join(f"{k} % {x.name}.shape[{d}], " for d, k in zip(rolled, anchor.amounts))

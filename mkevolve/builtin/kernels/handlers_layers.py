@@ -591,6 +591,34 @@ def _pixel_shuffle_module(b: Builder, call: Call):
     return pixel_shuffle(b, call.arg(0, "input"), factor, inverse)
 
 
+def unfold(b: Builder, x: Value, kernel_size, dilation, padding, stride) -> Value:
+    """F.unfold / nn.Unfold (im2col): [N, C, H, W] -> [N, C * kh * kw, L], column (c, ki, kj) of block l the
+    input at (c, oh * sh + ki * dh - ph, ow * sw + kj * dw - pw), zero in the padding. `amounts` holds
+    (kh, kw, dh, dw, ph, pw, sh, sw). PyTorch itself refuses other ranks and inputs too small for a block."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (tuple_arg(b.const(v, what), 2, what) for v, what in (
+        (kernel_size, "unfold kernel_size"), (dilation, "unfold dilation"), (padding, "unfold padding"),
+        (stride, "unfold stride")))
+    shapes = []
+    for *lead, c, h, w in x.shapes:
+        blocks_h = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        blocks_w = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        shapes.append((*lead, c * kh * kw, blocks_h * blocks_w))
+    return b.program.add(Reindex(tuple(shapes), x=x, kind="unfold", amounts=(kh, kw, dh, dw, ph, pw, sh, sw)))
+
+
+def _unfold(b: Builder, call: Call):
+    if call.method:
+        raise UnsupportedSubproblem("Tensor.unfold (sliding windows along one dim, a view) is not supported; "
+                                    "F.unfold is")
+    return unfold(b, call.arg(0, "input"), call.arg(1, "kernel_size"), call.arg(2, "dilation", 1),
+                  call.arg(3, "padding", 0), call.arg(4, "stride", 1))
+
+
+def _unfold_module(b: Builder, call: Call):
+    return unfold(b, call.arg(0, "input"), *(call.module_attr(name) for name in
+                                              ("kernel_size", "dilation", "padding", "stride")))
+
+
 def channel_shuffle(b: Builder, x: Value, groups) -> Value:
     """nn.ChannelShuffle: channels seen as [groups, C / groups], transposed and flattened back (ShuffleNet's
     spelling), so the copy is the reordering the views imply."""
@@ -1008,6 +1036,7 @@ FUNCTIONS: dict[str, Handler] = {
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
     "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True),
+    "unfold": _unfold,
     "channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, **_ATEN_UPSAMPLES,
     "addmm": _addmm_like("mat1", "mat2"), "baddbmm": _addmm_like("batch1", "batch2"), "outer": _outer, "ger": _outer,
     "bilinear": _bilinear,
@@ -1041,7 +1070,7 @@ MODULES: dict[type, Handler] = {
                                      nn.ConvTranspose3d)},
     **{cls: _pad_module for cls in _PAD_MODULES},
     **{cls: _upsample_module for cls in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)},
-    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module,
+    nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.Unfold: _unfold_module,
     nn.ChannelShuffle: _channel_shuffle, nn.GLU: _glu_module,
     nn.LocalResponseNorm: _local_response_norm_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,

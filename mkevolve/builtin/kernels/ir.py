@@ -226,7 +226,8 @@ class Reindex(Value):
     """A copy whose every output element reads one input element at an index found from its own:
     "flip" (along `dims`), "roll" (along `dims` by `amounts`), "repeat" (tiled `amounts` times, new leading dims
     allowed), "repeat_interleave" (each element along `dims[0]` `amounts[0]` times in a row), "pixel_shuffle" and
-    "pixel_unshuffle" (by the factor `amounts[0]`)."""
+    "pixel_unshuffle" (by the factor `amounts[0]`), "unfold" (F.unfold's blocks, `amounts` its kernel size,
+    dilation, padding and stride, each (h, w))."""
 
     x: Value | None = None
     kind: str = "flip"

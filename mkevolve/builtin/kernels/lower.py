@@ -238,7 +238,7 @@ class _Lowering:
             return handler
         call.name = node.target if node.op == "call_method" else function_key(node.target)
         if node.op == "call_method":
-            call.name = _strip_inplace(call.name)
+            call.name, call.method = _strip_inplace(call.name), True
         handler = FUNCTIONS.get(call.name)
         if handler is None:
             raise UnsupportedSubproblem(f"op {call.name!r} ({_describe(node)}) is not supported")
