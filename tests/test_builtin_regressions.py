@@ -1170,6 +1170,50 @@ def test_tensor_unfold_is_refused_by_name_not_read_as_f_unfold(tmp_path):
         variant_count(_write_problem(tmp_path, "unfold_method", source), TARGET)
 
 
+EMBEDDING_BAG = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(20, 8, mode="sum")
+
+    def forward(self, index, offsets):
+        return self.bag(index.flatten(), offsets) * 2.0
+
+
+def get_inputs():
+    return [torch.randint(1, 20, (6, 5)), torch.tensor([0, 3, 4, 12])]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+EQUAL_BAGS = ("self.bag(index.flatten(), offsets)", "self.bag(index)")
+
+
+@pytest.mark.parametrize("edits, message", [
+    ([], "offsets"),
+    ([EQUAL_BAGS], None),
+    ([EQUAL_BAGS, ('mode="sum")', 'mode="sum", padding_idx=0)')], "padding_idx")])
+def test_embedding_bags_of_varying_size_or_with_padding_are_refused_by_name(edits, message, tmp_path):
+    """Equal bags (a 2-d input) get a kernel; offsets (bags of varying size) and padding_idx (its entries leave
+    the mean's count) are refused with the reason."""
+    source = EMBEDDING_BAG
+    for old, new in edits:
+        source = source.replace(old, new)
+    path = _write_problem(tmp_path, "embedding_bag", source)
+    if message is None:
+        assert variant_count(path, TARGET) >= 1
+        return
+    with pytest.raises(UnsupportedSubproblem, match=message):
+        variant_count(path, TARGET)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
 @pytest.mark.parametrize("stem, kind", [("arg_reductions", "arg_reduce"), ("aranges", "arange"),

@@ -283,6 +283,40 @@ def _embedding_module(b: Builder, call: Call):
     return gather(b, module_param(b, call, "weight"), call.arg(0, "input"), 0)
 
 
+def embedding_bag(b: Builder, weight: Value, index: Value, mode: str, per_sample_weights: Value | None) -> Value:
+    """nn.EmbeddingBag over a 2-d input: each row of indices one bag of equal size, its rows of `weight`
+    gathered (times their per-sample weights, mode "sum" only) and summed, averaged or maxed. Without offsets
+    PyTorch takes no other input rank."""
+    rows = gather(b, weight, index, 0)                                     # [bags, bag size, dim]
+    if per_sample_weights is not None:
+        rows = b.pw("mul", rows, b.unsqueeze(per_sample_weights, 2))
+    return b.reduce_keep({"sum": "sum", "mean": "mean", "max": "amax"}[mode], rows, (1,), keepdim=False)
+
+
+def _embedding_bag_refusals(offsets, max_norm, padding_idx) -> None:
+    if offsets is not None:
+        raise UnsupportedSubproblem("embedding_bag with offsets (bags of varying size)")
+    if max_norm is not None:
+        raise UnsupportedSubproblem("embedding_bag with max_norm (it renormalises the weight in place)")
+    if padding_idx is not None:
+        raise UnsupportedSubproblem("embedding_bag with padding_idx (its entries leave the bags)")
+
+
+def _embedding_bag(b: Builder, call: Call):
+    _embedding_bag_refusals(call.arg(2, "offsets", None), call.arg(3, "max_norm", None),
+                            call.arg(10, "padding_idx", None))
+    return embedding_bag(b, as_param(call.arg(1, "weight"), "weight"), call.arg(0, "input"),
+                         b.const(call.arg(6, "mode", "mean"), "embedding_bag mode"),
+                         call.arg(8, "per_sample_weights", None))
+
+
+def _embedding_bag_module(b: Builder, call: Call):
+    module = call.module
+    _embedding_bag_refusals(call.arg(1, "offsets", None), module.max_norm, module.padding_idx)
+    return embedding_bag(b, module_param(b, call, "weight"), call.arg(0, "input"), call.module_attr("mode"),
+                         call.arg(2, "per_sample_weights", None))
+
+
 def _index_select(b: Builder, call: Call):
     x, index = call.arg(0, "input"), call.arg(2, "index")
     if index.rank != 1:
@@ -1032,7 +1066,8 @@ FUNCTIONS: dict[str, Handler] = {
     "scaled_dot_product_attention": scaled_dot_product_attention,
     "ones_like": ones_like, "tril": triangle("tril"), "triu": triangle("triu"),
     "cat": _cat, "concat": _cat, "concatenate": _cat, "stack": _stack,
-    "embedding": _embedding, "aten.embedding": _aten_embedding, "index_select": _index_select, "arange": _arange,
+    "embedding": _embedding, "embedding_bag": _embedding_bag, "aten.embedding": _aten_embedding,
+    "index_select": _index_select, "arange": _arange,
     "gather": _gather_along, "pad": _pad, "constant_pad_nd": _constant_pad_nd, "interpolate": _interpolate,
     "flip": _flip, "roll": _roll, "repeat": _repeat, "repeat_interleave": _repeat_interleave,
     "pixel_shuffle": _pixel_shuffle(inverse=False), "pixel_unshuffle": _pixel_shuffle(inverse=True),
@@ -1064,7 +1099,8 @@ FUNCTIONS: dict[str, Handler] = {
 MODULES: dict[type, Handler] = {
     nn.Linear: _linear_module, nn.Bilinear: _bilinear_module, nn.Flatten: _flatten_module,
     nn.Unflatten: _unflatten_module,
-    nn.Embedding: _embedding_module, nn.MultiheadAttention: multihead_attention_module,
+    nn.Embedding: _embedding_module, nn.EmbeddingBag: _embedding_bag_module,
+    nn.MultiheadAttention: multihead_attention_module,
     nn.TransformerEncoderLayer: _transformer_encoder_layer, nn.TransformerDecoderLayer: _transformer_decoder_layer,
     **{cls: _conv_module for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                                      nn.ConvTranspose3d)},
