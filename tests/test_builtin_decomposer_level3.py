@@ -346,3 +346,13 @@ def test_a_single_statement_that_draws_after_later_layers_is_declined_with_its_r
 def test_an_init_loop_no_subproblem_can_replay_is_declined_with_its_reason(tmp_path, init, reason):
     with pytest.raises(UnsupportedModule, match=reason):
         decomposition_files(_reinitialised(init, tmp_path))
+
+
+def test_bags_of_embeddings_start_a_subproblem_and_a_topk_closes_one(tmp_path):
+    """EmbeddingBag is an anchor as Embedding is; sort and topk reduce rows, as argmax does."""
+    subs = _decompose("recommender_head", tmp_path)
+    (bags,) = _with(subs, "nn.EmbeddingBag(")
+    assert "nn.Linear(" not in subs[bags]
+    (top,) = _with(subs, "torch.topk(")
+    assert "nn.EmbeddingBag(" not in subs[top]
+    assert all(variant_count(tmp_path / PROBLEMS_DIR / f"{name}.py", "cpu") >= 1 for name in subs)

@@ -24,7 +24,7 @@ _ANCHORS = {
     "batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "layernorm", "layer_norm", "native_layer_norm", "groupnorm", "group_norm", "native_group_norm",
     "instancenorm1d", "instancenorm2d", "instancenorm3d", "instance_norm", "rmsnorm", "rms_norm",
-    "localresponsenorm", "local_response_norm", "embedding", "multiheadattention",
+    "localresponsenorm", "local_response_norm", "embedding", "embeddingbag", "embedding_bag", "multiheadattention",
     "scaled_dot_product_attention", "lstm", "gru", "rnn",
 }
 # Anchors the builtin kernels fuse an elementwise epilogue into (GEMM, convolution and row-kernel templates).
@@ -38,7 +38,8 @@ EPILOGUE_ANCHORS = {
 _REDUCTIONS = {
     "sum", "mean", "amax", "amin", "prod", "logsumexp", "softmax", "_softmax", "log_softmax", "_log_softmax",
     "softmin", "logsoftmax", "softmax2d", "norm", "linalg_vector_norm", "var", "std", "var_mean", "std_mean",
-    "cumsum", "cumprod", "logcumsumexp", "argmax", "argmin", "all", "any", "max_pool1d", "max_pool2d", "max_pool3d",
+    "cumsum", "cumprod", "logcumsumexp", "argmax", "argmin", "sort", "argsort", "msort", "topk", "all", "any",
+    "max_pool1d", "max_pool2d", "max_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d",
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
     "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
