@@ -252,7 +252,7 @@ def _unfold_lines(anchor: Reindex) -> list[str]:
     col, block = lead, lead + 1
     c, h, w = range(lead, lead + 3)
     return ([f"j{d} = i{d}" for d in range(lead)]
-            + [f"blocks_w = (D{w}{_plus(2 * pw - dw * (kw - 1) - 1)}) // {sw} + 1  # blocks along the width",
+            + [f"blocks_w = {_blocks(f'D{w}', kw, dw, pw, sw)}  # blocks along the width",
                f"tap = i{col} % {kh * kw}",
                f"j{c} = i{col} // {kh * kw}",
                f"j{h} = (i{block} // blocks_w) * {sh} + (tap // {kw}) * {dh} - {ph}",
@@ -262,9 +262,11 @@ def _unfold_lines(anchor: Reindex) -> list[str]:
                f"j{w} = tl.where(inside, j{w}, 0)"])
 
 
-def _plus(number: int) -> str:
-    """` + n` or ` - |n|`, or nothing for 0: a constant added in generated code."""
-    return f" + {number}" if number > 0 else f" - {-number}" if number < 0 else ""
+def _blocks(size: str, kernel: int, dilation: int, padding: int, stride: int) -> str:
+    """Source of the number of unfold blocks along a dim of `size` elements."""
+    offset = 2 * padding - dilation * (kernel - 1) - 1
+    shift = f" + {offset}" if offset > 0 else f" - {-offset}" if offset < 0 else ""
+    return f"({size}{shift}) // {stride} + 1"
 
 
 def _reindex_out_shape(anchor: Reindex, x: str) -> str:
@@ -277,8 +279,7 @@ def _reindex_out_shape(anchor: Reindex, x: str) -> str:
                 + "".join(f"{x}.shape[{d}] * {t}, " for d, t in enumerate(anchor.amounts[lead:])) + ")")
     if anchor.kind == "unfold":
         kh, kw, dh, dw, ph, pw, sh, sw = anchor.amounts
-        blocks = (f"(({x}.shape[-2]{_plus(2 * ph - dh * (kh - 1) - 1)}) // {sh} + 1) * "
-                  f"(({x}.shape[-1]{_plus(2 * pw - dw * (kw - 1) - 1)}) // {sw} + 1)")
+        blocks = f"({_blocks(f'{x}.shape[-2]', kh, dh, ph, sh)}) * ({_blocks(f'{x}.shape[-1]', kw, dw, pw, sw)})"
         return f"(*{x}.shape[:-3], {x}.shape[-3] * {kh * kw}, {blocks})"
     r = anchor.amounts[0]
     if anchor.kind == "repeat_interleave":

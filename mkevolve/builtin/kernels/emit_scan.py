@@ -43,20 +43,25 @@ ALONG_DIM_CHUNK = [
     "    at = o * stride_o + r[:, None].to(tl.int64) * stride_r + i[None, :] * stride_i  # past 2**31 elements too"]
 
 
+def along_dim_view_lines(x: str, dim: int) -> list[str]:
+    """Launcher lines seeing `x` as `src` [outer, length, inner] about `dim`."""
+    return [f"outer, length = {x}.shape[:{dim}].numel(), {x}.shape[{dim}]",
+            f"inner = {x}.shape[{dim + 1}:].numel()",
+            "# a view where the dims allow it; dims that cannot merge are copied by reshape",
+            f"src = {x}.reshape(outer, length, inner)"]
+
+
 def along_dim_launcher(name: str, x: str, dim: int, out_shape: str, dtype: str) -> str:
     """`{name}_launch(x)`: x seen as (O, R, I) about `dim`, the output allocated as `out_shape`, one program per
     outer position and BLOCK_I inner ones."""
-    lines = [f"outer, length = {x}.shape[:{dim}].numel(), {x}.shape[{dim}]",
-             f"inner = {x}.shape[{dim + 1}:].numel()",
-             "# a view where the dims allow it; dims that cannot merge are copied by reshape",
-             f"src = {x}.reshape(outer, length, inner)",
-             f"out = torch.empty({out_shape}, device={x}.device, dtype={dtype})",
-             "if out.numel():",
-             f"    block_i = min(_next_power_of_2(inner), {_MAX_BLOCK_I})",
-             f"    block_r = min(_next_power_of_2(length), {_CHUNK_ELEMENTS} // block_i)",
-             f"    {name}[(outer, _cdiv(inner, block_i))](src, out, length, inner, *src.stride(), BLOCK_R=block_r, "
-             "BLOCK_I=block_i, num_warps=4)",
-             "return out"]
+    lines = along_dim_view_lines(x, dim) + [
+        f"out = torch.empty({out_shape}, device={x}.device, dtype={dtype})",
+        "if out.numel():",
+        f"    block_i = min(_next_power_of_2(inner), {_MAX_BLOCK_I})",
+        f"    block_r = min(_next_power_of_2(length), {_CHUNK_ELEMENTS} // block_i)",
+        f"    {name}[(outer, _cdiv(inner, block_i))](src, out, length, inner, *src.stride(), BLOCK_R=block_r, "
+        "BLOCK_I=block_i, num_warps=4)",
+        "return out"]
     return f'''def {name}_launch({x}):
 {indent(lines, 4)}
 '''

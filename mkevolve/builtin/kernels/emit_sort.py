@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, indent, make_operands
-from .emit_scan import along_dim_params
+from .emit_scan import along_dim_params, along_dim_view_lines
 from .errors import UnsupportedSubproblem
 from .ir import MAX_SORT_LENGTH, Program, Sort
 from .kernel_plan import KernelPlan
@@ -49,7 +49,7 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         "key = tl.where(mask, key, 0x7FFFFFFFFFFFFFFF)  # lanes past R sort last",
         "key = tl.sort(key, dim=1)",
         "at = key.to(tl.int32)  # the low 32 bits: each sorted element's position in its row",
-        "keep = (i[:, None] < I) & (r[None, :] < K)",
+        "keep = mask & (r[None, :] < K)  # K <= R",
         f"tl.store(out_ptr + (o * K + r[None, :]) * I + i[:, None], {written}, mask=keep)",
     ]
     order = "descending" if anchor.descending else "ascending"
@@ -61,19 +61,16 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
 '''
     dim = anchor.dim
     kept = "length" if anchor.k is None else str(anchor.k)
-    lines = [f"outer, length = {x.name}.shape[:{dim}].numel(), {x.name}.shape[{dim}]",
-             f"inner = {x.name}.shape[{dim + 1}:].numel()",
-             f"kept = {kept}",
-             "# a view where the dims allow it; dims that cannot merge are copied by reshape",
-             f"src = {x.name}.reshape(outer, length, inner)",
-             f"out = torch.empty((*{x.name}.shape[:{dim}], kept, *{x.name}.shape[{dim + 1}:]), device={x.name}.device, "
-             f"dtype={'torch.int64' if anchor.indices else 'torch.float32'})",
-             "if out.numel():",
-             "    block_r = _next_power_of_2(length)",
-             f"    block_i = max(1, min(_next_power_of_2(inner), {MAX_SORT_LENGTH} // block_r))",
-             f"    {name}[(outer, _cdiv(inner, block_i))](src, out, length, kept, inner, *src.stride(), "
-             "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=4)",
-             "return out"]
+    lines = along_dim_view_lines(x.name, dim) + [
+        f"kept = {kept}",
+        f"out = torch.empty((*{x.name}.shape[:{dim}], kept, *{x.name}.shape[{dim + 1}:]), device={x.name}.device, "
+        f"dtype={'torch.int64' if anchor.indices else 'torch.float32'})",
+        "if out.numel():",
+        "    block_r = _next_power_of_2(length)",
+        f"    block_i = max(1, min(_next_power_of_2(inner), {MAX_SORT_LENGTH} // block_r))",
+        f"    {name}[(outer, _cdiv(inner, block_i))](src, out, length, kept, inner, *src.stride(), "
+        "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=4)",
+        "return out"]
     launcher = f"def {name}_launch({x.name}):\n{indent(lines, 4)}\n"
     k_text = "" if anchor.k is None else f", first {anchor.k}"
     return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,

@@ -266,15 +266,21 @@ def _sorted_pair(b: Builder, x: Value, dim: int, descending: bool, k: int | None
                          lambda: sort_along(b, x, dim, descending, k, True))
 
 
+def _sort_args(b: Builder, call: Call) -> tuple[Value, int, bool]:
+    """torch.sort's and argsort's (input, dim, descending). `stable` changes nothing here: equal values always
+    keep their order."""
+    return (call.arg(0, "input"), b.const(call.arg(1, "dim", -1), "dim"),
+            bool(b.const(call.arg(2, "descending", False), "descending")))
+
+
 def _sort(b: Builder, call: Call):
-    """torch.sort: (values, indices). `stable` changes nothing here: equal values always keep their order."""
-    descending = bool(b.const(call.arg(2, "descending", False), "descending"))
-    return _sorted_pair(b, call.arg(0, "input"), b.const(call.arg(1, "dim", -1), "dim"), descending, None)
+    x, dim, descending = _sort_args(b, call)
+    return _sorted_pair(b, x, dim, descending, None)
 
 
 def _argsort(b: Builder, call: Call):
-    descending = bool(b.const(call.arg(2, "descending", False), "descending"))
-    return sort_along(b, call.arg(0, "input"), b.const(call.arg(1, "dim", -1), "dim"), descending, None, True)
+    x, dim, descending = _sort_args(b, call)
+    return sort_along(b, x, dim, descending, None, True)
 
 
 def _msort(b: Builder, call: Call):
