@@ -122,16 +122,56 @@ def sigmoid_kernel(x_ptr, y_ptr, size, BLOCK: tl.constexpr):
 '''
 
 
-def test_sigmoid_keeps_a_nan_and_its_clamped_tail_is_within_2e_38_of_pytorchs(tmp_path):
-    """Its divisor 1 + exp(-x) is clamped so that `_div` never sees an infinite one; a plain tl.minimum would
-    have turned a NaN into that clamp and returned 1.6e-38 for it."""
+def _sigmoid_of(x: torch.Tensor, folder) -> torch.Tensor:
+    import triton
+
     from mkevolve.builtin.kernels.pointwise_ops import OPS
 
     kernel = _SIGMOID_KERNEL.format(expression=OPS["sigmoid"].render(["x"], {}))
-    module = _helpers_module(tmp_path, "sigmoid_module", kernel, {"_div": HELPER_SOURCES["_div"]})
-    x = torch.tensor([float("nan"), float("-inf"), -100.0, -88.0, 0.0, 3.0, 100.0, float("inf")])
+    helpers = {name: HELPER_SOURCES[name] for name in ("_div", "_sigmoid")}
+    module = _helpers_module(folder, "sigmoid_module", kernel, helpers)
     y = torch.empty(x.numel(), device=_DEVICE)
-    module.sigmoid_kernel[(1,)](x.to(_DEVICE), y, x.numel(), BLOCK=8)
-    y = y.cpu()
+    module.sigmoid_kernel[(1,)](x.to(_DEVICE), y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return y.cpu()
+
+
+def test_sigmoid_keeps_a_nan_and_its_tails(tmp_path):
+    """exp(-|x|) never overflows, so nothing is clamped: a NaN stays NaN and the far negative tail is exp's."""
+    x = torch.tensor([float("nan"), float("-inf"), -100.0, -88.0, 0.0, 3.0, 100.0, float("inf")])
+    y = _sigmoid_of(x, tmp_path)
     assert torch.isnan(y[0])
     assert torch.allclose(y[1:], torch.sigmoid(x[1:]), rtol=1e-6, atol=2e-38)
+
+
+def test_sigmoid_near_one_rounds_once(tmp_path):
+    """1 / (1 + exp(-x)) rounds 1 + e, then divides: above x = 3 it erred by 8.8e-08 (1.5 ulp of the result,
+    as PyTorch's fp32 sigmoid on this CPU); 1 - e / (1 + e) rounds last only, within 3/4 of an ulp."""
+    x = torch.linspace(3.0, 17.0, 65536)
+    error = (_sigmoid_of(x, tmp_path).double() - torch.sigmoid(x.double())).abs()
+    assert float(error.max()) <= 0.75 * 2.0 ** -24
+
+
+@pytest.mark.parametrize("name", ["groupnorm", "layernorm", "groupnorm_mean", "conv1d_instancenorm", "rmsnorm_module"])
+def test_a_normalizations_statistic_is_rounded_once_per_row_not_approximated(name):
+    """1 / sqrt(var + eps) runs once per row, so it is a rounded square root and a rounded division (within 1
+    ulp); tl.rsqrt, an approximation, erred by more, and that error scales every element of the row."""
+    from pathlib import Path
+
+    from mkevolve.builtin.kernels import generate_kernel, variant_count
+
+    path = Path(__file__).parent / "subproblems" / f"{name}.py"
+    for variant in range(variant_count(path, "cuda")):
+        source = generate_kernel(path, variant, target="cuda").source
+        assert "tl.div_rn(1.0, tl.sqrt_rn(" in source
+        assert "tl.rsqrt(" not in source
+
+
+def test_batch_norms_apply_step_keeps_the_fast_approximation():
+    """Running statistics are scaled element by element (eval mode): there 1 / sqrt runs for every element."""
+    from pathlib import Path
+
+    from mkevolve.builtin.kernels import generate_kernel
+
+    path = Path(__file__).parent / "subproblems" / "batchnorm2d.py"
+    source = generate_kernel(path, 0, target="cuda", mode="eval").source
+    assert "tl.rsqrt(" in source and "tl.sqrt_rn(" not in source

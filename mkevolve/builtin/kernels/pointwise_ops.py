@@ -30,9 +30,9 @@ def divide(a: str, b: str, normal_divisor: bool = False) -> str:
     call, and a call in a kernel that holds a convolution's accumulator makes ptxas spill around it (level2/87's
     128x64 outer-product convolution tile with Mish: 216 bytes of stack a thread, none with `_div`; Triton 3.6, sm_90).
 
-    tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
-    (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
-    root and a rounded division would cost two slow instruction sequences each time."""
+    tl.rsqrt stays (rsqrt.approx.ftz.f32, as PyTorch's rsqrtf) where it runs on every element, as in batch norm's
+    apply step; a statistic's own 1 / sqrt(var + eps), computed once per row, is rounded twice instead
+    ("rsqrt_rn")."""
     return f"_div({a}, {b})" if normal_divisor else f"tl.div_rn({a}, {b})"
 
 
@@ -120,6 +120,15 @@ def _welford(mean_a, sq_a, n_a, mean_b, sq_b, n_b):
     delta = mean_b - mean_a
     return mean_a + delta * w, sq_a + sq_b + delta * delta * n_a * w, n
 ''',
+    "_sigmoid": f'''@triton.jit
+def _sigmoid(x):
+    # t = e / (1 + e) with e = exp(-|x|) <= 1, and sigmoid is t below 0 and 1 - t above: the divisor stays in
+    # [1, 2] (no overflow), and near 1 only the last subtraction rounds. 1 / (1 + exp(-x)), PyTorch's formula,
+    # rounds 1 + e first: above x = 3 it erred by 1.5 ulp of the result, this by 0.66 (in fp32 on a CPU)
+    e = tl.exp(-tl.abs(x))
+    t = {divide("e", "1.0 + e", normal_divisor=True)}
+    return tl.where(x < 0, t, 1.0 - t)
+''',
     "_tanh": f'''@triton.jit
 def _tanh(x):
     # tanh(a) = 1 - 2e / (1 + e) with e = exp(-2a), a = |x|: no overflow, one rounding near 1 for large a;
@@ -181,10 +190,6 @@ def _softplus(x, beta, threshold):
 }
 
 _SQRT1_2 = "0.7071067811865476"
-# tl.sigmoid divides with `/`. Below -87 exp(-x) would overflow `_div`'s divisor: the result there is 1.6e-38
-# at most, where the exact one is smaller still. The clamp keeps a NaN (tl.minimum alone returns 87 for it).
-_SIGMOID = divide("1.0", "1.0 + tl.exp(tl.minimum(-({x}), 87.0, propagate_nan=tl.PropagateNan.ALL))",
-                  normal_divisor=True)
 _SQRT_2_OVER_PI = "0.7978845608028654"
 
 
@@ -225,6 +230,7 @@ OPS: dict[str, PointwiseOp] = {
     "log1p": _unary("_log1p({x})"),
     "sqrt": _unary("tl.sqrt_rn({x})"),
     "rsqrt": _unary("tl.rsqrt({x})"),
+    "rsqrt_rn": _unary(divide("1.0", "tl.sqrt_rn({x})")),   # a per-row statistic's 1 / sqrt: within 1 ulp
     "reciprocal": _unary(divide("1.0", "{x}")),
     "square": _unary("({x} * {x})"),
     "sin": _unary("tl.sin({x})"),
@@ -238,9 +244,9 @@ OPS: dict[str, PointwiseOp] = {
     "sign": _unary("tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
     "relu": _unary(maximum("{x}", "0.0")),
     "relu6": _unary(minimum(maximum("{x}", "0.0"), "6.0")),
-    "sigmoid": _unary(_SIGMOID),
+    "sigmoid": _unary("_sigmoid({x})"),
     "tanh": _unary("_tanh({x})"),
-    "silu": _unary("({x} * " + _SIGMOID + ")"),
+    "silu": _unary("({x} * _sigmoid({x}))"),
     "gelu": _unary("(0.5 * {x} * (1.0 + tl.erf({x} * " + _SQRT1_2 + ")))"),
     "gelu_tanh": _unary("(0.5 * {x} * (1.0 + _tanh(" + _SQRT_2_OVER_PI + " * ({x} + 0.044715 * {x} * {x} * {x}))))"),
     "mish": _unary("_mish({x})"),
