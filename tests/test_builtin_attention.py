@@ -114,11 +114,11 @@ QKV = "[torch.randn(1, 2, 16, 16), torch.randn(1, 2, 16, 16), torch.randn(1, 2, 
 def test_ops_without_a_kernel_are_named_truthfully(tmp_path):
     path = _problem(tmp_path, "scan_attention",
                     "torch.logcumsumexp(F.scaled_dot_product_attention(q, k, v), dim=-1) + torch.gather(q, 2, k.long())"
-                    " + torch.kthvalue(v, 2, dim=-1, keepdim=True).values", QKV)
+                    " + torch.mode(v, dim=-1, keepdim=True).values", QKV)
     with pytest.raises(UnsupportedOps) as caught:
         variant_count(path, TARGET)
     assert builtin_decline(caught.value) == ("the builtin generator has no kernel for: "
-                                             "torch.logcumsumexp, Tensor.long, torch.kthvalue")
+                                             "torch.logcumsumexp, Tensor.long, torch.mode")
 
 
 def test_integer_math_is_declined_with_its_reason(tmp_path):

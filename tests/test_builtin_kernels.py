@@ -214,13 +214,13 @@ def test_every_op_without_a_template_is_named_at_once(tmp_path):
     path.write_text(
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
         "    def forward(self, x):\n"
-        "        return torch.kthvalue(torch.relu(x), 2, dim=1, keepdim=True).values + torch.logcumsumexp(x, dim=1)"
+        "        return torch.mode(torch.relu(x), dim=1, keepdim=True).values + torch.logcumsumexp(x, dim=1)"
         " + x.cummax(dim=1).values"
         "\n\n\n"
         "def get_inputs():\n    return [torch.randn(4, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
     with pytest.raises(UnsupportedOps) as caught:
         variant_count(path, TARGET)
-    assert caught.value.ops == ("torch.kthvalue", "torch.logcumsumexp", "Tensor.cummax")
+    assert caught.value.ops == ("torch.mode", "torch.logcumsumexp", "Tensor.cummax")
 
 
 DROPOUT = """

@@ -1141,6 +1141,47 @@ def test_sorts_it_cannot_write_are_refused_by_name(call, message, tmp_path):
         variant_count(_write_problem(tmp_path, "sort_refused", source), TARGET)
 
 
+MEDIAN_SPECIAL_VALUES = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        m = torch.median(x, dim=1)
+        n = torch.nanmedian(x, dim=1)
+        k = torch.kthvalue(x, 3, dim=1)
+        return m.values, m.indices, n.values, n.indices, k.values, k.indices
+
+
+def get_inputs():
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(4, 9)
+    x[0, 2] = x[0, 6] = nan                  # median: the first NaN; the others: as if the NaNs were not there
+    x[1] = torch.tensor([-0.0, -5.0, -inf, -3.0, 7.0, -inf, 6.0, 8.0, 9.0])   # the median is -0.0, sign kept
+    x[2] = torch.tensor([nan, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, nan])
+    x[3, 4] = inf
+    return [x]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_medians_and_kthvalue_pick_pytorchs_value_and_position_around_nans(tmp_path):
+    """Before, no kernel for kthvalue, median or nanmedian. A row's first NaN is its median; nanmedian and
+    kthvalue look past NaNs (they sort above +inf); compared bit for bit. (Which of several equal values
+    PyTorch's kthvalue and nanmedian name is its own choice: these rows have none at the answer.)"""
+    expected, actual = _first_config_outputs(_write_problem(tmp_path, "median_special", MEDIAN_SPECIAL_VALUES),
+                                             tmp_path)
+    assert expected[1][:3].tolist() == [2, 0, 0] and expected[3][2].item() == 4
+    assert str(expected[0][1].item()) == "-0.0"
+    for e, a in zip(expected, actual):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           e.view(torch.int32) if e.is_floating_point() else e)
+
+
 UNFOLD = """
 import torch
 import torch.nn as nn

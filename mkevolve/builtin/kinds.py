@@ -38,7 +38,8 @@ EPILOGUE_ANCHORS = {
 _REDUCTIONS = {
     "sum", "mean", "amax", "amin", "prod", "logsumexp", "softmax", "_softmax", "log_softmax", "_log_softmax",
     "softmin", "logsoftmax", "softmax2d", "norm", "linalg_vector_norm", "var", "std", "var_mean", "std_mean",
-    "cumsum", "cumprod", "logcumsumexp", "argmax", "argmin", "sort", "argsort", "msort", "topk", "all", "any",
+    "cumsum", "cumprod", "logcumsumexp", "argmax", "argmin", "sort", "argsort", "msort", "topk", "kthvalue",
+    "median", "nanmedian", "all", "any",
     "max_pool1d", "max_pool2d", "max_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d",
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",

@@ -8,7 +8,8 @@ tile of int64 keys that tl.sort orders along R:
 
 so equal values keep the order of their positions (a stable sort), and a value is read back by its position,
 exactly (-0.0 stays -0.0). NaNs get the largest int32, above +inf, where PyTorch puts them; a descending sort
-flips the value's half of the key (~v), not the position's. The first K keys of each row are written.
+flips the value's half of the key (~v), not the position's. K keys of each row are written from position
+`first`: 0 for a sort or topk; for kthvalue and the medians (K = 1) the position they pick (`_first_lines`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .configs import Variant
 from .emit_common import KernelSource, LauncherArg, indent, make_operands
 from .emit_scan import along_dim_params, along_dim_view_lines
 from .errors import UnsupportedSubproblem
-from .ir import MAX_SORT_LENGTH, Program, Sort
+from .ir import MAX_SORT_LENGTH, Pick, Program, Sort
 from .kernel_plan import KernelPlan
 from .signature import KernelParam, signature
 
@@ -28,11 +29,13 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         raise UnsupportedSubproblem("a sort written into a module buffer")
     x = make_operands(kernel.leaves)[anchor.x.id]
     what = "int64 positions" if anchor.indices else "values"
-    params = along_dim_params(x, kernel, f"output [O, K, I], the first K sorted {what} of each row, contiguous",
+    params = along_dim_params(x, kernel, f"output [O, K, I], K sorted {what} of each row, contiguous",
                               "sorted")
-    params.insert(3, KernelParam("K", "elements kept per row: R, or topk's k"))
+    params.insert(3, KernelParam("K", "elements kept per row: R, topk's k, or 1 (kthvalue, median)"))
     flip = ["order = ~order  # descending: larger values first, positions still in order"] if anchor.descending \
         else []
+    # every NaN above +inf, as a sort places it; first for a median, whose answer is a row's first NaN
+    nan_order = ("-0x80000000", "first") if anchor.pick is Pick.MEDIAN else ("0x7FFFFFFF", "above +inf")
     written = "at.to(tl.int64)" if anchor.indices else "tl.load(row + at.to(tl.int64) * stride_r, mask=keep)"
     body = [
         "o = tl.program_id(0).to(tl.int64)",
@@ -43,20 +46,21 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         "x = tl.load(row + r[None, :].to(tl.int64) * stride_r, mask=mask, other=0.0)",
         "bits = (x + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as 0.0 does",
         "order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats' bits reversed: float order as int order",
-        "order = tl.where(x != x, 0x7FFFFFFF, order)  # every NaN above +inf",
+        f"order = tl.where(x != x, {nan_order[0]}, order)  # every NaN {nan_order[1]}",
         *flip,
         "key = (order.to(tl.int64) << 32) | r[None, :].to(tl.int64)",
         "key = tl.where(mask, key, 0x7FFFFFFFFFFFFFFF)  # lanes past R sort last",
         "key = tl.sort(key, dim=1)",
         "at = key.to(tl.int32)  # the low 32 bits: each sorted element's position in its row",
-        "keep = mask & (r[None, :] < K)  # K <= R",
-        f"tl.store(out_ptr + (o * K + r[None, :]) * I + i[:, None], {written}, mask=keep)",
+        *_first_lines(anchor),
+        "keep = mask & (r[None, :] >= first) & (r[None, :] < first + K)  # first + K <= R",
+        f"tl.store(out_ptr + (o * K + r[None, :] - first) * I + i[:, None], {written}, mask=keep)",
     ]
     order = "descending" if anchor.descending else "ascending"
     source = f'''@triton.jit
 {signature(name, params)}
     # Sort along R of an (O, R, I) view, {order}: one outer position and BLOCK_I whole rows per program, each
-    # element a key of its value's order and its position, sorted in registers; the first K written.
+    # element a key of its value's order and its position, sorted in registers; K written from position first.
 {indent(body, 4)}
 '''
     dim = anchor.dim
@@ -72,6 +76,24 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         "BLOCK_R=block_r, BLOCK_I=block_i, num_warps=4)",
         "return out"]
     launcher = f"def {name}_launch({x.name}):\n{indent(lines, 4)}\n"
-    k_text = "" if anchor.k is None else f", first {anchor.k}"
+    if anchor.pick is not None:
+        picked = f"{anchor.kth}th smallest" if anchor.pick is Pick.KTH else anchor.pick.value
+        description = f"{picked} along dim {dim}, by sorting ({what})"
+    else:
+        k_text = "" if anchor.k is None else f", first {anchor.k}"
+        description = f"{order} sort along dim {dim}{k_text} ({what})"
     return KernelSource(source, launcher, f"{name}_launch", [LauncherArg(x.name, value=anchor.x)], False,
-                        description=f"{order} sort along dim {dim}{k_text} ({what})")
+                        description=description)
+
+
+def _first_lines(anchor: Sort) -> list[str]:
+    """Kernel lines setting `first`, the first sorted position of each row written: a number, or one per row
+    ([BLOCK_I, 1]) where it depends on the row's NaNs."""
+    if anchor.pick is None:
+        return ["first = 0  # a sort or topk: each row from its start"]
+    if anchor.pick is Pick.KTH:
+        return [f"first = {anchor.kth - 1}"]
+    nans = "nans = tl.sum(tl.where(mask & (x != x), 1, 0), axis=1)[:, None]"
+    if anchor.pick is Pick.MEDIAN:
+        return [nans, "first = tl.where(nans > 0, 0, (R - 1) // 2)  # with a NaN, the first: it sorted first"]
+    return [nans, "first = tl.maximum((R - nans - 1) // 2, 0)  # the R - nans numbers sort first; all NaN: 0"]

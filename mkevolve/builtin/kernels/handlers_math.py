@@ -13,7 +13,7 @@ from torch import nn
 from .builders import Builder, normalize_dims
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import (MAX_SORT_LENGTH, ArgReduce, Assign, BatchStats, IntOp, Param, Scalar, Scan, Sort, Value,
+from .ir import (MAX_SORT_LENGTH, ArgReduce, Assign, BatchStats, IntOp, Param, Pick, Scalar, Scan, Sort, Value,
                  is_integer)
 
 # --- elementwise ------------------------------------------------------------------------------------
@@ -248,17 +248,50 @@ def _arg_reduce(kind: str) -> Handler:
     return handler
 
 
-def sort_along(b: Builder, x: Value, dim: int, descending: bool, k: int | None, indices: bool) -> Value:
-    """The first `k` (None: all) of each row along `dim`, sorted; their int64 positions where `indices`."""
+def sort_along(b: Builder, x: Value, dim: int, descending: bool, k: int | None, indices: bool,
+               pick: Pick | None = None, kth: int = 1) -> Value:
+    """The first `k` (None: all) of each row along `dim`, sorted; their int64 positions where `indices`. With
+    `pick`, the one position Pick names (k = 1)."""
     if x.rank == 0 or is_integer(x):
-        raise UnsupportedSubproblem("sort or topk of a 0-d or integer tensor")
+        raise UnsupportedSubproblem("sort, topk, kthvalue or median of a 0-d or integer tensor")
     dim = dim % x.rank
     longest = max(s[dim] for s in x.shapes)
     if longest > MAX_SORT_LENGTH:
-        raise UnsupportedSubproblem(f"sort or topk along a dim of {longest} elements (a row must fit one "
-                                    f"program: at most {MAX_SORT_LENGTH})")
+        raise UnsupportedSubproblem(f"sort, topk, kthvalue or median along a dim of {longest} elements (a row "
+                                    f"must fit one program: at most {MAX_SORT_LENGTH})")
     shapes = tuple(s[:dim] + (s[dim] if k is None else k,) + s[dim + 1:] for s in x.shapes)
-    return b.program.add(Sort(shapes, x=x, dim=dim, k=k, descending=descending, indices=indices))
+    return b.program.add(Sort(shapes, x=x, dim=dim, k=k, descending=descending, indices=indices, pick=pick,
+                              kth=kth))
+
+
+def _picked_pair(b: Builder, x: Value, dim: int | None, keepdim: bool, pick: Pick, kth: int = 1):
+    """kthvalue's and the medians' (values, indices) along `dim`; with no dim (a median of every element), the
+    0-d value alone, as PyTorch returns it."""
+    if dim is None:
+        flat = b.view(x, "reshape", (-1,), tuple((math.prod(s),) for s in x.shapes))
+        return b.squeeze(sort_along(b, flat, 0, False, 1, False, pick, kth), (0,))
+
+    def picked(indices: bool) -> Value:
+        out = sort_along(b, x, dim, False, 1, indices, pick, kth)
+        return out if keepdim else b.squeeze(out, (dim,))
+    return ValuesIndices(picked(False), lambda: picked(True))
+
+
+def _kthvalue(b: Builder, call: Call):
+    """torch.kthvalue: the k-th smallest along `dim`. PyTorch picks among equal values by its own order, so
+    a kernel's position for a tie may differ from it (the verifier then rejects it); with NaNs, as a sort."""
+    k, dim = int(b.const(call.arg(1, "k"), "k")), b.const(call.arg(2, "dim", -1), "dim")
+    return _picked_pair(b, call.arg(0, "input"), dim, bool(b.const(call.arg(3, "keepdim", False), "keepdim")),
+                        Pick.KTH, k)
+
+
+def _median(pick: Pick) -> Handler:
+    """torch.median and nanmedian: the lower of two middle values, as values and positions with a dim."""
+    def handler(b: Builder, call: Call):
+        dim = b.const(call.arg(1, "dim", None), "dim")
+        return _picked_pair(b, call.arg(0, "input"), dim, bool(b.const(call.arg(2, "keepdim", False), "keepdim")),
+                            pick)
+    return handler
 
 
 def _sorted_pair(b: Builder, x: Value, dim: int, descending: bool, k: int | None) -> ValuesIndices:
@@ -791,7 +824,8 @@ FUNCTIONS.update({
     "type_as": _identity,
     "max": _maximum_or_reduce("amax", "maximum"), "min": _maximum_or_reduce("amin", "minimum"),
     "argmax": _arg_reduce("max"), "argmin": _arg_reduce("min"),
-    "sort": _sort, "argsort": _argsort, "msort": _msort, "topk": _topk,
+    "sort": _sort, "argsort": _argsort, "msort": _msort, "topk": _topk, "kthvalue": _kthvalue,
+    "median": _median(Pick.MEDIAN), "nanmedian": _median(Pick.NANMEDIAN),
     "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"), "amax": _reduction("amax", ()),
     "amin": _reduction("amin", ()), "var": _variance(False), "std": _variance(True),
     "var_mean": _variance(False, with_mean=True), "std_mean": _variance(True, with_mean=True),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Union
 
 Shape = tuple[int, ...]
@@ -268,19 +269,31 @@ class ArgReduce(Value):
 MAX_SORT_LENGTH = 4096
 
 
+class Pick(Enum):
+    """The one sorted position of each row a Sort keeps, for the selections that reduce its dim to size 1."""
+
+    KTH = "kth"              # position kth - 1 (torch.kthvalue); NaNs sort last, as in a sort
+    MEDIAN = "median"        # the lower median, position (R - 1) // 2, or the row's first NaN where it has one
+    NANMEDIAN = "nanmedian"  # the lower median of the row's values that are not NaN (a NaN only if all are)
+
+
 @dataclass(eq=False, repr=False)
 class Sort(Value):
     """torch.sort, argsort, msort and topk of `x` along `dim`: each row's first `k` elements (None: all) in
     ascending or descending order, as values or (`indices`) as their int64 positions. Equal values keep the
     order of their positions and a NaN counts as larger than +inf, as PyTorch's stable sort gives them. Its
     unstable sort and topk may order the positions of equal values otherwise (topk on a CPU does): there a
-    kernel's positions differ from PyTorch's and the verifier rejects it; its values are the same."""
+    kernel's positions differ from PyTorch's and the verifier rejects it; its values are the same.
+
+    With `pick` (kthvalue, median, nanmedian), one ascending position per row (`k` is 1), chosen as Pick says."""
 
     x: Value | None = None
     dim: int = 0
     k: int | None = None
     descending: bool = False
     indices: bool = False
+    pick: Pick | None = None
+    kth: int = 1                  # Pick.KTH's k, counted from 1 as torch.kthvalue counts it
 
     def operands(self) -> list[Value]:
         return [self.x]
