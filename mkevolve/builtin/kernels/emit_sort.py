@@ -77,7 +77,7 @@ def emit_sort(kernel: KernelPlan, name: str, variant: Variant, program: Program)
         "return out"]
     launcher = f"def {name}_launch({x.name}):\n{indent(lines, 4)}\n"
     if anchor.pick is not None:
-        picked = f"{anchor.kth}th smallest" if anchor.pick is Pick.KTH else anchor.pick.value
+        picked = f"kthvalue (k={anchor.kth})" if anchor.pick is Pick.KTH else anchor.pick.value
         description = f"{picked} along dim {dim}, by sorting ({what})"
     else:
         k_text = "" if anchor.k is None else f", first {anchor.k}"
