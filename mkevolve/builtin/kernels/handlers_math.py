@@ -526,11 +526,10 @@ def _logsumexp(b: Builder, call: Call):
 # --- normalisation layers ---------------------------------------------------------------------------
 
 def normalized(b: Builder, x: Value, dims, eps) -> Value:
-    """(x - mean) / sqrt(var + eps) over `dims`, biased variance, two passes; 1 / sqrt is computed once per
-    row, so it is rounded as IEEE's square root and division are (level2/27's error came from the approximation)."""
+    """(x - mean) / sqrt(var + eps) over `dims`, biased variance, two passes."""
     centered = b.pw("sub", x, b.reduce("mean", x, dims))
     var = b.reduce("mean", b.pw("mul", centered, centered), dims)
-    return b.pw("mul", centered, b.pw("rsqrt_rn", b.pw("add", var, eps)))
+    return b.pw("mul", centered, b.pw("rsqrt", b.pw("add", var, eps)))
 
 
 def _affine(b: Builder, y: Value, weight: Value | None, bias: Value | None) -> Value:
@@ -615,7 +614,7 @@ def batch_norm(b: Builder, x: Value, a: BatchNormArgs) -> Value:
         mean = b.reduce("mean", x, dims)
         centered = b.pw("sub", x, mean)
         var = b.reduce("mean", b.pw("mul", centered, centered), dims)
-        y = b.pw("mul", centered, b.pw("rsqrt_rn", b.pw("add", var, a.eps)))
+        y = b.pw("mul", centered, b.pw("rsqrt", b.pw("add", var, a.eps)))
         if _updates_running_stats(a):
             _update_running_stats(b, x, a, mean, var)
     else:
@@ -726,7 +725,7 @@ def rms_norm(b: Builder, x: Value, normalized_rank: int, weight, eps) -> Value:
     dims = tuple(range(x.rank - normalized_rank, x.rank))
     if eps is None:
         eps = torch.finfo(torch.float32).eps
-    y = b.pw("mul", x, b.pw("rsqrt_rn", b.pw("add", b.reduce("mean", b.pw("mul", x, x), dims), eps)))
+    y = b.pw("mul", x, b.pw("rsqrt", b.pw("add", b.reduce("mean", b.pw("mul", x, x), dims), eps)))
     return _affine(b, y, weight, None)
 
 

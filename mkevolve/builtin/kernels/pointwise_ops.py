@@ -30,9 +30,11 @@ def divide(a: str, b: str, normal_divisor: bool = False) -> str:
     call, and a call in a kernel that holds a convolution's accumulator makes ptxas spill around it (level2/87's
     128x64 outer-product convolution tile with Mish: 216 bytes of stack a thread, none with `_div`; Triton 3.6, sm_90).
 
-    tl.rsqrt stays (rsqrt.approx.ftz.f32, as PyTorch's rsqrtf) where it runs on every element, as in batch norm's
-    apply step; a statistic's own 1 / sqrt(var + eps), computed once per row, is rounded twice instead
-    ("rsqrt_rn")."""
+    tl.rsqrt stays (rsqrt.approx.ftz.f32): an approximation as PyTorch's own group and layer norms use
+    (rsqrtf), which a normalization's kernel computes for every element it scales, where a rounded square
+    root and a rounded division would cost two slow instruction sequences each time. Even where 1 / sqrt runs
+    once per row, rounding it twice (a relative error of 8.9e-08 at most against rsqrt's 1.24e-07, H100,
+    scripts/probe_sigmoid_gpu.py) left level2/27's error where it was and its kernel 2.7 % slower."""
     return f"_div({a}, {b})" if normal_divisor else f"tl.div_rn({a}, {b})"
 
 
@@ -124,7 +126,9 @@ def _welford(mean_a, sq_a, n_a, mean_b, sq_b, n_b):
 def _sigmoid(x):
     # t = e / (1 + e) with e = exp(-|x|) <= 1, and sigmoid is t below 0 and 1 - t above: the divisor stays in
     # [1, 2] (no overflow), and near 1 only the last subtraction rounds. 1 / (1 + exp(-x)), PyTorch's formula,
-    # rounds 1 + e first: above x = 3 it erred by 1.5 ulp of the result, this by 0.66 (in fp32 on a CPU)
+    # rounds 1 + e first: above x = 3 it erred by 1.5 ulp of the result, this by 0.7 (H100 and CPU alike), and
+    # level2/91's output by 9.3e-08 where eager's erred by 9.6e-08 (1.0e-07 before). tanh's series near 0 would
+    # cut the error there too, but made level2/91 9 % slower (scripts/probe_sigmoid_gpu.py)
     e = tl.exp(-tl.abs(x))
     t = {divide("e", "1.0 + e", normal_divisor=True)}
     return tl.where(x < 0, t, 1.0 - t)
@@ -230,7 +234,6 @@ OPS: dict[str, PointwiseOp] = {
     "log1p": _unary("_log1p({x})"),
     "sqrt": _unary("tl.sqrt_rn({x})"),
     "rsqrt": _unary("tl.rsqrt({x})"),
-    "rsqrt_rn": _unary(divide("1.0", "tl.sqrt_rn({x})")),   # a per-row statistic's 1 / sqrt: within 1 ulp
     "reciprocal": _unary(divide("1.0", "{x}")),
     "square": _unary("({x} * {x})"),
     "sin": _unary("tl.sin({x})"),
