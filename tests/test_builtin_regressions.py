@@ -1181,6 +1181,108 @@ def test_medians_and_kthvalue_pick_pytorchs_value_and_position_around_nans(tmp_p
         assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
                            e.view(torch.int32) if e.is_floating_point() else e)
 
+MAX_POOL_INDICES_SPECIAL_VALUES = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x, y, values, at):
+        top, top_at = F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+        line, line_at = F.max_pool1d(y, 2, stride=1, padding=1, dilation=2, ceil_mode=True, return_indices=True)
+        back = F.max_unpool2d(top, top_at, 3, stride=2, padding=1, output_size=x.shape[-2:])
+        return top, top_at, line, line_at, back, F.max_unpool1d(values, at, 2)
+
+
+def get_inputs():
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(1, 2, 7, 7).mul(2.0).round()  # whole numbers: ties, where the first position in window order wins
+    x[0, 0, :3, :3] = -inf                # the corner window holds -inf alone (and padding): its first position inside
+    x[0, 0, 3, 4] = x[0, 0, 4, 3] = nan   # two NaNs in the window around (4, 4): the later one wins
+    x[0, 1] = torch.where(x[0, 1] > 0, 0.0, -0.0)   # signed zeros alone: the first of equal zeros, sign and all
+    y = torch.tensor([[[3.0, -inf, 3.0, nan, 3.0, -0.0, 0.0, 0.0]]])
+    values = torch.tensor([[[1.0, 2.0, 3.0, 4.0, 5.0]]])
+    at = torch.tensor([[[4, 0, 4, 9, 0]]])   # positions named twice, with different values: the last one writes
+    return [x, y, values, at]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_max_pool_indices_and_unpooling_follow_pytorch_through_nans_ties_and_infinities(tmp_path):
+    """Before, max pooling with return_indices=True and MaxUnpool were refused. PyTorch keeps a window's first
+    position among equal values, its last NaN, and, in a window of -inf alone, its first position inside the input
+    (padding never); MaxUnpool writes each value at its index, the last one in order where indices repeat (PyTorch's
+    CPU kernel). Values compared bit for bit (-0.0 and NaN too), indices exactly."""
+    path = _write_problem(tmp_path, "max_pool_indices_special", MAX_POOL_INDICES_SPECIAL_VALUES)
+    expected, actual = _first_config_outputs(path, tmp_path)
+    assert [a.dtype for a in actual] == [torch.float32, torch.int64] * 2 + [torch.float32] * 2
+    # the inputs hold what they are meant to: a -inf corner, the later of two NaNs (4 * 7 + 3), ties, -0.0 first
+    assert expected[1][0, 0, 0, 0] == 0 and expected[1][0, 0, 2, 2] == 31 and expected[1][0, 0, 1, 2] == 25
+    assert expected[3][0, 0].tolist() == [1, 0, 3, 2, 3, 4, 5, 6] and str(expected[2][0, 0, 6].item()) == "-0.0"
+    assert expected[5][0, 0].tolist() == [5.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, 4.0]
+    for e, a in zip(expected, actual):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           e.view(torch.int32) if e.is_floating_point() else e)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="records launches in the interpreter")
+def test_max_pool_indices_and_unpooling_compile_for_sm_90(tmp_path, monkeypatch):
+    """The positions kernels, the unpool's claim launch (an atomic max) and its scatter compile for an H200."""
+    path = Path(__file__).resolve().parent / "subproblems" / "maxpool_unpool.py"
+    specs = _launch_specs(path, generate_kernel(path, 0, TARGET).source, tmp_path, monkeypatch, "unpool")
+    names = {name for _, name, *_ in specs}
+    assert {"_pool_indices_kernel_0", "_unpool_kernel_2_claim", "_unpool_kernel_2"} <= names
+    _assert_compiles(specs)
+
+
+ADAPTIVE_MAX_POOL_INDICES = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool2d(2, return_indices=True)
+
+    def forward(self, x):
+        return CALL
+
+
+def get_inputs():
+    return [torch.randn(1, 2, 7, 7)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("call", ["self.pool(x)[1]", "F.adaptive_max_pool2d(x, 2, return_indices=True)[1]",
+                                  "F.adaptive_max_pool1d_with_indices(x.flatten(2), 3)[1]"])
+def test_adaptive_max_pool_indices_are_refused_by_name(call, tmp_path):
+    source = ADAPTIVE_MAX_POOL_INDICES.replace("CALL", call)
+    with pytest.raises(UnsupportedSubproblem, match="adaptive max pooling's indices are not written"):
+        variant_count(_write_problem(tmp_path, "adaptive_max_pool_indices", source), TARGET)
+
+
+def test_a_max_pool_s_pair_returned_as_it_is_is_its_values_and_indices(tmp_path):
+    """`return self.pool(x)` of a MaxPool1d with return_indices=True: before, refused (the forward returned a
+    (values, indices) pair, not tensors)."""
+    source = ADAPTIVE_MAX_POOL_INDICES.replace("nn.AdaptiveMaxPool2d(2, return_indices=True)",
+                                               "nn.MaxPool1d(3, stride=2, padding=1, return_indices=True)")
+    source = source.replace("CALL", "self.pool(x.flatten(2))")
+    expected, actual = _first_config_outputs(_write_problem(tmp_path, "max_pool_pair", source), tmp_path)
+    assert [a.dtype for a in actual] == [torch.float32, torch.int64]
+    for e, a in zip(expected, actual):
+        assert torch.equal(a, e)
+
 
 UNFOLD = """
 import torch

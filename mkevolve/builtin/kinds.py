@@ -46,7 +46,8 @@ _REDUCTIONS = {
     "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
     "adaptive_max_pool3d", "maxpool1d", "maxpool2d", "maxpool3d", "avgpool1d", "avgpool2d", "avgpool3d",
     "adaptiveavgpool1d", "adaptiveavgpool2d", "adaptiveavgpool3d", "adaptivemaxpool1d", "adaptivemaxpool2d",
-    "adaptivemaxpool3d", "lppool1d", "lppool2d", "normalize",
+    "adaptivemaxpool3d", "lppool1d", "lppool2d", "max_unpool1d", "max_unpool2d", "max_unpool3d", "maxunpool1d",
+    "maxunpool2d", "maxunpool3d", "normalize",
 }
 _VIEWS = {
     "view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",

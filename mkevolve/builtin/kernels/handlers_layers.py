@@ -3,6 +3,7 @@ shape arithmetic into the tensor program."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import Arange, Concat, Gather, IntOp, Pad, Reindex, Resize, Scalar, Value, View, is_integer
+from .ir import (Arange, Concat, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
+                 Value, View, is_integer)
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -753,16 +755,24 @@ def _pool_geometry(b: Builder, spatial: int, kernel, stride, padding, dilation):
             tuple_arg(b.const(dilation, "dilation"), spatial, "dilation"))
 
 
-def _max_pool(spatial: int) -> Handler:
+def _max_pool(spatial: int, with_indices: bool = False) -> Handler:
+    """F.max_pool{n}d. With return_indices=True fx records F.max_pool{n}d_with_indices (`with_indices`), which
+    returns (values, indices) whatever its return_indices argument says; aten's max_pool{n}d_with_indices (what
+    export records) takes the same arguments up to ceil_mode."""
     def handler(b: Builder, call: Call):
-        if b.const(call.kwargs.get("return_indices", call.arg(6, "return_indices", False)), "return_indices"):
-            raise UnsupportedSubproblem("max pooling with return_indices=True")
         kernel, stride, padding, dilation = _pool_geometry(
             b, spatial, call.arg(1, "kernel_size"), call.arg(2, "stride", None), call.arg(3, "padding", 0),
             call.arg(4, "dilation", 1))
         ceil_mode = bool(b.const(call.arg(5, "ceil_mode", False), "ceil_mode"))
-        return b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+        values = b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+        pair = with_indices or b.const(call.arg(6, "return_indices", False), "return_indices")
+        return max_pool_pair(b, values) if pair else values
     return handler
+
+
+def max_pool_pair(b: Builder, values: Pool) -> ValuesIndices:
+    """A max pool's (values, indices): the indices kernel is built once, and only where the forward takes them."""
+    return ValuesIndices(values, functools.cache(lambda: b.program.add(PoolIndices(values.shapes, pool=values))))
 
 
 def _avg_pool(spatial: int) -> Handler:
@@ -780,15 +790,14 @@ def _pool_module(b: Builder, call: Call):
     module = call.module
     kind = "max" if isinstance(module, nn.modules.pooling._MaxPoolNd) else "avg"
     spatial = int(type(module).__name__[-2])
-    if kind == "max" and call.module_attr("return_indices"):
-        raise UnsupportedSubproblem(f"{type(module).__name__} with return_indices=True")
     dilation = call.module_attr("dilation") if kind == "max" else 1
     kernel, stride, padding, dilation = _pool_geometry(b, spatial, call.module_attr("kernel_size"),
                                                        call.module_attr("stride"), call.module_attr("padding"),
                                                        dilation)
     ceil_mode = bool(call.module_attr("ceil_mode"))
     if kind == "max":
-        return b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+        values = b.pool("max", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode)
+        return max_pool_pair(b, values) if call.module_attr("return_indices") else values
     include_pad = bool(call.module_attr("count_include_pad"))
     divisor = getattr(module, "divisor_override", None)
     return b.pool("avg", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode, include_pad, divisor)
@@ -825,10 +834,13 @@ def _local_response_norm_module(b: Builder, call: Call):
                                call.module_attr("beta"), call.module_attr("k"))
 
 
+_NO_ADAPTIVE_INDICES = "adaptive max pooling's indices are not written"
+
+
 def _adaptive_pool(kind: str, spatial: int) -> Handler:
     def handler(b: Builder, call: Call):
-        if kind == "max" and call.kwargs.get("return_indices", False):
-            raise UnsupportedSubproblem("adaptive max pooling with return_indices=True")
+        if kind == "max" and call.arg(2, "return_indices", False):
+            raise UnsupportedSubproblem(f"{call.name} with return_indices=True ({_NO_ADAPTIVE_INDICES})")
         out_sizes = [shape[-spatial:] for shape in call.shapes]
         return b.adaptive_pool(kind, call.arg(0, "input"), out_sizes)
     return handler
@@ -838,9 +850,87 @@ def _adaptive_pool_module(b: Builder, call: Call):
     module = call.module
     kind = "max" if "Max" in type(module).__name__ else "avg"
     if kind == "max" and call.module_attr("return_indices"):
-        raise UnsupportedSubproblem(f"{type(module).__name__} with return_indices=True")
+        raise UnsupportedSubproblem(f"{type(module).__name__} with return_indices=True ({_NO_ADAPTIVE_INDICES})")
     spatial = int(type(module).__name__[-2])
     return b.adaptive_pool(kind, call.arg(0, "input"), [shape[-spatial:] for shape in call.shapes])
+
+
+def _adaptive_max_pool_with_indices(b: Builder, call: Call):
+    """F.adaptive_max_pool{n}d_with_indices: what F.adaptive_max_pool{n}d(..., return_indices=True) records."""
+    raise UnsupportedSubproblem(f"{call.name} ({_NO_ADAPTIVE_INDICES})")
+
+
+# --- max unpooling ----------------------------------------------------------------------------------
+
+def max_unpool(b: Builder, x, indices, spatial: int, stride: tuple[int, ...] | None,
+               out_shapes: tuple[Shape, ...]) -> Value:
+    """MaxUnpool: `x`'s values written into zeros of the traced `out_shapes` at `indices`, flat positions within
+    each (N, C) plane of the trailing `spatial` dims. `stride` (None where the call gives none) lets the
+    kernel find output sizes that differ between input configs from its input's sizes."""
+    if not isinstance(x, Value) or not isinstance(indices, Value):
+        raise UnsupportedSubproblem("max_unpool of a non-tensor")
+    if is_integer(x) or not is_integer(indices):
+        raise UnsupportedSubproblem("max_unpool of an integer tensor, or with indices that are not integers")
+    scale, offset = _unpooled_sizes(x.shapes, out_shapes, spatial, stride)
+    return b.program.add(Unpool(out_shapes, x=x, indices=indices, scale=scale, offset=offset,
+                                distinct=_indices_distinct(indices)))
+
+
+def _unpooled_sizes(in_shapes, out_shapes, spatial: int, stride) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per pooled dim, (scale, offset) such that every config's output size is its input size * scale + offset:
+    scale 0 where all configs agree on the size, else the stride (PyTorch's size is (in - 1) * stride -
+    2 * padding + kernel_size, an output_size within a stride of it)."""
+    scale, offset = [], []
+    for d in range(spatial):
+        ins = [shape[len(shape) - spatial + d] for shape in in_shapes]
+        outs = [shape[len(shape) - spatial + d] for shape in out_shapes]
+        if len(set(outs)) == 1:
+            scale.append(0)
+            offset.append(outs[0])
+            continue
+        offsets = {o - i * stride[d] for i, o in zip(ins, outs)} if stride else set()
+        if len(offsets) != 1:
+            raise UnsupportedSubproblem(f"max_unpool to sizes {outs} along pooled dim {d} that the input sizes "
+                                        f"{ins} do not give alike under every input config")
+        scale.append(stride[d])
+        offset.append(offsets.pop())
+    return tuple(scale), tuple(offset)
+
+
+def _indices_distinct(indices: Value) -> bool:
+    """Whether no two elements can name one position: the indices of a max pool whose windows of consecutive
+    taps (dilation 1) do not overlap (stride >= kernel along every dim) each lie in a window of their own."""
+    if not isinstance(indices, PoolIndices):
+        return False
+    pool = indices.pool
+    return all(d == 1 and s >= k for k, s, d in zip(pool.kernel, pool.stride, pool.dilation))
+
+
+def _max_unpool(spatial: int) -> Handler:
+    """F.max_unpool{n}d(input, indices, kernel_size, stride=None, padding=0, output_size=None); the output's
+    shape is the traced one, so output_size needs no reading."""
+    def handler(b: Builder, call: Call):
+        _, stride, _, _ = _pool_geometry(b, spatial, call.arg(2, "kernel_size"), call.arg(3, "stride", None),
+                                         call.arg(4, "padding", 0), 1)
+        return max_unpool(b, call.arg(0, "input"), call.arg(1, "indices"), spatial, stride, call.shapes)
+    return handler
+
+
+def _max_unpool_module(b: Builder, call: Call):
+    """nn.MaxUnpool1d/2d/3d: forward(input, indices, output_size=None)."""
+    spatial = int(type(call.module).__name__[-2])
+    stride = tuple_arg(call.module_attr("stride"), spatial, "stride")
+    return max_unpool(b, call.arg(0, "input"), call.arg(1, "indices"), spatial, stride, call.shapes)
+
+
+def _aten_max_unpool(spatial: int) -> Handler:
+    """aten.max_unpool2d(input, indices, output_size) and aten.max_unpool3d(input, indices, output_size, stride,
+    padding): what export records (a 1d unpool as a 2d one of width 1)."""
+    def handler(b: Builder, call: Call):
+        stride = call.arg(3, "stride", None)
+        stride = None if stride is None else tuple_arg(b.const(stride, "stride"), spatial, "stride")
+        return max_unpool(b, call.arg(0, "input"), call.arg(1, "indices"), spatial, stride, call.shapes)
+    return handler
 
 
 # --- views and shape arithmetic ---------------------------------------------------------------------
@@ -1078,6 +1168,10 @@ FUNCTIONS: dict[str, Handler] = {
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv_transpose,
     "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose, "convolution": _convolution,
     "max_pool1d": _max_pool(1), "max_pool2d": _max_pool(2), "max_pool3d": _max_pool(3),
+    **{f"max_pool{n}d_with_indices": _max_pool(n, with_indices=True) for n in (1, 2, 3)},
+    **{f"adaptive_max_pool{n}d_with_indices": _adaptive_max_pool_with_indices for n in (1, 2, 3)},
+    **{f"max_unpool{n}d": _max_unpool(n) for n in (1, 2, 3)},
+    "aten.max_unpool2d": _aten_max_unpool(2), "aten.max_unpool3d": _aten_max_unpool(3),
     "avg_pool1d": _avg_pool(1), "avg_pool2d": _avg_pool(2), "avg_pool3d": _avg_pool(3),
     "adaptive_avg_pool1d": _adaptive_pool("avg", 1), "adaptive_avg_pool2d": _adaptive_pool("avg", 2),
     "adaptive_avg_pool3d": _adaptive_pool("avg", 3), "adaptive_max_pool1d": _adaptive_pool("max", 1),
@@ -1111,6 +1205,7 @@ MODULES: dict[type, Handler] = {
     nn.LocalResponseNorm: _local_response_norm_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
+    **{cls: _max_unpool_module for cls in (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)},
     **{cls: _adaptive_pool_module for cls in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
                                               nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)},
 }

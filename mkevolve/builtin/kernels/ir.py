@@ -163,6 +163,40 @@ class Pool(Value):
 
 
 @dataclass(eq=False, repr=False)
+class PoolIndices(Value):
+    """The int64 positions a max `pool` takes its values from (return_indices=True), in `pool`'s shape: each the
+    flat position within its (N, C) input plane (l; h * W + w; (d * H + h) * W + w) of the element its window
+    keeps. PyTorch's rule: the first of equal values in window order, the last NaN where the window has one, and
+    for a window of -inf alone its first position inside the input (padding is never named)."""
+
+    pool: Pool | None = None             # the max pool whose input and window geometry these follow
+
+    def operands(self) -> list[Value]:
+        return [self.pool.x]
+
+
+@dataclass(eq=False, repr=False)
+class Unpool(Value):
+    """nn.MaxUnpool1d/2d/3d and F.max_unpool*: zeros of the value's shape with each element of `x` written at
+    its `indices` entry, a flat position within its (N, C) plane of the trailing `len(scale)` dims.
+
+    The kernel finds the output's pooled sizes from its input's: size[d] = input size[d] * scale[d] + offset[d]
+    (PyTorch's (in - 1) * stride - 2 * padding + kernel_size, or the `output_size` given, which lies within a
+    stride of it; scale 0 where every input config unpools to one size). Where indices repeat, the last
+    element in order writes, as PyTorch's CPU kernel does (its CUDA kernel lets them race); `distinct` says no
+    index can repeat (a max pool's, of windows that do not overlap), so the kernel need not check."""
+
+    x: Value | None = None
+    indices: Value | None = None
+    scale: tuple[int, ...] = ()
+    offset: tuple[int, ...] = ()
+    distinct: bool = False
+
+    def operands(self) -> list[Value]:
+        return [self.x, self.indices]
+
+
+@dataclass(eq=False, repr=False)
 class AdaptivePool(Value):
     """Adaptive max or average pooling of the trailing dims to the value's own trailing sizes."""
 
@@ -420,9 +454,10 @@ def _flatten(spec) -> list[Value]:
 
 
 def is_integer(value: Value) -> bool:
-    """An integer input or buffer, an integer arange, an argmax/argmin, a sort's positions, or a view of one."""
+    """An integer input or buffer, an integer arange, an argmax/argmin, a sort's or a max pool's positions, or a
+    view of one."""
     value = base_of(value)
-    return (isinstance(value, ArgReduce) or isinstance(value, Arange) and value.dtype != "float32"
+    return (isinstance(value, (ArgReduce, PoolIndices)) or isinstance(value, Arange) and value.dtype != "float32"
             or isinstance(value, Sort) and value.indices
             or isinstance(value, (Input, Param)) and value.integer)
 

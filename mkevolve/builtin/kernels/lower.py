@@ -94,7 +94,7 @@ class _Lowering:
         return [values]
 
     def _outputs(self, output: fx.Node):
-        values = [self._arg(v) for v in self._user_outputs(output)]
+        values = [_pairs_as_tuples(self._arg(v)) for v in self._user_outputs(output)]
         if self.trace.kind == "export":
             return _pytree.tree_unflatten(values, self.trace.out_spec)
         return values[0]
@@ -285,6 +285,16 @@ class _Lowering:
         if len(values) == 1 and None not in values:
             return Scalar(values.pop())
         raise UnsupportedSubproblem(f"tensor constant {node.target} created in forward")
+
+
+def _pairs_as_tuples(spec):
+    """A (values, indices) pair the forward returns as it is (`return self.pool(x)`, `return x.max(dim=1)`): its
+    two tensors, as a tuple."""
+    if isinstance(spec, handlers_math.ValuesIndices):
+        return (spec.item(0), spec.item(1))
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_pairs_as_tuples(s) for s in spec)
+    return spec
 
 
 def _constant_value(tensor: torch.Tensor) -> float | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedSubproblem
-from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Value,
-                 View, base_of, is_integer, is_leaf, walk)
+from .ir import (Attention, Gather, IndexMask, IntOp, Param, Pointwise, Program, Reduce, Scalar, SizeOf, Unpool,
+                 Value, View, base_of, is_integer, is_leaf, walk)
 from .kernel_plan import KernelPlan, RowSpace
 from .registry import ANCHOR_TYPES, POINTWISE, ROWS, kind_of_anchor
 
@@ -39,8 +39,8 @@ def plan(program: Program) -> Plan:
 def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
     """Only an attention kernel computes ones_like/tril masks (it has the query and key offsets). Integer
     tensors are read by elementwise code and reductions, which convert them to float32 as PyTorch promotes
-    them (the lowering refuses integer arithmetic), and as a gather's indices; a GEMM's or convolution's
-    template loads its operands as they are, so none takes one."""
+    them (the lowering refuses integer arithmetic), and as a gather's or a max unpool's indices; a GEMM's or
+    convolution's template loads its operands as they are, so none takes one."""
     for leaf in kernel.leaves:
         if is_integer(leaf):
             readers = [program.values[vid] for vid in kernel.body if leaf in program.values[vid].operands()]
@@ -53,7 +53,8 @@ def _check_special_reads(kernel: KernelPlan, program: Program) -> None:
 
 
 def _reads_integers(reader: Value, leaf: Value) -> bool:
-    return isinstance(reader, (Pointwise, Reduce)) or (isinstance(reader, Gather) and reader.index is leaf)
+    return (isinstance(reader, (Pointwise, Reduce)) or isinstance(reader, Gather) and reader.index is leaf
+            or isinstance(reader, Unpool) and reader.indices is leaf)
 
 
 def _check_no_read_after_write(writer: KernelPlan, kernels: list[KernelPlan]) -> None:

@@ -43,14 +43,15 @@ from .emit_concat import emit_concat, emit_gather, emit_pad, emit_reindex
 from .emit_conv import conv_flops, conv_uses_dot, emit_conv
 from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
-from .emit_pool import emit_adaptive_pool, emit_pool
+from .emit_pool import emit_adaptive_pool, emit_pool, emit_pool_indices
 from .emit_resize import emit_resize
 from .emit_rows import emit_rows
 from .emit_scan import emit_scan
 from .emit_sort import emit_sort
+from .emit_unpool import emit_unpool
 from .emit_winograd import emit_winograd, winograd_fits
 from .ir import (AdaptivePool, Arange, ArgReduce, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool,
-                 Program, Reindex, Resize, Scan, Sort, Value)
+                 PoolIndices, Program, Reindex, Resize, Scan, Sort, Unpool, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -112,10 +113,13 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("conv", _emit_conv, Conv, takes_epilogue=True, uses_dot=conv_uses_dot, flops=conv_flops,
                winograd=_winograd_conv),
     KernelKind("pool", emit_pool, Pool, takes_epilogue=True),
+    # a max pool's int64 positions (return_indices=True): nothing elementwise applies to them
+    KernelKind("pool_indices", emit_pool_indices, PoolIndices),
     KernelKind("adaptive_pool", emit_adaptive_pool, AdaptivePool, takes_epilogue=True),
     KernelKind("attention", emit_attention, Attention, uses_dot=_always, flops=attention_flops),
     KernelKind("concat", emit_concat, Concat),
     KernelKind("gather", emit_gather, Gather),
+    KernelKind("unpool", emit_unpool, Unpool),
     KernelKind("pad", emit_pad, Pad),
     KernelKind("resize", emit_resize, Resize),
     KernelKind("reindex", emit_reindex, Reindex),
@@ -129,9 +133,9 @@ KINDS: tuple[KernelKind, ...] = (
 _BY_NAME = {kind.name: kind for kind in KINDS}
 _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
-# The IR nodes that start a kernel of their own: GEMM, convolution, pooling, attention, cat, gathers, padding,
-# interpolation, reordering copies, scans, argmax/argmin, sorts, aranges read as numbers and a training-mode batch
-# norm's statistics.
+# The IR nodes that start a kernel of their own: GEMM, convolution, pooling (and a max pool's positions), attention,
+# cat, gathers, max unpooling, padding, interpolation, reordering copies, scans, argmax/argmin, sorts, aranges read as
+# numbers and a training-mode batch norm's statistics.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 
