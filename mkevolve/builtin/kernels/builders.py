@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from torch import nn
@@ -202,6 +203,10 @@ class Builder:
             return x
         shapes = tuple(tuple(s for d, s in enumerate(shape) if d not in dims) for shape in x.shapes)
         return self.view(x, "squeeze", (tuple(dims),), shapes)
+
+    def flatten_all(self, x: Value) -> Value:
+        """x as one dim of all its elements (x.reshape(-1)), for a reduction of every element to one number."""
+        return self.view(x, "reshape", (-1,), tuple((math.prod(s),) for s in x.shapes))
 
     def unsqueeze(self, x: Value, dim: int) -> Value:
         """x with a new size-1 dim at `dim` (0 <= dim <= x.rank)."""

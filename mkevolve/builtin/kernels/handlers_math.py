@@ -233,8 +233,7 @@ def arg_reduce(b: Builder, x: Value, kind: str, dim: int | None, keepdim: bool) 
     if dim is None:
         if keepdim:
             raise UnsupportedSubproblem(f"arg{kind} with keepdim=True and no dim")
-        flat = b.view(x, "reshape", (-1,), tuple((math.prod(s),) for s in x.shapes))
-        return b.squeeze(arg_reduce(b, flat, kind, 0, keepdim=True), (0,))
+        return b.squeeze(arg_reduce(b, b.flatten_all(x), kind, 0, keepdim=True), (0,))
     dim = dim % x.rank
     shapes = tuple(s[:dim] + (1,) + s[dim + 1:] for s in x.shapes)
     out = b.program.add(ArgReduce(shapes, x=x, dim=dim, kind=kind))
@@ -268,8 +267,7 @@ def _picked_pair(b: Builder, x: Value, dim: int | None, keepdim: bool, pick: Pic
     """kthvalue's and the medians' (values, indices) along `dim`; with no dim (a median of every element), the
     0-d value alone, as PyTorch returns it."""
     if dim is None:
-        flat = b.view(x, "reshape", (-1,), tuple((math.prod(s),) for s in x.shapes))
-        return b.squeeze(sort_along(b, flat, 0, False, 1, False, pick, kth), (0,))
+        return b.squeeze(sort_along(b, b.flatten_all(x), 0, False, 1, False, pick, kth), (0,))
 
     def picked(indices: bool) -> Value:
         out = sort_along(b, x, dim, False, 1, indices, pick, kth)
