@@ -1462,6 +1462,27 @@ def test_prod_is_right_in_every_variant_of_its_rows_kernel(tmp_path):
     _assert_all_variants_match(_write_problem(tmp_path, "prod_rows", PRODUCT_OF_LONG_ROWS), tmp_path)
 
 
+SUMS_OF_LONG_ROWS = _ROW_MODEL.replace("torch.randn(4, 16)", "1.0 + 0.001 * torch.randn(8, 3000)").format(body="""
+        return x.sum(dim=1), x.mean(dim=1)""")
+
+
+def test_sums_and_means_of_long_rows_round_once_in_every_variant_of_their_rows_kernel(tmp_path):
+    """Added in fp64 and rounded to fp32 at the end, a sum or a mean of values near 1 is the fp64 result
+    rounded, bit for bit, in single-block, looped and split rows; added in fp32 (before), 3000 values put
+    several ulps of error in some rows."""
+    path = _write_problem(tmp_path, "sum_rows", SUMS_OF_LONG_ROWS)
+    torch.manual_seed(1)
+    x = 1.0 + 0.001 * torch.randn(8, 3000)
+    rounded = (x.double().sum(dim=1).float(), x.double().mean(dim=1).float())
+    count = variant_count(path, TARGET)
+    assert count >= 3
+    for variant in range(count):
+        source = _save(generate_kernel(path, variant, TARGET).source, tmp_path, f"sums_v{variant}")
+        actual = import_file(source, prefix="generated").ModelNew().to(DEVICE)(x.to(DEVICE))
+        for expected, got in zip(rounded, actual):
+            assert torch.equal(got.cpu(), expected), f"variant {variant}: off by {(got.cpu() - expected).abs().max()}"
+
+
 TRIANGLES_OF_DATA = """
 import torch
 import torch.nn as nn
