@@ -8,6 +8,7 @@ from typing import Sequence
 from torch import nn
 
 from .errors import UnsupportedSubproblem
+from .geometry import sliding_windows, transposed_size
 from .ir import (
     AdaptivePool,
     Conv,
@@ -267,9 +268,9 @@ class Builder:
                 s, p, dil = stride_[d], padding_[d], dilation_[d]
                 size, k = xs[2 + d], ws[2 + d]
                 if transposed:
-                    sizes.append((size - 1) * s - 2 * p + dil * (k - 1) + output_padding[d] + 1)
+                    sizes.append(transposed_size(size, k, s, p, dil, output_padding[d]))
                 else:
-                    sizes.append((size + 2 * p - dil * (k - 1) - 1) // s + 1)
+                    sizes.append(sliding_windows(size, k, s, p, dil))
             shapes.append((xs[0], out_channels, *sizes))
         return self.program.add(Conv(tuple(shapes), x=x, w=w, transposed=transposed, stride=tuple(stride[0]),
                                      padding=tuple(padding[0]), dilation=tuple(dilation[0]),
@@ -281,16 +282,9 @@ class Builder:
         spatial = len(kernel)
         shapes = []
         for xs in x.shapes:
-            sizes = []
-            for d in range(spatial):
-                size = xs[x.rank - spatial + d]
-                span = dilation[d] * (kernel[d] - 1) + 1
-                num = size + 2 * padding[d] - span
-                out = (-(-num // stride[d]) if ceil_mode else num // stride[d]) + 1
-                if ceil_mode and (out - 1) * stride[d] >= size + padding[d]:
-                    out -= 1
-                sizes.append(out)
-            shapes.append(xs[:x.rank - spatial] + tuple(sizes))
+            sizes = tuple(sliding_windows(xs[x.rank - spatial + d], kernel[d], stride[d], padding[d], dilation[d],
+                                          ceil_mode) for d in range(spatial))
+            shapes.append(xs[:x.rank - spatial] + sizes)
         return self.program.add(Pool(tuple(shapes), kind=kind, x=x, kernel=tuple(kernel), stride=tuple(stride),
                                      padding=tuple(padding), dilation=tuple(dilation), ceil_mode=ceil_mode,
                                      count_include_pad=count_include_pad, divisor=divisor))

@@ -275,13 +275,10 @@ def out_size_lines(conv: Conv, x: str, w: str) -> list[str]:
     kernel = _kernel_exprs(conv)
     for d in range(spatial):
         s, p, dil, k = strides[d], paddings[d], dilations[d], kernel[d]
-        if conv.geometry_from is not None or not k.isdigit():  # forward only: per-instance values
-            lines.append(f"P{d} = (D{d} + 2 * {p} - {dil} * ({k} - 1) - 1) // {s} + 1")
-        elif conv.transposed:
-            lines.append(f"P{d} = (D{d} - 1) * {s} - {2 * int(p)} + {int(dil) * (int(k) - 1)} + "
-                         f"{conv.output_padding[d]} + 1")
-        else:
-            lines.append(f"P{d} = (D{d} + {2 * int(p)} - {int(dil) * (int(k) - 1)} - 1) // {s} + 1")
+        if conv.transposed and conv.geometry_from is None and k.isdigit():
+            lines.append(f"P{d} = _transposed_size(D{d}, {k}, {s}, {p}, {dil}, {conv.output_padding[d]})")
+        else:   # per-instance values (geometry_from) are forward-only convolutions
+            lines.append(f"P{d} = _sliding_windows(D{d}, {k}, {s}, {p}, {dil})")
     lines.append(_groups_line(conv, x, w))
     if conv.transposed:
         lines += [f"C_in_g = {x}.shape[1] // G", f"C_out_g = {w}.shape[1]"]

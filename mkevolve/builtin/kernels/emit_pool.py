@@ -222,13 +222,8 @@ def _out_sizes(pool, spatial: int, adaptive: bool, x: str) -> list[str]:
         return lines
     lines = []
     for d in range(spatial):
-        k, s, p, dil = pool.kernel[d], pool.stride[d], pool.padding[d], pool.dilation[d]
-        span = dil * (k - 1) + 1
-        if pool.ceil_mode:
-            lines += [f"P{d} = -(-(D{d} + {2 * p} - {span}) // {s}) + 1",
-                      f"P{d} = P{d} - 1 if (P{d} - 1) * {s} >= D{d} + {p} else P{d}"]
-        else:
-            lines.append(f"P{d} = (D{d} + {2 * p} - {span}) // {s} + 1")
+        geometry = f"{pool.kernel[d]}, {pool.stride[d]}, {pool.padding[d]}, {pool.dilation[d]}"
+        lines.append(f"P{d} = _sliding_windows(D{d}, {geometry}{', True' if pool.ceil_mode else ''})")
     return lines
 
 

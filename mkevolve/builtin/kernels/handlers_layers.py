@@ -17,6 +17,7 @@ from .attention import (fuse_attention, multihead_attention, multihead_attention
 from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
+from .geometry import transposed_size
 from .handlers_math import ValuesIndices, layer_norm
 from .ir import (Arange, Concat, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
@@ -479,7 +480,7 @@ def _output_padding_traced(call: Call) -> tuple[int, ...]:
     geometry = list(zip(module.stride, module.padding, module.dilation, module.kernel_size))
     found = set()
     for x_shape, out_shape in zip(x_shapes, call.shapes):
-        found.add(tuple(out - ((n - 1) * s - 2 * p + d * (k - 1) + 1)
+        found.add(tuple(out - transposed_size(n, k, s, p, d, 0)
                         for n, out, (s, p, d, k) in zip(x_shape[-spatial:], out_shape[-spatial:], geometry)))
     if len(found) > 1:
         raise UnsupportedSubproblem("ConvTranspose whose output_size needs a different output_padding per "

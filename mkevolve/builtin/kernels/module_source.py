@@ -13,6 +13,7 @@ from .cleanup import drop_unused_assignments
 from .configs import k_split
 from .emit_common import KernelSource, attribute
 from .errors import UnsupportedSubproblem
+from .geometry import sliding_windows, transposed_size
 from .ir import Input, IntOp, Param, Scalar, SizeOf, Value, View
 from .plan import Plan
 from .pointwise_ops import HELPER_SOURCES
@@ -95,7 +96,8 @@ def _sm_count(device):
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
-''' + "\n\n" + inspect.getsource(k_split).replace("def k_split(", "def _k_split(", 1)
+''' + "".join("\n\n" + inspect.getsource(f).replace(f"def {f.__name__}(", f"def _{f.__name__}(", 1)
+         for f in (k_split, sliding_windows, transposed_size))
 
 
 @dataclass
