@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import os
 import re
 import subprocess
@@ -185,6 +186,29 @@ def test_batchnorm_training_updates_running_statistics(variant, tmp_path):
     torch.testing.assert_close(actual.double(), expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(candidate.bn.running_mean.double(), reference.bn.running_mean, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(candidate.bn.running_var.double(), reference.bn.running_var, atol=1e-5, rtol=1e-5)
+
+
+def test_batchnorm_training_statistics_add_in_fp64_in_every_variant(tmp_path):
+    """A batch of values near 1 with a spread of 1e-3: an error in the mean is multiplied by about 300 (1 /
+    sqrt(var + eps)) in every output. Added in fp64, the statistics are the same in every variant, so the
+    outputs are bit for bit, and within eager fp32's error against fp64; added in fp32, the looped variant
+    (more adds per lane) erred 3.6 times as much as eager."""
+    path = SUBPROBLEMS / "batchnorm2d.py"
+    reference = load_problem(path).model_cls(4).to(DEVICE)
+    torch.manual_seed(1)
+    x = (1.0 + 0.001 * torch.randn(8, 4, 30, 30)).to(DEVICE)
+    with torch.no_grad():
+        expected = copy.deepcopy(reference).double()(x.double())
+        eager_error = (copy.deepcopy(reference)(x).double() - expected).abs().max()
+        outputs = []
+        for variant in range(variant_count(path, TARGET)):
+            module = _import_generated(generate_kernel(path, variant, TARGET), tmp_path, f"batchnorm_fp64_{variant}")
+            candidate = module.ModelNew(4).to(DEVICE)
+            candidate.load_state_dict(reference.state_dict())
+            outputs.append(candidate(x))
+    assert len(outputs) >= 3
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
+    assert (outputs[0].double() - expected).abs().max() <= eager_error
 
 
 def test_batchnorm_training_is_two_launches():

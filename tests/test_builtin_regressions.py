@@ -130,7 +130,8 @@ for path, name, signature, constexprs, options in json.load(sys.stdin):
     print("compiled", name)
 """
 
-_TENSOR_TYPES = {torch.float32: "*fp32", torch.int64: "*i64", torch.int32: "*i32", torch.bool: "*i1"}
+_TENSOR_TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.int64: "*i64", torch.int32: "*i32",
+                 torch.bool: "*i1"}
 
 
 def _argument_type(value) -> str:

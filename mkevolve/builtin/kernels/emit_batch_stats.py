@@ -5,7 +5,8 @@ x is seen as C channels of R elements each (R = N * spatial). A program takes on
 a channel when there are too few channels to fill the GPU. It reads its elements twice: once for their
 mean, once for their squared distances from it (two passes, not E[x^2] - E[x]^2, whose cancellation loses
 digits when the mean is large against the spread; the second pass mostly hits L2). Chunks are combined in
-a second, small launch by the parallel formula M2 = sum(M2_k) + sum(n_k * (mean_k - mean)^2).
+a second, small launch by the parallel formula M2 = sum(M2_k) + sum(n_k * (mean_k - mean)^2). All of it adds in
+fp64 and rounds the statistics to fp32 once.
 
 The row-kernel route this replaces took a launch per reduction over each adjacent run of dims (4 for a
 4-d input, more when split) and one per buffer update: 7 or more launches, where a small batch's time is
@@ -20,7 +21,6 @@ from .emit_rows import split_lines
 from .indexing import GroupIndices, Indexer, Space
 from .ir import BatchStats, Program
 from .kernel_plan import KernelPlan
-from .pointwise_ops import as_float, divide
 from .signature import KernelParam, constexpr, shape_text, signature
 
 
@@ -62,15 +62,17 @@ def emit_batch_stats(kernel: KernelPlan, name: str, variant: Variant, program: P
     s = tl.program_id(1)
     r_begin = s * CHUNK
     r_end = tl.minimum(r_begin + CHUNK, R)
-    acc = tl.zeros([BLOCK_R], tl.float32)
-{indent(_pass(indexer, x, "a", ["acc += v"]), 4)}
-    count = (r_end - r_begin).to(tl.float32)
-    mean = {divide('tl.sum(acc, axis=0)', 'count')}
-    acc = tl.zeros([BLOCK_R], tl.float32)
+    # in fp64, as the row kernels add sums (emit_rows._WIDE), rounded to fp32 once at the end
+    acc = tl.zeros([BLOCK_R], tl.float64)
+{indent(_pass(indexer, x, "a", ["acc += v.to(tl.float64)"]), 4)}
+    count = (r_end - r_begin).to(tl.float64)
+    mean = tl.sum(acc, axis=0) / count
+    acc = tl.zeros([BLOCK_R], tl.float64)
 {indent(_pass(indexer, x, "b", ["d = tl.where(mask, v - mean, 0.0)", "acc += d * d"]), 4)}
     m2 = tl.sum(acc, axis=0)
     if FINAL:
-        var = {divide('m2', 'count')}
+        batch_mean = mean.to(tl.float32)
+        batch_var = (m2 / count).to(tl.float32)
 {indent(epilogue, 8)}
     else:
         tl.store(part_ptr + c * SPLIT + s, mean)
@@ -83,12 +85,13 @@ def emit_batch_stats(kernel: KernelPlan, name: str, variant: Variant, program: P
     c = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SPLIT_BLOCK)
     smask = s < SPLIT
-    n = tl.where(smask, tl.minimum(CHUNK, R - s * CHUNK), 0).to(tl.float32)
-    means = tl.load(part_ptr + c * SPLIT + s, mask=smask, other=0.0)
+    n = tl.where(smask, tl.minimum(CHUNK, R - s * CHUNK), 0).to(tl.float64)
+    means = tl.load(part_ptr + c * SPLIT + s, mask=smask, other=0.0)     # fp64, as the first launch wrote them
     m2s = tl.load(part_ptr + (C + c) * SPLIT + s, mask=smask, other=0.0)
-    mean = {divide('tl.sum(n * means, axis=0)', as_float('R'))}
+    mean = tl.sum(n * means, axis=0) / R
     d = means - mean
-    var = {divide('tl.sum(m2s, axis=0) + tl.sum(n * d * d, axis=0)', as_float('R'))}
+    batch_mean = mean.to(tl.float32)
+    batch_var = ((tl.sum(m2s, axis=0) + tl.sum(n * d * d, axis=0)) / R).to(tl.float32)
 {indent(epilogue, 4)}
 """
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
@@ -109,14 +112,14 @@ def _pass(indexer: Indexer, x, tag: str, update: list[str]) -> list[str]:
 
 def _epilogue(running: list[str], momentum: str) -> list[str]:
     """Store the statistics; with running statistics (their operand names), move them toward the batch's."""
-    lines = ["tl.store(stats_ptr + c, mean)", "tl.store(stats_ptr + C + c, var)"]
+    lines = ["tl.store(stats_ptr + c, batch_mean)", "tl.store(stats_ptr + C + c, batch_var)"]
     if running:
         mean_ptr, var_ptr = (f"{name}_ptr" for name in running)
         lines += ["# running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance",
                   f"old_mean = tl.load({mean_ptr} + c)",
-                  f"tl.store({mean_ptr} + c, old_mean + (mean - old_mean) * {momentum})",
+                  f"tl.store({mean_ptr} + c, old_mean + (batch_mean - old_mean) * {momentum})",
                   f"old_var = tl.load({var_ptr} + c)",
-                  f"tl.store({var_ptr} + c, old_var + (var * unbias - old_var) * {momentum})"]
+                  f"tl.store({var_ptr} + c, old_var + (batch_var * unbias - old_var) * {momentum})"]
     return lines
 
 
@@ -147,7 +150,7 @@ def _launcher(name: str, indexer: Indexer, x: str, running: list[str], args: lis
              "if split == 1:",
              "    " + call(name, "(C, 1)", "stats, stats", "1", "BLOCK_R=block_r, FINAL=True, num_warps=warps"),
              "else:",
-             f"    part = torch.empty((2, C, split), device={x}.device, dtype=torch.float32)",
+             f"    part = torch.empty((2, C, split), device={x}.device, dtype=torch.float64)",
              "    " + call(name, "(C, split)", "stats, part", "split", "BLOCK_R=block_r, FINAL=False, num_warps=warps"),
              "    " + call(f"{name}_combine", "(C,)", "stats, part", "split", "SPLIT_BLOCK=_next_power_of_2(split)",
                           reads_x=False),
