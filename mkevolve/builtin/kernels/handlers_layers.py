@@ -17,7 +17,7 @@ from .attention import (fuse_attention, multihead_attention, multihead_attention
 from .builders import Builder, tuple_arg
 from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .geometry import transposed_size
+from .geometry import sliding_windows, transposed_size
 from .handlers_math import ValuesIndices, layer_norm
 from .ir import (Arange, Concat, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
@@ -637,9 +637,8 @@ def unfold(b: Builder, x: Value, kernel_size, dilation, padding, stride) -> Valu
         (stride, "unfold stride")))
     shapes = []
     for *lead, c, h, w in x.shapes:
-        blocks_h = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        blocks_w = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        shapes.append((*lead, c * kh * kw, blocks_h * blocks_w))
+        blocks = sliding_windows(h, kh, sh, ph, dh) * sliding_windows(w, kw, sw, pw, dw)
+        shapes.append((*lead, c * kh * kw, blocks))
     return b.program.add(Reindex(tuple(shapes), x=x, kind="unfold", amounts=(kh, kw, dh, dw, ph, pw, sh, sw)))
 
 
