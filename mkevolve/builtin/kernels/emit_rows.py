@@ -38,8 +38,8 @@ from .signature import KernelParam, constexpr, signature
 _INIT = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": '-float("inf")', "amin": 'float("inf")'}
 # Sums and means add in fp64 and round once to fp32 at the end. In fp32, a tree of n values rounds log2(n) times
 # along every path, an error that scales with the values added, not with their sum: in level2/27 (a mean of
-# 10933 GroupNorm outputs per channel) it made most of the output's error, 1.2 times eager fp32's (H100). The
-# adds cost nothing a row kernel waits for: it moves 4 bytes per add, and an H100 adds fp64 at half fp32's rate.
+# 10933 GroupNorm outputs per channel) it made most of the output's error, 1.2 times eager fp32's (H100). A row
+# kernel reads 4 bytes per add and an H100 adds fp64 at half fp32's rate; the cost on a GPU is not measured yet.
 _WIDE = ("sum", "mean")
 # amax and amin keep a NaN, as PyTorch's do (tl.max and tl.min skip it)
 _FINAL = {"sum": "tl.sum", "mean": "tl.sum", "prod": "_prod", "amax": "_amax", "amin": "_amin"}
