@@ -263,8 +263,11 @@ def _unfold_lines(anchor: Reindex) -> list[str]:
 
 
 def _blocks(size: str, kernel: int, dilation: int, padding: int, stride: int) -> str:
-    """Source of the number of unfold blocks along a dim of `size` elements."""
-    return f"_sliding_windows({size}, {kernel}, {stride}, {padding}, {dilation})"
+    """Source of the number of unfold blocks along a dim of `size` elements, written out: the kernel computes it
+    too, where geometry.sliding_windows (a Python function) cannot be called."""
+    offset = 2 * padding - dilation * (kernel - 1) - 1
+    shift = f" + {offset}" if offset > 0 else f" - {-offset}" if offset < 0 else ""
+    return f"({size}{shift}) // {stride} + 1"
 
 
 def _reindex_out_shape(anchor: Reindex, x: str) -> str:
