@@ -183,7 +183,7 @@ def _cases() -> list[Case]:
         ''', f"[torch.randn({b}, {h}, {t}, {d}) for _ in range(3)]", "[]"),
         2 * 2 * b * h * t * t * d / 2, 4 * 4 * b * h * t * d))
     cases += _kernelbench_conv_cases()
-    return cases + _data_movement_cases() + _skinny_gemm_cases()
+    return cases + _data_movement_cases() + _skinny_gemm_cases() + _recurrent_cases()
 
 
 def _conv_case(name: str, layer: str, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -280,6 +280,31 @@ def _skinny_gemm_cases() -> list[Case]:
                 def forward(self, x):
                     return {"F.gelu(self.fc(x))" if gelu else "self.fc(x)"}
             ''', f"[torch.randn({m}, {k})]", f"[{k}, {n}]"), 2 * m * n * k, 4 * (m * k + k * n + n + m * n)))
+    return cases
+
+
+def _recurrent_cases() -> list[Case]:
+    """KernelBench level 3's recurrent layers at its sizes (35_LTSMs, 39_GRU, 41_GRUBidirectional): 6 layers of
+    hidden size 256 over 512 steps of a batch of 10, input size 128. FLOPs: every layer's input GEMM and its
+    steps' h W_hh^T; bytes: the input, the weights and the output once."""
+    cases = []
+    batch, steps, features, hidden, layers = 10, 512, 128, 256, 6
+    # positional: bias, batch_first, dropout, bidirectional
+    for name, layer, gates, directions in (("lstm_6x256", "nn.LSTM", 4, 1), ("gru_6x256", "nn.GRU", 3, 1),
+                                           ("gru_bidirectional_6x256", "nn.GRU", 3, 2)):
+        inputs = [features] + [hidden * directions] * (layers - 1)
+        weights = sum(gates * hidden * (i + hidden + 2) for i in inputs) * directions
+        flops = 2 * steps * batch * gates * hidden * directions * sum(i + hidden for i in inputs)
+        cases.append(Case(name, _problem(f'''
+            class Model(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.rnn = {layer}({features}, {hidden}, {layers}, True, True, 0.0, {directions == 2})
+
+                def forward(self, x):
+                    return self.rnn(x)[0]
+            ''', f"[torch.randn({batch}, {steps}, {features})]", "[]"),
+            flops, 4 * (batch * steps * (features + hidden * directions) + weights)))
     return cases
 
 

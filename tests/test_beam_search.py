@@ -351,14 +351,14 @@ def test_builtin_model_gives_each_request_the_next_variant_and_stops_at_the_last
 
 
 def test_builtin_model_declines_a_subproblem_it_cannot_write_without_a_call(tmp_path):
-    """The real generator on an LSTM: it says what it has no kernel for, and no request is made."""
+    """The real generator on nn.Fold: it says what it has no kernel for, and no request is made."""
     config = RunConfig(model="builtin", beam_width=4)
     events = EventLog()
     client = make_client(config, events)
     verifier = FakeVerifier(device_name="cpu")
-    lstm = Path(__file__).resolve().parent / "subproblems" / "lstm.py"
-    beam = evolve_kernel("lstm", lstm, Beam(width=4), 8, verifier, client, config, tmp_path / "candidates")
-    assert beam.exhausted_for("builtin") == "the builtin generator has no kernel for: nn.LSTM"
+    fold = Path(__file__).resolve().parent / "subproblems" / "fold.py"
+    beam = evolve_kernel("fold", fold, Beam(width=4), 8, verifier, client, config, tmp_path / "candidates")
+    assert beam.exhausted_for("builtin") == "the builtin generator has no kernel for: nn.Fold"
     assert client.provider_calls == 0 and beam.next_seq == 0 and beam.members == []
     assert verifier.checked == [] and not (tmp_path / "candidates").exists()
     assert events.of_kind("llm_call") == [] and events.of_kind("beam")[0]["exhausted"] == beam.exhausted.reason

@@ -30,7 +30,7 @@ def _kinds_planned() -> set[str]:
     for path in PROBLEMS:
         try:
             analysis = analyse(path)
-        except Exception:  # noqa: BLE001 - unsupported problems (the LSTM) plan nothing
+        except Exception:  # noqa: BLE001 - unsupported problems (nn.Fold) plan nothing
             continue
         kinds |= {kernel.kind for plan in analysis.plans.values() for kernel in plan.kernels}
     return kinds

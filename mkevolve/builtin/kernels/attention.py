@@ -152,23 +152,23 @@ def multihead_attention(b: Builder, modules: list, path: str, query: Value, key:
     output projection; `modules` are the per-config nn.MultiheadAttention instances at `path`."""
     module = modules[0]
     if module.batch_first:
-        query, key, value = (_swap01(b, t) for t in (query, key, value))
+        query, key, value = (b.swap01(t) for t in (query, key, value))
     e, heads = module.embed_dim, module.num_heads
     weight, bias = (sub_param(b, modules, path, name) for name in ("in_proj_weight", "in_proj_bias"))
 
     def project(x: Value, i: int) -> Value:
         """The i-th of the packed q/k/v projections, split into heads."""
         rows_bias = None if bias is None else _rows(b, bias, i * e, e)
-        return _heads(b, _linear(b, x, _rows(b, weight, i * e, e), rows_bias), heads)
+        return _heads(b, b.linear(x, _rows(b, weight, i * e, e), rows_bias), heads)
 
     q, k, v = project(query, 0), project(key, 1), project(value, 2)
     kt = b.view(k, "transpose", (-2, -1), tuple(s[:-2] + (s[-1], s[-2]) for s in k.shapes))
     scores = b.matmul(q, kt)
     logits = b.pw("mul", scores, 1.0 / math.sqrt(e // heads))
     out = _merge_heads(b, attention(b, q, kt, v, scores, logits, (), "softmax", causal=False), query)
-    out = _linear(b, out, sub_param(b, modules, path, "out_proj.weight"),
+    out = b.linear(out, sub_param(b, modules, path, "out_proj.weight"),
                   sub_param(b, modules, path, "out_proj.bias"))
-    return _swap01(b, out) if module.batch_first else out
+    return b.swap01(out) if module.batch_first else out
 
 
 def sub_param(b: Builder, modules: list, path: str, name: str) -> Value | None:
@@ -195,16 +195,6 @@ def _check_plain_mha(module, call: Call) -> None:
                                 "reference draws its random mask from torch's generator; run with --eval")
 
 
-def _linear(b: Builder, x: Value, weight: Value, bias: Value | None) -> Value:
-    """x @ weight.T + bias (handlers_layers.linear, which imports this module)."""
-    out = b.matmul(x, b.view(weight, "t", (), tuple((s[1], s[0]) for s in weight.shapes)))
-    return out if bias is None else b.pw("add", out, bias)
-
-
-def _swap01(b: Builder, x: Value) -> Value:
-    return b.view(x, "transpose", (0, 1), tuple((s[1], s[0]) + s[2:] for s in x.shapes))
-
-
 def _rows(b: Builder, param: Value, start: int, length: int) -> Value:
     """Rows [start, start + length) of a packed in-projection weight or bias, as a view."""
     return b.view(param, "narrow", (0, start, length), tuple((length,) + s[1:] for s in param.shapes))
@@ -214,12 +204,12 @@ def _heads(b: Builder, x: Value, heads: int) -> Value:
     """(L, N, E) -> (N * heads, L, E / heads), as MultiheadAttention lays heads out."""
     split = tuple((s[0], s[1] * heads, s[2] // heads) for s in x.shapes)
     x = b.view(x, "reshape", (b.size(x, 0), -1, split[0][2]), split)
-    return _swap01(b, x)
+    return b.swap01(x)
 
 
 def _merge_heads(b: Builder, out: Value, query: Value) -> Value:
     """(N * heads, L, hd) -> (L, N, E), heads side by side again."""
-    out = _swap01(b, out)
+    out = b.swap01(out)
     return b.view(out, "reshape", (b.size(query, 0), b.size(query, 1), -1), query.shapes)
 
 

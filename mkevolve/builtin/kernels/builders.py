@@ -11,6 +11,7 @@ from .errors import UnsupportedSubproblem
 from .geometry import sliding_windows, transposed_size
 from .ir import (
     AdaptivePool,
+    Concat,
     Conv,
     IntOp,
     Matmul,
@@ -232,6 +233,15 @@ class Builder:
     def size(self, x: Value, dim: int) -> SizeOf:
         return SizeOf(x, dim % x.rank)
 
+    def swap01(self, x: Value) -> Value:
+        """x with its first two dims swapped, a view (batch-first <-> time- or sequence-first)."""
+        return self.view(x, "transpose", (0, 1), tuple((s[1], s[0]) + s[2:] for s in x.shapes))
+
+    def linear(self, x: Value, weight: Value, bias: Value | None) -> Value:
+        """x @ weight.T + bias: the transpose is a view, the bias add becomes the GEMM's epilogue."""
+        out = self.matmul(x, self.view(weight, "t", (), tuple((s[1], s[0]) for s in weight.shapes)))
+        return out if bias is None else self.pw("add", out, bias)
+
     # --- anchors ---------------------------------------------------------------------------------
 
     def matmul(self, a: Value, b: Value) -> Value:
@@ -253,6 +263,21 @@ class Builder:
                                         f"({a.shapes[0]} @ {b.shapes[0]}) is not supported")
         shapes = tuple(sa[:-1] + (sb[-1],) for sa, sb in zip(a.shapes, b.shapes))
         return self.program.add(Matmul(shapes, a=a, b=b, batched=True))
+
+    def concat(self, parts: list[Value], dim: int) -> Value:
+        """torch.cat: parts side by side along `dim`; one Concat, or the one part itself."""
+        if len({p.rank for p in parts}) > 1 or parts[0].rank == 0:
+            raise UnsupportedSubproblem("cat of tensors of different ranks (or 0-d)")
+        dim %= parts[0].rank
+        if len(parts) == 1:
+            return parts[0]
+        shapes = []
+        for c in range(self.n_configs):
+            first = parts[0].shapes[c]
+            if any(p.shapes[c][:dim] + p.shapes[c][dim + 1:] != first[:dim] + first[dim + 1:] for p in parts):
+                raise UnsupportedSubproblem(f"cat of shapes {[p.shapes[c] for p in parts]} along dim {dim}")
+            shapes.append(first[:dim] + (sum(p.shapes[c][dim] for p in parts),) + first[dim + 1:])
+        return self.program.add(Concat(tuple(shapes), parts=tuple(parts), dim=dim))
 
     def conv(self, x: Value, w: Value, *, transposed: bool, stride: list, padding: list, dilation: list,
              output_padding, groups: tuple[int, ...], geometry_from: str | None = None) -> Value:

@@ -19,27 +19,21 @@ from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .geometry import sliding_windows, transposed_size
 from .handlers_math import ValuesIndices, layer_norm
-from .ir import (Arange, Concat, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
+from .recurrent import recurrent_module
+from .ir import (Arange, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
 
 
-def linear(b: Builder, x: Value, weight: Value, bias: Value | None) -> Value:
-    """x @ weight.T + bias: the transpose is a view, the bias add becomes the GEMM's epilogue."""
-    transposed = b.view(weight, "t", (), tuple((s[1], s[0]) for s in weight.shapes))
-    out = b.matmul(x, transposed)
-    return b.pw("add", out, bias) if bias is not None else out
-
-
 def _linear(b: Builder, call: Call):
-    return linear(b, call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
+    return b.linear(call.arg(0, "input"), as_param(call.arg(1, "weight"), "weight"),
                   as_param(call.arg(2, "bias", None), "bias"))
 
 
 def _linear_module(b: Builder, call: Call):
-    return linear(b, call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"))
+    return b.linear(call.arg(0, "input"), module_param(b, call, "weight"), module_param(b, call, "bias"))
 
 
 def bilinear(b: Builder, x1: Value, x2: Value, weight: Value, bias: Value | None) -> Value:
@@ -167,14 +161,14 @@ def _outer(b: Builder, call: Call):
 
 def _cat(b: Builder, call: Call):
     """torch.cat / concat / concatenate of tensors of one rank along `dim`."""
-    return _concat(b, _tensor_list(call, "cat"), b.const(call.arg(1, "dim", 0), "cat dim"))
+    return b.concat(_tensor_list(call, "cat"), b.const(call.arg(1, "dim", 0), "cat dim"))
 
 
 def _stack(b: Builder, call: Call):
     """torch.stack: a cat of the tensors, each given a new size-1 dim at `dim`."""
     parts = _tensor_list(call, "stack")
     dim = int(b.const(call.arg(1, "dim", 0), "stack dim")) % (parts[0].rank + 1)
-    return _concat(b, [b.unsqueeze(p, dim) for p in parts], dim)
+    return b.concat([b.unsqueeze(p, dim) for p in parts], dim)
 
 
 def _tensor_list(call: Call, what: str) -> list[Value]:
@@ -182,22 +176,6 @@ def _tensor_list(call: Call, what: str) -> list[Value]:
     if not parts or not all(isinstance(p, Value) for p in parts):
         raise UnsupportedSubproblem(f"{what} of something other than a list of tensors")
     return parts
-
-
-def _concat(b: Builder, parts: list[Value], dim: int) -> Value:
-    """parts side by side along `dim`: one Concat, or the one part itself."""
-    if len({p.rank for p in parts}) > 1 or parts[0].rank == 0:
-        raise UnsupportedSubproblem("cat of tensors of different ranks (or 0-d)")
-    dim %= parts[0].rank
-    if len(parts) == 1:
-        return parts[0]
-    shapes = []
-    for c in range(b.n_configs):
-        first = parts[0].shapes[c]
-        if any(p.shapes[c][:dim] + p.shapes[c][dim + 1:] != first[:dim] + first[dim + 1:] for p in parts):
-            raise UnsupportedSubproblem(f"cat of shapes {[p.shapes[c] for p in parts]} along dim {dim}")
-        shapes.append(first[:dim] + (sum(p.shapes[c][dim] for p in parts),) + first[dim + 1:])
-    return b.program.add(Concat(tuple(shapes), parts=tuple(parts), dim=dim))
 
 
 def gather(b: Builder, table: Value, index: Value, dim: int, wraps: bool = False) -> Value:
@@ -353,8 +331,8 @@ class _LayerParts:
 
     def feed_forward(self, x: Value) -> Value:
         b = self.b
-        hidden = b.pw(self.activation, linear(b, x, self.param("linear1.weight"), self.param("linear1.bias")))
-        return linear(b, hidden, self.param("linear2.weight"), self.param("linear2.bias"))
+        hidden = b.pw(self.activation, b.linear(x, self.param("linear1.weight"), self.param("linear1.bias")))
+        return b.linear(hidden, self.param("linear2.weight"), self.param("linear2.bias"))
 
     def residual(self, x: Value, norm: str, block) -> Value:
         """x + block(norm(x)) (norm_first), or norm(x + block(x))."""
@@ -1203,6 +1181,7 @@ MODULES: dict[type, Handler] = {
     nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.Unfold: _unfold_module,
     nn.ChannelShuffle: _channel_shuffle, nn.GLU: _glu_module,
     nn.LocalResponseNorm: _local_response_norm_module,
+    nn.RNN: recurrent_module, nn.LSTM: recurrent_module, nn.GRU: recurrent_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _max_unpool_module for cls in (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)},

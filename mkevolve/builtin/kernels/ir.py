@@ -411,6 +411,42 @@ class BatchStats(Value):
         return [self.x, *self.running]
 
 
+class Cell(Enum):
+    """The recurrent cells of nn.RNN, nn.LSTM and nn.GRU, by the number of gates in their weights' rows."""
+
+    RNN_TANH = "rnn_tanh"    # h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh)
+    RNN_RELU = "rnn_relu"    # the same with relu
+    LSTM = "lstm"            # gates i, f, g, o; a cell state c beside h
+    GRU = "gru"              # gates r, z, n; n's hidden part is scaled by r before it joins the input's
+
+    @property
+    def gates(self) -> int:
+        return {Cell.LSTM: 4, Cell.GRU: 3}.get(self, 1)
+
+
+@dataclass(eq=False, repr=False)
+class Recurrence(Value):
+    """One direction of one layer of nn.RNN, nn.LSTM or nn.GRU over a whole sequence.
+
+    `gates` holds the input's share of every step's gates, x W_ih^T + b_ih, which one GEMM computes for all steps
+    before (time along `time_dim`, batch along the other of its first two dims, gates * H last). Each step adds
+    h W_hh^T + b_hh and applies the cell, walking time backwards where `reverse`. The value is time-major,
+    (T, B, H): the hidden state after each step. An LSTM's has one row more, (T + 1, B, H), whose last row
+    holds the cell state after the last step (h_n's partner c_n), so that one buffer carries both states."""
+
+    cell: Cell = Cell.LSTM
+    gates: Value | None = None
+    w_hh: Value | None = None            # (gates * H, H)
+    b_hh: Value | None = None            # (gates * H,), or None (bias=False)
+    h0: Value | None = None              # (B, H) before the first step, or None: zeros
+    c0: Value | None = None              # an LSTM's cell state before the first step, or None: zeros
+    time_dim: int = 0
+    reverse: bool = False
+
+    def operands(self) -> list[Value]:
+        return [v for v in (self.gates, self.w_hh, self.b_hh, self.h0, self.c0) if v is not None]
+
+
 @dataclass(frozen=True)
 class Assign:
     """A side effect of the forward: write `value` into the buffer `target` (e.g. BatchNorm running stats)."""

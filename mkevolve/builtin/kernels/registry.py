@@ -44,6 +44,7 @@ from .emit_conv import conv_flops, conv_uses_dot, emit_conv
 from .emit_matmul import emit_matmul, matmul_flops
 from .emit_pointwise import emit_pointwise
 from .emit_pool import emit_adaptive_pool, emit_pool, emit_pool_indices
+from .emit_recurrence import emit_recurrence, recurrence_flops
 from .emit_resize import emit_resize
 from .emit_rows import emit_rows
 from .emit_scan import emit_scan
@@ -51,7 +52,7 @@ from .emit_sort import emit_sort
 from .emit_unpool import emit_unpool
 from .emit_winograd import emit_winograd, winograd_fits
 from .ir import (AdaptivePool, Arange, ArgReduce, Attention, BatchStats, Concat, Conv, Gather, Matmul, Pad, Pool,
-                 PoolIndices, Program, Reindex, Resize, Scan, Sort, Unpool, Value)
+                 PoolIndices, Program, Recurrence, Reindex, Resize, Scan, Sort, Unpool, Value)
 from .kernel_plan import KernelPlan
 
 Emitter = Callable[[KernelPlan, str, Variant, Program], KernelSource]
@@ -128,6 +129,8 @@ KINDS: tuple[KernelKind, ...] = (
     KernelKind("sort", emit_sort, Sort),
     KernelKind("arange", emit_arange, Arange),
     KernelKind("batch_stats", emit_batch_stats, BatchStats),
+    # one step of an RNN/LSTM/GRU layer a launch: h W_hh^T by tl.dot, then the cell
+    KernelKind("recurrence", emit_recurrence, Recurrence, uses_dot=_always, flops=recurrence_flops),
 )
 
 _BY_NAME = {kind.name: kind for kind in KINDS}
@@ -135,7 +138,7 @@ _BY_ANCHOR = {kind.anchor: kind for kind in KINDS if kind.anchor is not None}
 
 # The IR nodes that start a kernel of their own: GEMM, convolution, pooling (and a max pool's positions), attention,
 # cat, gathers, max unpooling, padding, interpolation, reordering copies, scans, argmax/argmin, sorts, aranges read as
-# numbers and a training-mode batch norm's statistics.
+# numbers, a training-mode batch norm's statistics and recurrent layers' steps.
 ANCHOR_TYPES: tuple[type[Value], ...] = tuple(_BY_ANCHOR)
 
 

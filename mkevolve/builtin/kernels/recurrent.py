@@ -1,0 +1,106 @@
+"""Lowering of nn.RNN, nn.LSTM and nn.GRU into the tensor program.
+
+Each layer and direction is two kernels: a GEMM that computes the input's share of the gates for every step at
+once (x W_ih^T + b_ih: one large matrix product instead of T small ones), then a Recurrence whose launcher walks
+the steps, each step one launch that adds h W_hh^T + b_hh and applies the cell (emit_recurrence.py). The
+layers' outputs, h_n and c_n are views and concatenations of the Recurrences' buffers.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .builders import Builder
+from .calls import Call, module_param
+from .errors import UnsupportedInMode, UnsupportedSubproblem
+from .ir import Cell, IntOp, Recurrence, Value
+
+
+def _cell(layer: nn.RNNBase) -> Cell:
+    if isinstance(layer, nn.LSTM):
+        return Cell.LSTM
+    if isinstance(layer, nn.GRU):
+        return Cell.GRU
+    return Cell.RNN_RELU if layer.nonlinearity == "relu" else Cell.RNN_TANH
+
+
+def _check_supported(b: Builder, call: Call, x) -> None:
+    layer = call.module
+    if not isinstance(x, Value):
+        raise UnsupportedSubproblem(f"{type(layer).__name__} of a {type(x).__name__} (a packed sequence?): "
+                                    "only a padded (T, B, features) tensor is supported")
+    if x.rank != 3:
+        raise UnsupportedSubproblem(f"{type(layer).__name__} of an unbatched {x.rank}-d input")
+    if getattr(layer, "proj_size", 0):
+        raise UnsupportedSubproblem("nn.LSTM with proj_size > 0")
+    for name in ("hidden_size", "num_layers", "bidirectional", "batch_first", "bias"):
+        call.module_attr(name)
+    if layer.training and layer.dropout and layer.num_layers > 1:
+        raise UnsupportedInMode(f"{type(layer).__name__} with dropout={layer.dropout} between its layers in "
+                                "training mode: the reference draws its random mask from torch's generator; "
+                                "run with --eval")
+
+
+def _initial_states(b: Builder, call: Call, cell: Cell) -> tuple[Value | None, Value | None]:
+    """(h0, c0) as given to the layer, each (layers * directions, B, H), or None where it starts from zeros."""
+    hx = call.arg(1, "hx", None)
+    if hx is None:
+        return None, None
+    if cell is Cell.LSTM:
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise UnsupportedSubproblem("nn.LSTM's hx must be a (h0, c0) pair")
+        h0, c0 = hx
+    else:
+        h0, c0 = hx, None
+    for state in (h0, c0):
+        if state is not None and (not isinstance(state, Value) or state.rank != 3):
+            raise UnsupportedSubproblem(f"{type(call.module).__name__}'s initial state must be a 3-d tensor")
+    return h0, c0
+
+
+def _row(b: Builder, x: Value | None, index) -> Value | None:
+    """x[index] along dim 0, a view; None stays None."""
+    if x is None:
+        return None
+    return b.view(x, "select", (0, index), tuple(s[1:] for s in x.shapes))
+
+
+def recurrent_module(b: Builder, call: Call):
+    """nn.RNN / nn.LSTM / nn.GRU: (output, h_n), or (output, (h_n, c_n)) for an LSTM."""
+    layer, x = call.module, call.arg(0, "input")
+    _check_supported(b, call, x)
+    cell = _cell(layer)
+    h0, c0 = _initial_states(b, call, cell)
+    directions = 2 if layer.bidirectional else 1
+    time_dim = 1 if layer.batch_first else 0
+    finals_h, finals_c = [], []
+    for index in range(layer.num_layers):
+        outputs = []
+        for direction in range(directions):
+            suffix = f"_l{index}" + ("_reverse" if direction else "")
+            gates = b.linear(x, module_param(b, call, f"weight_ih{suffix}"), module_param(b, call, f"bias_ih{suffix}"))
+            state = index * directions + direction
+            shapes = tuple(s[time_dim:time_dim + 1] + s[1 - time_dim:2 - time_dim] + (layer.hidden_size,)
+                           for s in gates.shapes)
+            if cell is Cell.LSTM:      # the cell state's row after the hidden states'
+                shapes = tuple((s[0] + 1,) + s[1:] for s in shapes)
+            steps = b.program.add(Recurrence(
+                shapes, cell=cell, gates=gates, w_hh=module_param(b, call, f"weight_hh{suffix}"),
+                b_hh=module_param(b, call, f"bias_hh{suffix}"), h0=_row(b, h0, state), c0=_row(b, c0, state),
+                time_dim=time_dim, reverse=bool(direction)))
+            hidden = steps
+            if cell is Cell.LSTM:
+                length = b.size(gates, time_dim)
+                hidden = b.view(steps, "narrow", (0, 0, length), tuple((s[0] - 1,) + s[1:] for s in shapes))
+                finals_c.append(_row(b, steps, length))
+            # the hidden state after a direction's last step: time T - 1 forwards, time 0 backwards
+            finals_h.append(_row(b, hidden, 0 if direction else IntOp("sub", b.size(hidden, 0), 1)))
+            outputs.append(hidden)
+        # the next layer reads time-major states (both directions side by side): its GEMM gives time-major gates
+        x, time_dim = b.concat(outputs, 2), 0
+    output = b.swap01(x) if layer.batch_first else x
+    # (layers * directions, B, H) from each layer's and direction's (B, H)
+    h_n = b.concat([b.unsqueeze(h, 0) for h in finals_h], 0)
+    if cell is Cell.LSTM:
+        return output, (h_n, b.concat([b.unsqueeze(c, 0) for c in finals_c], 0))
+    return output, h_n

@@ -1,0 +1,136 @@
+"""nn.RNN, nn.LSTM and nn.GRU in the builtin generator: a GEMM for every step's input gates, then one launch per
+step (emit_recurrence.py). Small shapes, so the Triton interpreter runs them on a CPU."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
+from mkevolve.problem import call_inputs, fp32_strict, import_file, load_problem
+
+ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+TARGET = "cuda" if ON_GPU else "cpu"
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
+
+
+def _problem(tmp_path: Path, name: str, init: str, forward: str, inputs: str, configs: str = "") -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(f'''\
+        import torch
+        import torch.nn as nn
+
+
+        class Model(nn.Module):
+            def __init__(self, batch_first=True):
+                super().__init__()
+                self.rnn = {init}
+
+            def forward(self, x):
+                return {forward}
+
+
+        def get_inputs():
+            return {inputs}
+
+
+        def get_init_inputs():
+            return []
+        ''') + configs)
+    return path
+
+
+def _flat(result) -> list[torch.Tensor]:
+    if isinstance(result, (tuple, list)):
+        return [t for item in result for t in _flat(item)]
+    return [result]
+
+
+def _assert_variant_matches(path: Path, variant: int, tmp_path: Path, train: bool = False):
+    """Model and ModelNew built alike and run on the same inputs under every input config; every output
+    (nested tuples flattened) matches in shape and within the verifier's tolerance."""
+    generated = generate_kernel(path, variant, TARGET)
+    source = tmp_path / f"{path.stem}_v{variant}.py"
+    source.write_text(generated.source)
+    module = import_file(source, prefix="generated")
+    problem = load_problem(path)
+    fp32_strict()
+    for config in problem.configs:
+        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
+        torch.manual_seed(0)
+        reference = problem.model_cls(*init).to(DEVICE).train(train)
+        candidate = module.ModelNew(*init).to(DEVICE).train(train)
+        candidate.load_state_dict(reference.state_dict())
+        torch.manual_seed(1)
+        inputs = [t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")]
+        with torch.no_grad():
+            expected, actual = _flat(reference(*inputs)), _flat(candidate(*inputs))
+        assert len(actual) == len(expected)
+        for e, a in zip(expected, actual):
+            assert a.shape == e.shape and a.dtype == e.dtype
+            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+    return generated
+
+
+@pytest.mark.parametrize("stem", ["lstm", "gru_rnn"])
+def test_every_variant_of_a_recurrent_subproblem_matches(stem, tmp_path):
+    """lstm.py: two bidirectional LSTM layers from a given (h0, c0), every output; gru_rnn.py: two GRU layers
+    from zeros, then a ReLU RNN without biases from a given h0."""
+    path = SUBPROBLEMS / f"{stem}.py"
+    count = variant_count(path, TARGET)
+    assert count >= 2
+    for variant in range(count):
+        generated = _assert_variant_matches(path, variant, tmp_path)
+        assert "_recurrence_kernel" in generated.source and "steps" in generated.description
+
+
+def test_each_layer_is_one_gemm_for_its_input_and_a_launch_per_step_for_its_recurrence(tmp_path):
+    """The input's gates of all steps come from one GEMM; the steps are a loop in the launcher, walking
+    backwards for the reverse direction, and nn.LSTM's own forward is never called."""
+    generated = generate_kernel(SUBPROBLEMS / "lstm.py", 0, TARGET)
+    forward = generated.source.split("class ModelNew")[1].split('if __name__ == "__main__":')[0]
+    # 2 layers x 2 directions
+    assert forward.count("_matmul_kernel") == 4 and forward.count("_recurrence_kernel") == 4
+    assert "for step, t in enumerate(range(T)):" in generated.source
+    assert "for step, t in enumerate(reversed(range(T))):" in generated.source
+    assert "self.lstm(" not in forward
+
+
+def test_one_kernel_file_serves_input_configs_of_other_lengths_and_batches(tmp_path):
+    """Two input configs that differ in sequence length and batch size: the launcher reads T and B at run time."""
+    configs = textwrap.dedent('''
+
+        def get_input_configs():
+            return [{"get_init_inputs": lambda: [], "get_inputs": lambda: [torch.randn(3, 4, 5)]},
+                    {"get_init_inputs": lambda: [], "get_inputs": lambda: [torch.randn(17, 9, 5)]}]
+        ''')
+    path = _problem(tmp_path, "gru_configs", "nn.GRU(5, 24, batch_first=True)", "self.rnn(x)[1]",
+                    "[torch.randn(3, 4, 5)]", configs)
+    assert len(load_problem(path).configs) == 2
+    _assert_variant_matches(path, 0, tmp_path)
+
+
+def test_training_mode_without_dropout_is_written_and_with_dropout_is_refused_in_that_mode(tmp_path):
+    plain = _problem(tmp_path, "lstm_train", "nn.LSTM(4, 16, num_layers=2)", "self.rnn(x)[0]",
+                     "[torch.randn(5, 2, 4)]")
+    _assert_variant_matches(plain, 0, tmp_path, train=True)
+    dropout = _problem(tmp_path, "lstm_dropout", "nn.LSTM(4, 16, num_layers=2, dropout=0.5)", "self.rnn(x)[0]",
+                       "[torch.randn(5, 2, 4)]")
+    with pytest.raises(UnsupportedSubproblem, match=r"dropout=0\.5 between its layers in training mode.*--eval"):
+        generate_kernel(dropout, 0, TARGET, mode="train")
+    _assert_variant_matches(dropout, 0, tmp_path, train=False)     # eval mode, where dropout is off
+
+
+@pytest.mark.parametrize(("name", "init", "forward", "inputs", "reason"), [
+    ("projected", "nn.LSTM(4, 16, proj_size=8)", "self.rnn(x)[0]", "[torch.randn(5, 2, 4)]", "proj_size"),
+    ("unbatched", "nn.GRU(4, 16)", "self.rnn(x)[0]", "[torch.randn(5, 4)]", "unbatched 2-d input"),
+])
+def test_forms_without_a_kernel_are_refused_with_the_reason(tmp_path, name, init, forward, inputs, reason):
+    path = _problem(tmp_path, name, init, forward, inputs)
+    with pytest.raises(UnsupportedSubproblem, match=reason):
+        generate_kernel(path, 0, TARGET)
