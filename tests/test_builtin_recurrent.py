@@ -91,13 +91,16 @@ def test_every_variant_of_a_recurrent_subproblem_matches(stem, tmp_path):
 
 def test_each_layer_is_one_gemm_for_its_input_and_a_launch_per_step_for_its_recurrence(tmp_path):
     """The input's gates of all steps come from one GEMM; the steps are a loop in the launcher, walking
-    backwards for the reverse direction, and nn.LSTM's own forward is never called."""
+    backwards for the reverse direction (where the step before is t + 1), and nn.LSTM's own forward is never
+    called."""
     generated = generate_kernel(SUBPROBLEMS / "lstm.py", 0, TARGET)
     forward = generated.source.split("class ModelNew")[1].split('if __name__ == "__main__":')[0]
     # 2 layers x 2 directions
     assert forward.count("_matmul_kernel") == 4 and forward.count("_recurrence_kernel") == 4
-    assert "for step, t in enumerate(range(T)):" in generated.source
-    assert "for step, t in enumerate(reversed(range(T))):" in generated.source
+    # each launch is given the whole buffers and its step's time, and the time of the step before it
+    assert "for step, t in enumerate(range(T)):" in generated.source and ", out, t, t - 1, T, B, H," in generated.source
+    assert ("for step, t in enumerate(reversed(range(T))):" in generated.source
+            and ", out, t, t + 1, T, B, H," in generated.source)
     assert "self.lstm(" not in forward
 
 
