@@ -137,3 +137,23 @@ def test_forms_without_a_kernel_are_refused_with_the_reason(tmp_path, name, init
     path = _problem(tmp_path, name, init, forward, inputs)
     with pytest.raises(UnsupportedSubproblem, match=reason):
         generate_kernel(path, 0, TARGET)
+
+
+@pytest.mark.parametrize(("name", "init", "args", "forward", "inputs"), [
+    ("lstm_cell", "nn.LSTMCell(8, 20)", "x, h, c", "self.rnn(x, (h, c))",
+     "[torch.randn(3, 8), torch.randn(3, 20), torch.randn(3, 20)]"),
+    ("lstm_cell_from_zeros", "nn.LSTMCell(8, 20)", "x", "self.rnn(x)", "[torch.randn(3, 8)]"),
+    ("gru_cell", "nn.GRUCell(8, 20)", "x, h", "self.rnn(x, h)", "[torch.randn(3, 8), torch.randn(3, 20)]"),
+    ("gru_cell_from_zeros", "nn.GRUCell(8, 20)", "x", "self.rnn(x)", "[torch.randn(3, 8)]"),
+    ("gru_cell_without_biases", "nn.GRUCell(8, 20, bias=False)", "x, h", "self.rnn(x, h)",
+     "[torch.randn(3, 8), torch.randn(3, 20)]"),
+    ("relu_cell", "nn.RNNCell(8, 20, nonlinearity='relu')", "x, h", "self.rnn(x, h)",
+     "[torch.randn(3, 8), torch.randn(3, 20)]"),
+])
+def test_single_step_cells_are_two_gemms_and_elementwise_kernels(tmp_path, name, init, args, forward, inputs):
+    """nn.LSTMCell, nn.GRUCell and nn.RNNCell, from a given state or from zeros: no step loop, the cell's
+    formulas fused after the GEMMs."""
+    path = _problem(tmp_path, name, init, forward, inputs)
+    path.write_text(path.read_text().replace("def forward(self, x):", f"def forward(self, {args}):"))
+    generated = _assert_variant_matches(path, 0, tmp_path)
+    assert "_recurrence_kernel" not in generated.source and "_matmul_kernel" in generated.source

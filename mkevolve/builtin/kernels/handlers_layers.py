@@ -19,7 +19,7 @@ from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .geometry import sliding_windows, transposed_size
 from .handlers_math import ValuesIndices, layer_norm
-from .recurrent import recurrent_module
+from .recurrent import recurrent_cell_module, recurrent_module
 from .ir import (Arange, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
 from .trace import TaggedInt
@@ -1182,6 +1182,7 @@ MODULES: dict[type, Handler] = {
     nn.ChannelShuffle: _channel_shuffle, nn.GLU: _glu_module,
     nn.LocalResponseNorm: _local_response_norm_module,
     nn.RNN: recurrent_module, nn.LSTM: recurrent_module, nn.GRU: recurrent_module,
+    nn.RNNCell: recurrent_cell_module, nn.LSTMCell: recurrent_cell_module, nn.GRUCell: recurrent_cell_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                                      nn.AvgPool3d)},
     **{cls: _max_unpool_module for cls in (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)},

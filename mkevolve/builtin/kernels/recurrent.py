@@ -104,3 +104,57 @@ def recurrent_module(b: Builder, call: Call):
     if cell is Cell.LSTM:
         return output, (h_n, b.concat([b.unsqueeze(c, 0) for c in finals_c], 0))
     return output, h_n
+
+
+# --- single steps: nn.RNNCell, nn.LSTMCell, nn.GRUCell -----------------------------------------------
+# A cell is one step, so no Recurrence: two GEMMs (x W_ih^T + b_ih, h W_hh^T + b_hh) and the cell's elementwise
+# formulas, which the plan fuses into the second GEMM's epilogue and a pointwise kernel.
+
+
+def _gate_views(b: Builder, gates: Value, count: int, hidden: int) -> list[Value]:
+    """The `count` gates side by side along dim 1 of (B, count * H), each a (B, H) view."""
+    shapes = tuple((s[0], hidden) for s in gates.shapes)
+    return [b.view(gates, "narrow", (1, q * hidden, hidden), shapes) for q in range(count)]
+
+
+def recurrent_cell_module(b: Builder, call: Call):
+    """nn.RNNCell / nn.LSTMCell / nn.GRUCell on a (B, input) batch: h', or (h', c') for an LSTM cell."""
+    cell_layer, x = call.module, call.arg(0, "input")
+    if not isinstance(x, Value) or x.rank != 2:
+        raise UnsupportedSubproblem(f"{type(cell_layer).__name__} of an input that is not a 2-d (batch, features) "
+                                    "tensor")
+    cell = (Cell.LSTM if isinstance(cell_layer, nn.LSTMCell) else Cell.GRU if isinstance(cell_layer, nn.GRUCell)
+            else Cell.RNN_RELU if cell_layer.nonlinearity == "relu" else Cell.RNN_TANH)
+    hx = call.arg(1, "hx", None)
+    h, c = (hx if isinstance(hx, (tuple, list)) else (hx, None)) if hx is not None else (None, None)
+    for state in (h, c):
+        if state is not None and (not isinstance(state, Value) or state.rank != 2):
+            raise UnsupportedSubproblem(f"{type(cell_layer).__name__}'s state must be a 2-d tensor")
+    hidden = call.module_attr("hidden_size")
+    x_part = b.linear(x, module_param(b, call, "weight_ih"), module_param(b, call, "bias_ih"))
+    b_hh = module_param(b, call, "bias_hh")
+    # h W_hh^T + b_hh; from a zero state only the bias is left (or nothing)
+    h_part = b.linear(h, module_param(b, call, "weight_hh"), b_hh) if h is not None else b_hh
+    if cell is Cell.GRU:
+        xr, xz, xn = _gate_views(b, x_part, 3, hidden)
+        hr, hz, hn = _gate_views(b, h_part, 3, hidden) if h is not None else (None, None, None)
+        if h is None and b_hh is not None:
+            hr, hz, hn = (b.view(b_hh, "narrow", (0, q * hidden, hidden), tuple((hidden,) for _ in b_hh.shapes))
+                          for q in range(3))
+        r = b.pw("sigmoid", _plus(b, xr, hr))
+        z = b.pw("sigmoid", _plus(b, xz, hz))
+        n = b.pw("tanh", _plus(b, xn, b.pw("mul", r, hn) if hn is not None else None))
+        if h is None:          # n + z (0 - n)
+            return b.pw("add", n, b.pw("mul", z, b.pw("neg", n)))
+        return b.pw("add", n, b.pw("mul", z, b.pw("sub", h, n)))
+    gates = _plus(b, x_part, h_part)
+    if cell is not Cell.LSTM:
+        return b.pw("relu" if cell is Cell.RNN_RELU else "tanh", gates)
+    i, f, g, o = _gate_views(b, gates, 4, hidden)
+    i, f, g, o = b.pw("sigmoid", i), b.pw("sigmoid", f), b.pw("tanh", g), b.pw("sigmoid", o)
+    c_next = b.pw("mul", i, g) if c is None else b.pw("add", b.pw("mul", f, c), b.pw("mul", i, g))
+    return b.pw("mul", o, b.pw("tanh", c_next)), c_next
+
+
+def _plus(b: Builder, a: Value, other: Value | None) -> Value:
+    return a if other is None else b.pw("add", a, other)
