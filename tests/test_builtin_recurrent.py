@@ -157,3 +157,27 @@ def test_single_step_cells_are_two_gemms_and_elementwise_kernels(tmp_path, name,
     path.write_text(path.read_text().replace("def forward(self, x):", f"def forward(self, {args}):"))
     generated = _assert_variant_matches(path, 0, tmp_path)
     assert "_recurrence_kernel" not in generated.source and "_matmul_kernel" in generated.source
+
+
+@pytest.mark.parametrize(("name", "init", "first", "step"), [
+    ("lstm_cell_loop", "nn.LSTMCell(8, 20)", "h, c = self.rnn(x[0])", "h, c = self.rnn(x[t], (h, c))"),
+    ("gru_cell_loop", "nn.GRUCell(8, 20)", "h = self.rnn(x[0])", "h = self.rnn(x[t], h)"),
+    ("tanh_cell_loop", "nn.RNNCell(8, 20)", "h = self.rnn(x[0])", "h = self.rnn(x[t], h)"),
+])
+def test_a_python_loop_of_cells_over_time_is_unrolled_into_steps(tmp_path, name, init, first, step):
+    """`for t in range(x.shape[0])` defeats torch.fx; torch.export unrolls it into aten.*_cell calls, the first
+    from aten.zeros (nn.*Cell's own zero state), and each call becomes one cell step."""
+    path = _problem(tmp_path, name, init, "h", "[torch.randn(4, 3, 8)]")
+    loop = f"{first}\n        for t in range(1, x.shape[0]):\n            {step}\n        return h"
+    path.write_text(path.read_text().replace("return h", loop))
+    generated = _assert_variant_matches(path, 0, tmp_path)
+    assert generated.source.count("_matmul_kernel") >= 4 and "_recurrence_kernel" not in generated.source
+
+
+def test_zeros_built_in_forward_are_taken_only_as_a_cell_s_state(tmp_path):
+    path = _problem(tmp_path, "zeros_sum", "nn.Identity()", "acc", "[torch.randn(4, 3, 8)]")
+    loop = ("acc = torch.zeros(x.shape[1], x.shape[2], device=x.device)\n"
+            "        for t in range(x.shape[0]):\n            acc = acc + x[t]\n        return acc")
+    path.write_text(path.read_text().replace("return acc", loop))
+    with pytest.raises(UnsupportedSubproblem, match="Zeros"):
+        generate_kernel(path, 0, TARGET)

@@ -8,6 +8,8 @@ layers' outputs, h_n and c_n are views and concatenations of the Recurrences' bu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from .builders import Builder
@@ -106,47 +108,56 @@ def recurrent_module(b: Builder, call: Call):
     return output, h_n
 
 
-# --- single steps: nn.RNNCell, nn.LSTMCell, nn.GRUCell -----------------------------------------------
+# --- single steps: nn.RNNCell, nn.LSTMCell, nn.GRUCell and their aten ops ------------------------------
 # A cell is one step, so no Recurrence: two GEMMs (x W_ih^T + b_ih, h W_hh^T + b_hh) and the cell's elementwise
-# formulas, which the plan fuses into the second GEMM's epilogue and a pointwise kernel.
+# formulas, which the plan fuses into the second GEMM's epilogue and a pointwise kernel. A Python loop of cells
+# over time is traced by torch.export, unrolled, as aten.*_cell calls; its first state is often aten.zeros.
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """aten.zeros: a tensor of zeros built in the forward (a cell's first state, `hx=None` inside nn.*Cell).
+    Only a cell takes it, as "no state"; anywhere else it is refused as an operand of unknown type."""
+
+    shape: tuple
+
+
+def zeros(b: Builder, call: Call) -> Zeros:
+    return Zeros(tuple(call.shapes[0]))
 
 
 def _gate_views(b: Builder, gates: Value, count: int, hidden: int) -> list[Value]:
-    """The `count` gates side by side along dim 1 of (B, count * H), each a (B, H) view."""
-    shapes = tuple((s[0], hidden) for s in gates.shapes)
-    return [b.view(gates, "narrow", (1, q * hidden, hidden), shapes) for q in range(count)]
+    """The `count` gates side by side along the last dim of (B, count * H) or (count * H,), each a view."""
+    shapes = tuple(s[:-1] + (hidden,) for s in gates.shapes)
+    return [b.view(gates, "narrow", (gates.rank - 1, q * hidden, hidden), shapes) for q in range(count)]
 
 
-def recurrent_cell_module(b: Builder, call: Call):
-    """nn.RNNCell / nn.LSTMCell / nn.GRUCell on a (B, input) batch: h', or (h', c') for an LSTM cell."""
-    cell_layer, x = call.module, call.arg(0, "input")
+def _state(state, what: str) -> Value | None:
+    if state is None or isinstance(state, Zeros):
+        return None
+    if not isinstance(state, Value) or state.rank != 2:
+        raise UnsupportedSubproblem(f"{what}'s state must be a 2-d (batch, hidden) tensor")
+    return state
+
+
+def cell_step(b: Builder, cell: Cell, x, h, c, weights: tuple, what: str):
+    """One step of `cell` on x (B, input) from h (and c; None: zeros); weights (W_ih, W_hh, b_ih, b_hh), the
+    biases None where absent. h', or (h', c') for an LSTM cell."""
     if not isinstance(x, Value) or x.rank != 2:
-        raise UnsupportedSubproblem(f"{type(cell_layer).__name__} of an input that is not a 2-d (batch, features) "
-                                    "tensor")
-    cell = (Cell.LSTM if isinstance(cell_layer, nn.LSTMCell) else Cell.GRU if isinstance(cell_layer, nn.GRUCell)
-            else Cell.RNN_RELU if cell_layer.nonlinearity == "relu" else Cell.RNN_TANH)
-    hx = call.arg(1, "hx", None)
-    h, c = (hx if isinstance(hx, (tuple, list)) else (hx, None)) if hx is not None else (None, None)
-    for state in (h, c):
-        if state is not None and (not isinstance(state, Value) or state.rank != 2):
-            raise UnsupportedSubproblem(f"{type(cell_layer).__name__}'s state must be a 2-d tensor")
-    hidden = call.module_attr("hidden_size")
-    x_part = b.linear(x, module_param(b, call, "weight_ih"), module_param(b, call, "bias_ih"))
-    b_hh = module_param(b, call, "bias_hh")
+        raise UnsupportedSubproblem(f"{what} of an input that is not a 2-d (batch, features) tensor")
+    h, c = _state(h, what), _state(c, what)
+    w_ih, w_hh, b_ih, b_hh = weights
+    hidden = w_hh.shapes[0][1]
+    x_part = b.linear(x, w_ih, b_ih)
     # h W_hh^T + b_hh; from a zero state only the bias is left (or nothing)
-    h_part = b.linear(h, module_param(b, call, "weight_hh"), b_hh) if h is not None else b_hh
+    h_part = b.linear(h, w_hh, b_hh) if h is not None else b_hh
     if cell is Cell.GRU:
         xr, xz, xn = _gate_views(b, x_part, 3, hidden)
-        hr, hz, hn = _gate_views(b, h_part, 3, hidden) if h is not None else (None, None, None)
-        if h is None and b_hh is not None:
-            hr, hz, hn = (b.view(b_hh, "narrow", (0, q * hidden, hidden), tuple((hidden,) for _ in b_hh.shapes))
-                          for q in range(3))
-        r = b.pw("sigmoid", _plus(b, xr, hr))
-        z = b.pw("sigmoid", _plus(b, xz, hz))
+        hr, hz, hn = _gate_views(b, h_part, 3, hidden) if h_part is not None else (None, None, None)
+        r, z = b.pw("sigmoid", _plus(b, xr, hr)), b.pw("sigmoid", _plus(b, xz, hz))
         n = b.pw("tanh", _plus(b, xn, b.pw("mul", r, hn) if hn is not None else None))
-        if h is None:          # n + z (0 - n)
-            return b.pw("add", n, b.pw("mul", z, b.pw("neg", n)))
-        return b.pw("add", n, b.pw("mul", z, b.pw("sub", h, n)))
+        # h' = n + z (h - n), with h = 0 from zeros
+        return b.pw("add", n, b.pw("mul", z, b.pw("sub", h, n) if h is not None else b.pw("neg", n)))
     gates = _plus(b, x_part, h_part)
     if cell is not Cell.LSTM:
         return b.pw("relu" if cell is Cell.RNN_RELU else "tanh", gates)
@@ -158,3 +169,30 @@ def recurrent_cell_module(b: Builder, call: Call):
 
 def _plus(b: Builder, a: Value, other: Value | None) -> Value:
     return a if other is None else b.pw("add", a, other)
+
+
+def recurrent_cell_module(b: Builder, call: Call):
+    """nn.RNNCell / nn.LSTMCell / nn.GRUCell on a (B, input) batch: h', or (h', c') for an LSTM cell."""
+    layer = call.module
+    cell = (Cell.LSTM if isinstance(layer, nn.LSTMCell) else Cell.GRU if isinstance(layer, nn.GRUCell)
+            else Cell.RNN_RELU if layer.nonlinearity == "relu" else Cell.RNN_TANH)
+    call.module_attr("hidden_size")
+    hx = call.arg(1, "hx", None)
+    h, c = hx if cell is Cell.LSTM and isinstance(hx, (tuple, list)) else (hx, None)
+    weights = tuple(module_param(b, call, name) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+    return cell_step(b, cell, call.arg(0, "input"), h, c, weights, type(layer).__name__)
+
+
+def aten_cell(cell: Cell):
+    """aten.rnn_tanh_cell / rnn_relu_cell / gru_cell (input, hx, w_ih, w_hh, b_ih, b_hh) and aten.lstm_cell,
+    whose hx is the list [h, c]."""
+    def handler(b: Builder, call: Call):
+        hx = call.arg(1, "hx")
+        h, c = hx if cell is Cell.LSTM else (hx, None)
+        weights = tuple(call.arg(i, name, None) for i, name in ((2, "w_ih"), (3, "w_hh"), (4, "b_ih"), (5, "b_hh")))
+        return cell_step(b, cell, call.arg(0, "input"), h, c, weights, call.name)
+    return handler
+
+
+ATEN_CELLS = {"aten.rnn_tanh_cell": aten_cell(Cell.RNN_TANH), "aten.rnn_relu_cell": aten_cell(Cell.RNN_RELU),
+              "aten.lstm_cell": aten_cell(Cell.LSTM), "aten.gru_cell": aten_cell(Cell.GRU), "aten.zeros": zeros}
