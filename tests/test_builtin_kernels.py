@@ -14,62 +14,26 @@ import pytest
 import torch
 import triton
 
-from mkevolve.builtin.kernels import (GeneratedKernel, UnsupportedOps, UnsupportedSubproblem, generate_kernel,
+from mkevolve.builtin.kernels import (UnsupportedOps, UnsupportedSubproblem, generate_kernel,
                                       variant_count)
 from mkevolve.builtin.kernels.cleanup import drop_unused_assignments
 from mkevolve.builtin.kernels.configs import NOMINAL_SMS, TARGETS, k_split
-from mkevolve.problem import call_inputs, import_file, load_problem
-from mkevolve.verify.correctness import fp32_strict
+from mkevolve.problem import load_problem
+
+from builtin_matching import DEVICE, ON_GPU, TARGET, assert_matches, import_generated
 
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
 ATTENTION_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "attention_small"
 ROOT = Path(__file__).resolve().parents[1]
-ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-TARGET = "cuda" if ON_GPU else "cpu"
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 SUPPORTED = sorted(p.stem for p in SUBPROBLEMS.glob("*.py") if p.stem != "fold")
 VIEW_METHODS = {"contiguous", "reshape", "view", "t", "transpose", "permute", "squeeze", "unsqueeze", "flatten",
                 "unflatten", "expand", "narrow", "select", "chunk", "split"}
 
 
-def _import_generated(generated: GeneratedKernel, tmp_path: Path, name: str):
-    path = tmp_path / f"{name}.py"
-    path.write_text(generated.source)
-    return import_file(path, prefix="generated")
-
-
-def _outputs(result) -> list[torch.Tensor]:
-    return list(result) if isinstance(result, (tuple, list)) else [result]
-
-
-def _assert_matches(path: Path, generated: GeneratedKernel, tmp_path: Path, eval_mode: bool = False) -> None:
-    """Model and ModelNew built with the same seed, run on the same seeded inputs under every config."""
-    module = _import_generated(generated, tmp_path, f"{path.stem}_v{generated.variant}")
-    problem = load_problem(path)
-    fp32_strict()  # on a GPU, cuDNN's convolutions would otherwise use TF32
-    for config in problem.configs:
-        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-        torch.manual_seed(0)
-        reference = problem.model_cls(*init).to(DEVICE)
-        torch.manual_seed(0)
-        candidate = module.ModelNew(*init).to(DEVICE)
-        if eval_mode:
-            reference.eval()
-            candidate.eval()
-        torch.manual_seed(1)
-        inputs = [t.to(DEVICE) for t in call_inputs(problem.path, config.get_inputs, "get_inputs")]
-        with torch.no_grad():
-            expected, actual = _outputs(reference(*inputs)), _outputs(candidate(*inputs))
-        assert len(actual) == len(expected)
-        for e, a in zip(expected, actual):
-            assert a.shape == e.shape and a.dtype == e.dtype
-            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("stem", SUPPORTED)
 def test_generated_kernel_matches_reference(stem, tmp_path):
     path = SUBPROBLEMS / f"{stem}.py"
-    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
+    assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
 
 
 @pytest.mark.parametrize("stem", ["linear_gelu", "conv2d_bias_relu", "softmax", "groupnorm", "groupnorm_mean"])
@@ -80,7 +44,7 @@ def test_every_variant_is_correct(stem, tmp_path):
     for variant in range(count):
         generated = generate_kernel(path, variant, TARGET)
         assert generated.variant == variant
-        _assert_matches(path, generated, tmp_path)
+        assert_matches(path, generated, tmp_path)
 
 
 def test_reductions_of_whole_groups_never_write_the_normalized_tensor():
@@ -105,7 +69,7 @@ def test_a_long_row_s_mean_and_variance_take_one_walk_that_survives_a_large_offs
         assert "_looped" in generated.source and "tl.reduce((avg" in generated.source
         # one reciprocal per pass, not a division per value (1.5 times slower at level2/23's size, H100)
         assert "* (1.0 / (r0 // BLOCK_R + 1))" in generated.source and "_div(dev" not in generated.source
-        _assert_matches(path, generated, tmp_path)
+        assert_matches(path, generated, tmp_path)
 
 
 def test_short_rows_go_several_to_a_program(tmp_path):
@@ -114,7 +78,7 @@ def test_short_rows_go_several_to_a_program(tmp_path):
     path = SUBPROBLEMS / "groupnorm_small_groups.py"
     generated = generate_kernel(path, 0, TARGET)
     assert "_packed[(_cdiv(O, block_o),)]" in generated.source and "axis=1" in generated.source
-    _assert_matches(path, generated, tmp_path)
+    assert_matches(path, generated, tmp_path)
 
 
 def test_gemm_variants_state_their_precision():
@@ -137,7 +101,7 @@ def test_a_gemm_with_few_output_tiles_and_a_long_k_splits_k(tmp_path):
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if ON_GPU else NOMINAL_SMS["cpu"]
     chunks, chunk, _ = k_split(4, 40, 520, sms, tile.block_n, tile.block_k, tile.block_m)
     assert chunks > 1 and chunks * chunk > 520      # several chunks, the last one short
-    _assert_matches(path, split[0], tmp_path)
+    assert_matches(path, split[0], tmp_path)
     linear_gelu = SUBPROBLEMS / "linear_gelu.py"
     assert not any("K split" in generate_kernel(linear_gelu, v, TARGET).description
                    for v in range(variant_count(linear_gelu, TARGET)))
@@ -163,7 +127,7 @@ def test_cuda_target_autotunes_and_tries_tf32x3_dots_before_the_ieee_fallback():
 @pytest.mark.parametrize("eval_mode", [False, True])
 def test_batchnorm_uses_batch_or_running_statistics(eval_mode, tmp_path):
     path = SUBPROBLEMS / "batchnorm2d.py"
-    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path, eval_mode)
+    assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path, eval_mode)
 
 
 @pytest.mark.parametrize("variant", range(variant_count(SUBPROBLEMS / "batchnorm2d.py", TARGET)))
@@ -172,7 +136,7 @@ def test_batchnorm_training_updates_running_statistics(variant, tmp_path):
     output and the running statistics match an fp64 reference, on an input whose mean (100) is large
     against its spread (1), where a one-pass E[x^2] - E[x]^2 in fp32 would lose the variance's digits."""
     generated = generate_kernel(SUBPROBLEMS / "batchnorm2d.py", variant, TARGET)
-    module = _import_generated(generated, tmp_path, f"batchnorm_stats_{variant}")
+    module = import_generated(generated, tmp_path, f"batchnorm_stats_{variant}")
     problem = load_problem(SUBPROBLEMS / "batchnorm2d.py")
     torch.manual_seed(0)
     reference = problem.model_cls(4).to(DEVICE).double()
@@ -202,7 +166,7 @@ def test_batchnorm_training_statistics_add_in_fp64_in_every_variant(tmp_path):
         eager_error = (copy.deepcopy(reference)(x).double() - expected).abs().max()
         outputs = []
         for variant in range(variant_count(path, TARGET)):
-            module = _import_generated(generate_kernel(path, variant, TARGET), tmp_path, f"batchnorm_fp64_{variant}")
+            module = import_generated(generate_kernel(path, variant, TARGET), tmp_path, f"batchnorm_fp64_{variant}")
             candidate = module.ModelNew(4).to(DEVICE)
             candidate.load_state_dict(reference.state_dict())
             outputs.append(candidate(x))
@@ -278,7 +242,7 @@ def test_dropout_in_training_mode_gets_no_kernel_and_says_why(tmp_path):
     path.write_text(DROPOUT)
     with pytest.raises(UnsupportedSubproblem, match=r"Dropout with p=0\.2 in training mode .*--eval"):
         generate_kernel(path, 0, TARGET, mode="train")
-    module = _import_generated(generate_kernel(path, 0, TARGET), tmp_path, "both_modes")
+    module = import_generated(generate_kernel(path, 0, TARGET), tmp_path, "both_modes")
     with pytest.raises(NotImplementedError, match="training mode"):
         module.ModelNew(16, 0.2).to(DEVICE)(torch.randn(4, 16, device=DEVICE))
 
@@ -286,7 +250,7 @@ def test_dropout_in_training_mode_gets_no_kernel_and_says_why(tmp_path):
 def test_dropout_in_eval_mode_and_functional_dropout_turned_off_are_the_identity(tmp_path):
     path = tmp_path / "linear_dropout.py"
     path.write_text(DROPOUT)
-    _assert_matches(path, generate_kernel(path, 0, TARGET, mode="eval"), tmp_path, eval_mode=True)
+    assert_matches(path, generate_kernel(path, 0, TARGET, mode="eval"), tmp_path, eval_mode=True)
 
 
 def test_unknown_target_and_variant_are_rejected():
@@ -552,7 +516,7 @@ def test_torch_arange_read_as_numbers_gets_a_kernel_of_its_own(use, tmp_path):
                     "def get_init_inputs():\n    return []\n")
     generated = generate_kernel(path, 0, TARGET)
     assert "_arange_kernel_" in generated.source
-    _assert_matches(path, generated, tmp_path)
+    assert_matches(path, generated, tmp_path)
 
 
 _INDEX_PROBLEM = """import torch
@@ -610,7 +574,7 @@ def test_an_integer_input_compared_or_read_as_numbers(use, tmp_path):
     """Integer inputs in comparisons, and promoted to float32 where PyTorch promotes them."""
     path = tmp_path / "integer_numbers.py"
     path.write_text(_INDEX_PROBLEM.format(use=use))
-    _assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
+    assert_matches(path, generate_kernel(path, 0, TARGET), tmp_path)
 
 
 def test_indices_outside_the_table_read_zero_and_nothing_outside_it(tmp_path):
@@ -618,7 +582,7 @@ def test_indices_outside_the_table_read_zero_and_nothing_outside_it(tmp_path):
     index, where a load at it would read memory before the table."""
     path = tmp_path / "lookups.py"
     path.write_text(_INDEX_PROBLEM.format(use="self.table(index), torch.gather(x, 1, index)"))
-    module = _import_generated(generate_kernel(path, 0, TARGET), tmp_path, "lookups")
+    module = import_generated(generate_kernel(path, 0, TARGET), tmp_path, "lookups")
     model = module.ModelNew().to(DEVICE)
     x = torch.randn(3, 6, device=DEVICE)
     index = torch.tensor([[0, -100, 5, 6, -1, 2]] * 3, device=DEVICE)

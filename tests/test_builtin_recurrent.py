@@ -3,19 +3,15 @@ step (emit_recurrence.py). Small shapes, so the Triton interpreter runs them on 
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
-from mkevolve.problem import call_inputs, fp32_strict, import_file, load_problem
+from mkevolve.problem import load_problem
 
-ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-TARGET = "cuda" if ON_GPU else "cpu"
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+from builtin_matching import TARGET, assert_matches
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
 
 
@@ -45,35 +41,9 @@ def _problem(tmp_path: Path, name: str, init: str, forward: str, inputs: str, co
     return path
 
 
-def _flat(result) -> list[torch.Tensor]:
-    if isinstance(result, (tuple, list)):
-        return [t for item in result for t in _flat(item)]
-    return [result]
-
-
-def _assert_variant_matches(path: Path, variant: int, tmp_path: Path, train: bool = False):
-    """Model and ModelNew built alike and run on the same inputs under every input config; every output
-    (nested tuples flattened) matches in shape and within the verifier's tolerance."""
+def _assert_variant_matches(path: Path, variant: int, tmp_path: Path, eval_mode: bool = False):
     generated = generate_kernel(path, variant, TARGET)
-    source = tmp_path / f"{path.stem}_v{variant}.py"
-    source.write_text(generated.source)
-    module = import_file(source, prefix="generated")
-    problem = load_problem(path)
-    fp32_strict()
-    for config in problem.configs:
-        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-        torch.manual_seed(0)
-        reference = problem.model_cls(*init).to(DEVICE).train(train)
-        candidate = module.ModelNew(*init).to(DEVICE).train(train)
-        candidate.load_state_dict(reference.state_dict())
-        torch.manual_seed(1)
-        inputs = [t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")]
-        with torch.no_grad():
-            expected, actual = _flat(reference(*inputs)), _flat(candidate(*inputs))
-        assert len(actual) == len(expected)
-        for e, a in zip(expected, actual):
-            assert a.shape == e.shape and a.dtype == e.dtype
-            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+    assert_matches(path, generated, tmp_path, eval_mode)
     return generated
 
 
@@ -121,12 +91,12 @@ def test_one_kernel_file_serves_input_configs_of_other_lengths_and_batches(tmp_p
 def test_training_mode_without_dropout_is_written_and_with_dropout_is_refused_in_that_mode(tmp_path):
     plain = _problem(tmp_path, "lstm_train", "nn.LSTM(4, 16, num_layers=2)", "self.rnn(x)[0]",
                      "[torch.randn(5, 2, 4)]")
-    _assert_variant_matches(plain, 0, tmp_path, train=True)
+    _assert_variant_matches(plain, 0, tmp_path)     # nn.Module's default: training mode
     dropout = _problem(tmp_path, "lstm_dropout", "nn.LSTM(4, 16, num_layers=2, dropout=0.5)", "self.rnn(x)[0]",
                        "[torch.randn(5, 2, 4)]")
     with pytest.raises(UnsupportedSubproblem, match=r"dropout=0\.5 between its layers in training mode.*--eval"):
         generate_kernel(dropout, 0, TARGET, mode="train")
-    _assert_variant_matches(dropout, 0, tmp_path, train=False)     # eval mode, where dropout is off
+    _assert_variant_matches(dropout, 0, tmp_path, eval_mode=True)     # eval mode, where dropout is off
 
 
 @pytest.mark.parametrize(("name", "init", "forward", "inputs", "reason"), [
