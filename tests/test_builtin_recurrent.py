@@ -11,7 +11,7 @@ import pytest
 from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.problem import load_problem
 
-from builtin_matching import TARGET, assert_matches
+from builtin_matching import TARGET, assert_variant_matches
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
 
 
@@ -41,12 +41,6 @@ def _problem(tmp_path: Path, name: str, init: str, forward: str, inputs: str, co
     return path
 
 
-def _assert_variant_matches(path: Path, variant: int, tmp_path: Path, eval_mode: bool = False):
-    generated = generate_kernel(path, variant, TARGET)
-    assert_matches(path, generated, tmp_path, eval_mode)
-    return generated
-
-
 @pytest.mark.parametrize("stem", ["lstm", "gru_rnn"])
 def test_every_variant_of_a_recurrent_subproblem_matches(stem, tmp_path):
     """lstm.py: two bidirectional LSTM layers from a given (h0, c0), every output; gru_rnn.py: two GRU layers
@@ -55,7 +49,7 @@ def test_every_variant_of_a_recurrent_subproblem_matches(stem, tmp_path):
     count = variant_count(path, TARGET)
     assert count >= 2
     for variant in range(count):
-        generated = _assert_variant_matches(path, variant, tmp_path)
+        generated = assert_variant_matches(path, variant, tmp_path)
         assert "_recurrence_kernel" in generated.source and "steps" in generated.description
 
 
@@ -85,18 +79,18 @@ def test_one_kernel_file_serves_input_configs_of_other_lengths_and_batches(tmp_p
     path = _problem(tmp_path, "gru_configs", "nn.GRU(5, 24, batch_first=True)", "self.rnn(x)[1]",
                     "[torch.randn(3, 4, 5)]", configs)
     assert len(load_problem(path).configs) == 2
-    _assert_variant_matches(path, 0, tmp_path)
+    assert_variant_matches(path, 0, tmp_path)
 
 
 def test_training_mode_without_dropout_is_written_and_with_dropout_is_refused_in_that_mode(tmp_path):
     plain = _problem(tmp_path, "lstm_train", "nn.LSTM(4, 16, num_layers=2)", "self.rnn(x)[0]",
                      "[torch.randn(5, 2, 4)]")
-    _assert_variant_matches(plain, 0, tmp_path)     # nn.Module's default: training mode
+    assert_variant_matches(plain, 0, tmp_path)     # nn.Module's default: training mode
     dropout = _problem(tmp_path, "lstm_dropout", "nn.LSTM(4, 16, num_layers=2, dropout=0.5)", "self.rnn(x)[0]",
                        "[torch.randn(5, 2, 4)]")
     with pytest.raises(UnsupportedSubproblem, match=r"dropout=0\.5 between its layers in training mode.*--eval"):
         generate_kernel(dropout, 0, TARGET, mode="train")
-    _assert_variant_matches(dropout, 0, tmp_path, eval_mode=True)     # eval mode, where dropout is off
+    assert_variant_matches(dropout, 0, tmp_path, eval_mode=True)     # eval mode, where dropout is off
 
 
 @pytest.mark.parametrize(("name", "init", "forward", "inputs", "reason"), [
@@ -125,7 +119,7 @@ def test_single_step_cells_are_two_gemms_and_elementwise_kernels(tmp_path, name,
     formulas fused after the GEMMs."""
     path = _problem(tmp_path, name, init, forward, inputs)
     path.write_text(path.read_text().replace("def forward(self, x):", f"def forward(self, {args}):"))
-    generated = _assert_variant_matches(path, 0, tmp_path)
+    generated = assert_variant_matches(path, 0, tmp_path)
     assert "_recurrence_kernel" not in generated.source and "_matmul_kernel" in generated.source
 
 
@@ -140,7 +134,7 @@ def test_a_python_loop_of_cells_over_time_is_unrolled_into_steps(tmp_path, name,
     path = _problem(tmp_path, name, init, "h", "[torch.randn(4, 3, 8)]")
     loop = f"{first}\n        for t in range(1, x.shape[0]):\n            {step}\n        return h"
     path.write_text(path.read_text().replace("return h", loop))
-    generated = _assert_variant_matches(path, 0, tmp_path)
+    generated = assert_variant_matches(path, 0, tmp_path)
     assert generated.source.count("_matmul_kernel") >= 4 and "_recurrence_kernel" not in generated.source
 
 

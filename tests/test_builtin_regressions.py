@@ -36,9 +36,7 @@ from mkevolve.problem import call_inputs, import_file, load_problem
 from mkevolve.run_layout import BEST
 from mkevolve.solution import Manifest
 
-ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-TARGET = "cuda" if ON_GPU else "cpu"
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+from builtin_matching import DEVICE, ON_GPU, TARGET, assert_variant_matches, run_both
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -47,35 +45,6 @@ def _write_problem(tmp_path: Path, name: str, source: str) -> Path:
     path = tmp_path / f"{name}.py"
     path.write_text(source)
     return path
-
-
-def _run_both(path: Path, module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(expected, actual) per input config, Model and ModelNew built and fed alike (fresh inputs for each, so
-    a reference that mutates its input cannot change what the candidate sees)."""
-    problem = load_problem(path)
-    pairs = []
-    for config in problem.configs:
-        init = call_inputs(problem.path, config.get_init_inputs, "get_init_inputs")
-        torch.manual_seed(0)
-        reference = problem.model_cls(*init).to(DEVICE)
-        torch.manual_seed(0)
-        candidate = module.ModelNew(*init).to(DEVICE)
-        with torch.no_grad():
-            torch.manual_seed(1)
-            expected = reference(*[t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")])
-            torch.manual_seed(1)
-            actual = candidate(*[t.to(DEVICE) for t in call_inputs(path, config.get_inputs, "get_inputs")])
-        pairs.append((expected, actual))
-    return pairs
-
-
-def _assert_variant_matches(path: Path, variant: int, tmp_path: Path):
-    generated = generate_kernel(path, variant, TARGET)
-    module = import_file(_save(generated.source, tmp_path, f"{path.stem}_v{variant}"), prefix="generated")
-    for expected, actual in _run_both(path, module):
-        assert actual.shape == expected.shape and actual.dtype == expected.dtype
-        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
-    return generated
 
 
 def _first_config_outputs(path: Path, tmp_path: Path) -> tuple[tuple, tuple]:
@@ -101,7 +70,7 @@ def _assert_all_variants_match(path: Path, tmp_path: Path) -> None:
     count = variant_count(path, TARGET)
     assert count >= 1
     for variant in range(count):
-        _assert_variant_matches(path, variant, tmp_path)
+        assert_variant_matches(path, variant, tmp_path)
 
 
 # --- offline compilation: what the interpreter never does ---------------------------------------------
@@ -160,7 +129,7 @@ def _recorded_launches(path: Path, module, monkeypatch) -> list[tuple[Interprete
 
     with monkeypatch.context() as patch:
         patch.setattr(InterpretedFunction, "run", recording_run)
-        _run_both(path, module)
+        run_both(path, module)
     return launches
 
 
@@ -262,7 +231,7 @@ def test_conv_transpose3d_mean_compiles_and_matches(keepdim, strided, channels, 
     path = _write_problem(tmp_path, "ct3_mean", _conv_transpose_mean(keepdim, strided, channels))
     specs = []
     for variant in range(variant_count(path, TARGET)):
-        generated = _assert_variant_matches(path, variant, tmp_path)
+        generated = assert_variant_matches(path, variant, tmp_path)
         if not ON_GPU:  # on a GPU, running the kernels compiled them
             launched = _launch_specs(path, generated.source, tmp_path, monkeypatch, f"v{variant}")
             assert {"_conv", "_rows"} <= {name.split("_kernel_")[0] for _, name, *_ in launched}
@@ -415,7 +384,7 @@ def test_conv_instances_get_the_template_that_fits_each(tmp_path, monkeypatch):
     path = _write_problem(tmp_path, "mixed_templates", _conv_configs(MIXED_TEMPLATE_CONFIGS))
     specs = []
     for variant in range(variant_count(path, TARGET)):
-        generated = _assert_variant_matches(path, variant, tmp_path)
+        generated = assert_variant_matches(path, variant, tmp_path)
         if not ON_GPU:  # on a GPU, running the kernels compiled them
             specs += _launch_specs(path, generated.source, tmp_path, monkeypatch, f"v{variant}")
     source = generated.source
@@ -516,7 +485,7 @@ LEAKY_CASES = {
 def test_leaky_relu_slope_is_honoured(case, tmp_path):
     module_args, body = LEAKY_CASES[case]
     path = _write_problem(tmp_path, case, LEAKY.format(module_args=module_args, body=body))
-    _assert_variant_matches(path, 0, tmp_path)
+    assert_variant_matches(path, 0, tmp_path)
 
 
 def test_leaky_relu_slope_reaches_the_kernel_source():
@@ -888,7 +857,7 @@ VAR_MEAN = _ROW_MODEL.format(body="""
 
 def test_var_mean_and_std_mean_give_both_outputs(tmp_path):
     """torch.var_mean and std_mean return (var or std, mean); before, no kernel."""
-    _assert_variant_matches(_write_problem(tmp_path, "var_mean", VAR_MEAN), 0, tmp_path)
+    assert_variant_matches(_write_problem(tmp_path, "var_mean", VAR_MEAN), 0, tmp_path)
 
 
 LRN_MODEL = """
@@ -922,7 +891,7 @@ def get_init_inputs():
 def test_local_response_norm_matches_pytorch(tmp_path, size, body, shape):
     """nn.LocalResponseNorm and F.local_response_norm; before, no kernel."""
     path = _write_problem(tmp_path, f"lrn_{size}", LRN_MODEL.format(size=size, body=body, shape=shape))
-    _assert_variant_matches(path, 0, tmp_path)
+    assert_variant_matches(path, 0, tmp_path)
 
 
 BILINEAR_MODEL = """
@@ -958,7 +927,7 @@ def test_bilinear_matches_pytorch(tmp_path, bias, body, shape):
     """nn.Bilinear and F.bilinear; before, no kernel."""
     path = _write_problem(tmp_path, f"bilinear_{len(shape)}_{bias}", BILINEAR_MODEL.format(bias=bias, body=body,
                                                                                           shape=shape))
-    _assert_variant_matches(path, 0, tmp_path)
+    assert_variant_matches(path, 0, tmp_path)
 
 
 def test_bilinear_serves_every_input_config(tmp_path):
@@ -966,7 +935,7 @@ def test_bilinear_serves_every_input_config(tmp_path):
     names no leading size."""
     model = BILINEAR_MODEL.format(bias=True, body="self.bilinear(left, right)", shape=(2, 3, 22))
     path = _write_problem(tmp_path, "bilinear_configs", _with_configs(model, [([], (2, 3, 22)), ([], (4, 5, 22))]))
-    _assert_variant_matches(path, 0, tmp_path)
+    assert_variant_matches(path, 0, tmp_path)
 
 
 SOFTMIN_AND_FRIENDS = """
@@ -999,7 +968,7 @@ def get_init_inputs():
 
 def test_softmin_softmax2d_rrelu_lerp_addcmul_and_addcdiv_match_pytorch(tmp_path):
     """Before, no kernel for any of them."""
-    _assert_variant_matches(_write_problem(tmp_path, "softmin_and_friends", SOFTMIN_AND_FRIENDS), 0, tmp_path)
+    assert_variant_matches(_write_problem(tmp_path, "softmin_and_friends", SOFTMIN_AND_FRIENDS), 0, tmp_path)
 
 
 RRELU_MODULE = _ROW_MODEL.format(body="""
@@ -1402,7 +1371,7 @@ def get_init_inputs():
 def test_round_trunc_frac_and_channel_shuffle_match_pytorch(tmp_path):
     """round to even on exact halves, trunc and frac of negatives, nn.ChannelShuffle and F.channel_shuffle;
     before, no kernel."""
-    _assert_variant_matches(_write_problem(tmp_path, "round_shuffle", ROUNDING_AND_SHUFFLE), 0, tmp_path)
+    assert_variant_matches(_write_problem(tmp_path, "round_shuffle", ROUNDING_AND_SHUFFLE), 0, tmp_path)
 
 
 NAN_PROPAGATION = """
