@@ -92,6 +92,55 @@ def _pow(b: Builder, call: Call):
     raise UnsupportedSubproblem("pow with a tensor base and a tensor exponent")
 
 
+def _remainder(op: str) -> Handler:
+    """torch.fmod ("fmod") and torch.remainder / the % operator ("remainder") of tensors; % of shape ints stays
+    Python arithmetic."""
+    def handler(b: Builder, call: Call):
+        x, y = call.arg(0, "input"), call.arg(1, "other")
+        if _is_shape_math(x, y):
+            if type(x) is int and type(y) is int:
+                return x % y
+            raise UnsupportedSubproblem("% of shape values")
+        return b.pw(op, x, y)
+    return handler
+
+
+def _diff(b: Builder, call: Call):
+    """torch.diff: x[1:] - x[:-1] along `dim`, `n` times (prepend and append are refused)."""
+    x, n = call.arg(0, "input"), int(b.const(call.arg(1, "n", 1), "diff n"))
+    dim = int(b.const(call.arg(2, "dim", -1), "diff dim")) % max(x.rank, 1)
+    if call.arg(3, "prepend", None) is not None or call.arg(4, "append", None) is not None:
+        raise UnsupportedSubproblem("torch.diff with prepend or append")
+    for _ in range(n):
+        shapes = tuple(s[:dim] + (max(s[dim] - 1, 0),) + s[dim + 1:] for s in x.shapes)
+        length = IntOp("sub", b.size(x, dim), 1)
+        later = b.view(x, "narrow", (dim, 1, length), shapes)
+        x = b.pw("sub", later, b.view(x, "narrow", (dim, 0, length), shapes))
+    return x
+
+
+def _cross(b: Builder, call: Call):
+    """torch.cross / torch.linalg.cross of 3-vectors along `dim` (torch.cross without one: the first dim of
+    size 3), as each component's difference of two products."""
+    x, y = call.arg(0, "input"), call.arg(1, "other")
+    if not (isinstance(x, Value) and isinstance(y, Value) and x.rank == y.rank):
+        raise UnsupportedSubproblem("cross product of tensors of different ranks")
+    dim = call.arg(2, "dim", None)
+    if dim is None:
+        dim = -1 if call.name == "linalg_cross" else next((d for d, s in enumerate(call.shapes[0]) if s == 3), None)
+    dim = int(b.const(dim, "cross dim")) % max(x.rank, 1)
+    if any(s[dim] != 3 for s in call.shapes):
+        raise UnsupportedSubproblem("cross product along a dim whose size is not 3")
+
+    def part(v: Value, i: int) -> Value:
+        return b.view(v, "narrow", (dim, i, 1), tuple(s[:dim] + (1,) + s[dim + 1:] for s in v.shapes))
+
+    def component(i: int, j: int) -> Value:      # x_i y_j - x_j y_i
+        return b.pw("sub", b.pw("mul", part(x, i), part(y, j)), b.pw("mul", part(x, j), part(y, i)))
+
+    return b.concat([component(1, 2), component(2, 0), component(0, 1)], dim)
+
+
 def _rsub(b: Builder, call: Call):
     x, y = call.arg(0, "input"), call.arg(1, "other")
     alpha = call.kwargs.get("alpha", 1)
@@ -397,6 +446,14 @@ def p_norm(b: Builder, x: Value, p, dims, keepdim: bool) -> Value:
         out = b.reduce("sum", b.pw("abs", x), dims)
     elif p == float("inf"):
         out = b.reduce("amax", b.pw("abs", x), dims)
+    elif p == float("-inf"):
+        out = b.reduce("amin", b.pw("abs", x), dims)
+    elif p == 0:          # the count of nonzero elements
+        out = b.reduce("sum", b.pw("where", b.pw("ne", x, 0.0), 1.0, 0.0), dims)
+    elif isinstance(p, (int, float)):
+        # (sum |x|^p)^(1/p), as PyTorch computes every other order
+        powered = b.pw("pow_const", b.pw("abs", x), exponent=Scalar(float(p)))
+        out = b.pw("pow_const", b.reduce("sum", powered, dims), exponent=Scalar(1.0 / p))
     else:
         raise UnsupportedSubproblem(f"norm of order {p!r}")
     return out if keepdim else b.squeeze(out, dims)
@@ -795,6 +852,8 @@ FUNCTIONS.update({
     "operator.add": _arith("add"), "operator.sub": _arith("sub"), "operator.mul": _arith("mul"),
     "operator.truediv": _arith("div"), "operator.floordiv": _floordiv, "floor_divide": _floordiv,
     "operator.neg": _unary("neg"), "operator.pow": _pow, "pow": _pow, "rsub": _rsub,
+    "fmod": _remainder("fmod"), "remainder": _remainder("remainder"), "operator.mod": _remainder("remainder"),
+    "diff": _diff, "cross": _cross, "linalg_cross": _cross,
     "operator.gt": _compare("gt"), "operator.lt": _compare("lt"), "operator.ge": _compare("ge"),
     "operator.le": _compare("le"), "operator.eq": _compare("eq"), "operator.ne": _compare("ne"),
     "gt": _compare("gt"), "lt": _compare("lt"), "ge": _compare("ge"), "le": _compare("le"), "eq": _compare("eq"),

@@ -184,6 +184,11 @@ def _hypot(a, b):
     h = tl.where(big == 0.0, 0.0, big * tl.sqrt_rn(1.0 + ratio * ratio))
     return tl.where((tl.abs(a) == float("inf")) | (tl.abs(b) == float("inf")), float("inf"), h)
 ''',
+    "_remainder": '''@triton.jit
+def _remainder(a, b):
+    r = a % b
+    return tl.where((r != 0.0) & ((r < 0.0) != (b < 0.0)), r + b, r)
+''',
     "_softplus": f'''@triton.jit
 def _softplus(x, beta, threshold):
     # log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)), linear above the threshold as in torch
@@ -281,6 +286,12 @@ OPS: dict[str, PointwiseOp] = {
     # either side may be an integer attribute (level2/71's divisor = 2), passed as an int32 kernel argument
     "div": _binary(divide(as_float("{a}"), as_float("{b}"))),
     "hypot": _binary("_hypot({a}, {b})"),
+    # torch.fmod: the remainder of a / b truncated, with a's sign, as C's fmod. Triton's % on floats is that; on
+    # sm_90 it compiles to an IEEE division, a truncation and one fma (not exact where a / b rounds across an
+    # integer, which PyTorch's fmodf is)
+    "fmod": _binary("({a} % {b})"),
+    # torch.remainder and Python's %: a - b floor(a / b), with b's sign; fmod moved by b where the signs differ
+    "remainder": _binary("_remainder({a}, {b})"),
     "nan_to_num": _unary("tl.where({x} != {x}, {nan}, tl.where({x} == float(\"inf\"), {posinf}, "
                          "tl.where({x} == -float(\"inf\"), {neginf}, {x})))"),
     "maximum": _binary(maximum("{a}", "{b}")),
