@@ -781,6 +781,29 @@ def _pool_module(b: Builder, call: Call):
     return b.pool("avg", call.arg(0, "input"), kernel, stride, padding, dilation, ceil_mode, include_pad, divisor)
 
 
+def lp_pool(b: Builder, x: Value, spatial: int, norm_type, kernel, stride, ceil_mode) -> Value:
+    """Power-average pooling as PyTorch computes it: the average of x^p over each window times the window's
+    size, to the power 1/p (NaN where that sum is negative, as for an odd p)."""
+    p = float(b.const(norm_type, "norm_type"))
+    kernel, stride, padding, dilation = _pool_geometry(b, spatial, kernel, stride, 0, 1)
+    powered = b.pw("pow_const", x, exponent=Scalar(p))
+    average = b.pool("avg", powered, kernel, stride, padding, dilation, bool(b.const(ceil_mode, "ceil_mode")))
+    return b.pw("pow_const", b.pw("mul", average, float(math.prod(kernel))), exponent=Scalar(1.0 / p))
+
+
+def _lp_pool(spatial: int) -> Handler:
+    def handler(b: Builder, call: Call):
+        return lp_pool(b, call.arg(0, "input"), spatial, call.arg(1, "norm_type"), call.arg(2, "kernel_size"),
+                       call.arg(3, "stride", None), call.arg(4, "ceil_mode", False))
+    return handler
+
+
+def _lp_pool_module(b: Builder, call: Call):
+    spatial = int(type(call.module).__name__[-2])
+    return lp_pool(b, call.arg(0, "input"), spatial, *(call.module_attr(name) for name in
+                                                       ("norm_type", "kernel_size", "stride", "ceil_mode")))
+
+
 def local_response_norm(b: Builder, x: Value, size, alpha, beta, k) -> Value:
     """x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta, the channels zero-padded by
     size // 2 before and (size - 1) // 2 after, as PyTorch computes it: the channel axis made a pooling axis
@@ -1155,6 +1178,7 @@ FUNCTIONS: dict[str, Handler] = {
     "adaptive_avg_pool3d": _adaptive_pool("avg", 3), "adaptive_max_pool1d": _adaptive_pool("max", 1),
     "adaptive_max_pool2d": _adaptive_pool("max", 2), "adaptive_max_pool3d": _adaptive_pool("max", 3),
     "local_response_norm": _local_response_norm,
+    "lp_pool1d": _lp_pool(1), "lp_pool2d": _lp_pool(2), "lp_pool3d": _lp_pool(3),
     "view": _view_method("reshape", varargs=True), "reshape": _view_method("reshape", varargs=True),
     "_unsafe_view": _view_method("reshape", varargs=True),
     "permute": _view_method("permute", varargs=True), "expand": _view_method("expand", varargs=True),
@@ -1181,6 +1205,7 @@ MODULES: dict[type, Handler] = {
     nn.PixelShuffle: _pixel_shuffle_module, nn.PixelUnshuffle: _pixel_shuffle_module, nn.Unfold: _unfold_module,
     nn.ChannelShuffle: _channel_shuffle, nn.GLU: _glu_module,
     nn.LocalResponseNorm: _local_response_norm_module,
+    nn.LPPool1d: _lp_pool_module, nn.LPPool2d: _lp_pool_module, nn.LPPool3d: _lp_pool_module,
     nn.RNN: recurrent_module, nn.LSTM: recurrent_module, nn.GRU: recurrent_module,
     nn.RNNCell: recurrent_cell_module, nn.LSTMCell: recurrent_cell_module, nn.GRUCell: recurrent_cell_module,
     **{cls: _pool_module for cls in (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
