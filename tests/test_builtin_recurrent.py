@@ -138,10 +138,20 @@ def test_a_python_loop_of_cells_over_time_is_unrolled_into_steps(tmp_path, name,
     assert generated.source.count("_matmul_kernel") >= 4 and "_recurrence_kernel" not in generated.source
 
 
-def test_zeros_built_in_forward_are_taken_only_as_a_cell_s_state(tmp_path):
-    path = _problem(tmp_path, "zeros_sum", "nn.Identity()", "acc", "[torch.randn(4, 3, 8)]")
-    loop = ("acc = torch.zeros(x.shape[1], x.shape[2], device=x.device)\n"
+def test_zeros_built_in_forward_are_a_number_where_read_and_no_state_at_all_for_a_recurrence(tmp_path):
+    """torch.zeros / full_like in the forward: an accumulator's start, a GRU's h0 and an added constant become
+    numbers in the kernels that read them, and the GRU's state is not read at all; alone (an output) it is refused."""
+    loop = _problem(tmp_path, "zeros_sum", "nn.Identity()", "acc", "[torch.randn(4, 3, 8)]")
+    body = ("acc = torch.zeros(x.shape[1], x.shape[2], device=x.device)\n"
             "        for t in range(x.shape[0]):\n            acc = acc + x[t]\n        return acc")
-    path.write_text(path.read_text().replace("return acc", loop))
-    with pytest.raises(UnsupportedSubproblem, match="Zeros"):
-        generate_kernel(path, 0, TARGET)
+    loop.write_text(loop.read_text().replace("return acc", body))
+    assert "torch.zeros" not in assert_variant_matches(loop, 0, tmp_path).source.split("class ModelNew")[1]
+    gru = _problem(tmp_path, "gru_zero_state", "nn.GRU(8, 16, batch_first=True)",
+                   "self.rnn(x, torch.zeros(1, x.size(0), 16, device=x.device))[0] + torch.full_like(x[..., :1], 0.5)",
+                   "[torch.randn(3, 5, 8)]")
+    generated = assert_variant_matches(gru, 0, tmp_path)
+    assert "the first step: h (and c) before it are zeros" in generated.source and "h0_ptr" not in generated.source
+    alone = _problem(tmp_path, "zeros_alone", "nn.Identity()", "x + 1, torch.zeros(2, 3, device=x.device)",
+                     "[torch.randn(4, 3)]")
+    with pytest.raises(UnsupportedSubproblem, match="a tensor of one value .* written out alone"):
+        generate_kernel(alone, 0, TARGET)

@@ -155,6 +155,11 @@ class Builder:
         attrs = {k: self.scalar(v) for k, v in attrs.items()}
         return self.program.add(Pointwise(shapes, op=op, args=operands, attrs=attrs))
 
+    def full(self, shapes: tuple[Shape, ...], value: float) -> Value:
+        """torch.full (zeros, ones) of a float32 tensor: every element `value`, which the kernels that read it
+        take as a number; a kernel of its own writes it where it is an output or a GEMM's operand."""
+        return self.program.add(Pointwise(shapes, op="full", args=(Scalar(float(value)),)))
+
     # --- reductions ------------------------------------------------------------------------------
 
     def reduce(self, kind: str, x: Value, dims, correction: int = 0) -> Value:

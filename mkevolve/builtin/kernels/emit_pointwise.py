@@ -15,6 +15,7 @@ from .emit_common import (
     make_operands,
     output_param,
 )
+from .errors import UnsupportedSubproblem
 from .indexing import GroupIndices, Indexer, Space
 from .ir import Program
 from .kernel_plan import KernelPlan
@@ -50,6 +51,10 @@ def emit_pointwise(kernel: KernelPlan, name: str, variant: Variant, program: Pro
     tl.store(out_ptr + offs, {result}, mask=mask)
 '''
     tensor_args = [LauncherArg(o.name, value=v) for v, o in zip(kernel.leaves, operands.values())]
+    if not tensor_args and not writes_into:
+        # torch.zeros/ones/full alone (an output, or a GEMM's operand): no tensor says its device or shape
+        raise UnsupportedSubproblem(f"a tensor of one value ({ops}) written out alone; it is taken only as an "
+                                    "operand of elementwise work or as a recurrent layer's zero state")
     scalar_args = [LauncherArg(n, scalar=s) for n, s in scalars.params]
     launcher_name = f"{name}_launch"
     launcher_args = ", ".join((["out"] if writes_into else []) + [a.name for a in tensor_args + scalar_args])

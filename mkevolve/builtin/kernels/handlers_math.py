@@ -92,6 +92,25 @@ def _pow(b: Builder, call: Call):
     raise UnsupportedSubproblem("pow with a tensor base and a tensor exponent")
 
 
+def _filled(fill) -> Handler:
+    """torch.zeros / ones / full and their _like and new_ forms (fill None: full's own fill_value argument), of
+    float32: a value every element of which is that number (Builder.full)."""
+    def handler(b: Builder, call: Call):
+        if call.shapes is None:
+            raise UnsupportedSubproblem(f"{call.name} of a shape the trace did not record")
+        like = call.arg(0, "input", None) if call.name.endswith("_like") or call.method else None
+        dtype = call.kwargs.get("dtype")
+        if dtype is None and isinstance(like, Value) and is_integer(like):
+            dtype = "an integer dtype"
+        if dtype not in (None, torch.float32):
+            raise UnsupportedSubproblem(f"{call.name} of {dtype}: only float32 results are written")
+        value = fill if fill is not None else call.kwargs.get("fill_value", call.args[-1] if call.args else None)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise UnsupportedSubproblem(f"{call.name} with a fill value that is not a number")
+        return b.full(call.shapes, float(value))
+    return handler
+
+
 def _remainder(op: str) -> Handler:
     """torch.fmod ("fmod") and torch.remainder / the % operator ("remainder") of tensors; % of shape ints stays
     Python arithmetic."""
@@ -854,6 +873,9 @@ FUNCTIONS.update({
     "operator.neg": _unary("neg"), "operator.pow": _pow, "pow": _pow, "rsub": _rsub,
     "fmod": _remainder("fmod"), "remainder": _remainder("remainder"), "operator.mod": _remainder("remainder"),
     "diff": _diff, "cross": _cross, "linalg_cross": _cross,
+    "zeros": _filled(0.0), "ones": _filled(1.0), "full": _filled(None), "zeros_like": _filled(0.0),
+    "full_like": _filled(None), "new_zeros": _filled(0.0), "new_ones": _filled(1.0), "new_full": _filled(None),
+    "aten.zeros": _filled(0.0), "aten.ones": _filled(1.0), "aten.full": _filled(None),
     "operator.gt": _compare("gt"), "operator.lt": _compare("lt"), "operator.ge": _compare("ge"),
     "operator.le": _compare("le"), "operator.eq": _compare("eq"), "operator.ne": _compare("ne"),
     "gt": _compare("gt"), "lt": _compare("lt"), "ge": _compare("ge"), "le": _compare("le"), "eq": _compare("eq"),

@@ -229,6 +229,8 @@ def _binary(template: str, boolean: bool = False) -> PointwiseOp:
 
 OPS: dict[str, PointwiseOp] = {
     "identity": _unary("{x}"),
+    # torch.zeros / ones / full: its one argument is the fill value, a number; no tensor is read
+    "full": _unary("{x}"),
     "neg": _unary("(-{x})"),
     "abs": _unary("tl.abs({x})"),
     "exp": _unary("tl.exp({x})"),

@@ -8,14 +8,12 @@ layers' outputs, h_n and c_n are views and concatenations of the Recurrences' bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from .builders import Builder
 from .calls import Call, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
-from .ir import Cell, IntOp, Recurrence, Value
+from .ir import Cell, IntOp, Pointwise, Recurrence, Value
 
 
 def _cell(layer: nn.RNNBase) -> Cell:
@@ -57,7 +55,14 @@ def _initial_states(b: Builder, call: Call, cell: Cell) -> tuple[Value | None, V
     for state in (h0, c0):
         if state is not None and (not isinstance(state, Value) or state.rank != 3):
             raise UnsupportedSubproblem(f"{type(call.module).__name__}'s initial state must be a 3-d tensor")
+    if _is_zeros(h0) and (c0 is None or _is_zeros(c0)):
+        return None, None       # torch.zeros given as the state: the same as none
     return h0, c0
+
+
+def _is_zeros(value) -> bool:
+    """torch.zeros built in the forward (Builder.full of 0): a state that need not be read."""
+    return isinstance(value, Pointwise) and value.op == "full" and value.args[0].value == 0.0
 
 
 def _row(b: Builder, x: Value | None, index) -> Value | None:
@@ -111,19 +116,8 @@ def recurrent_module(b: Builder, call: Call):
 # --- single steps: nn.RNNCell, nn.LSTMCell, nn.GRUCell and their aten ops ------------------------------
 # A cell is one step, so no Recurrence: two GEMMs (x W_ih^T + b_ih, h W_hh^T + b_hh) and the cell's elementwise
 # formulas, which the plan fuses into the second GEMM's epilogue and a pointwise kernel. A Python loop of cells
-# over time is traced by torch.export, unrolled, as aten.*_cell calls; its first state is often aten.zeros.
-
-
-@dataclass(frozen=True)
-class Zeros:
-    """aten.zeros: a tensor of zeros built in the forward (a cell's first state, `hx=None` inside nn.*Cell).
-    Only a cell takes it, as "no state"; anywhere else it is refused as an operand of unknown type."""
-
-    shape: tuple
-
-
-def zeros(b: Builder, call: Call) -> Zeros:
-    return Zeros(tuple(call.shapes[0]))
+# over time is traced by torch.export, unrolled, as aten.*_cell calls; its first state is often aten.zeros, which
+# the step takes as no state at all.
 
 
 def _gate_views(b: Builder, gates: Value, count: int, hidden: int) -> list[Value]:
@@ -133,7 +127,8 @@ def _gate_views(b: Builder, gates: Value, count: int, hidden: int) -> list[Value
 
 
 def _state(state, what: str) -> Value | None:
-    if state is None or isinstance(state, Zeros):
+    """A cell's h or c, or None where it starts from zeros (none given, or torch.zeros)."""
+    if state is None or _is_zeros(state):
         return None
     if not isinstance(state, Value) or state.rank != 2:
         raise UnsupportedSubproblem(f"{what}'s state must be a 2-d (batch, hidden) tensor")
@@ -195,4 +190,4 @@ def aten_cell(cell: Cell):
 
 
 ATEN_CELLS = {"aten.rnn_tanh_cell": aten_cell(Cell.RNN_TANH), "aten.rnn_relu_cell": aten_cell(Cell.RNN_RELU),
-              "aten.lstm_cell": aten_cell(Cell.LSTM), "aten.gru_cell": aten_cell(Cell.GRU), "aten.zeros": zeros}
+              "aten.lstm_cell": aten_cell(Cell.LSTM), "aten.gru_cell": aten_cell(Cell.GRU)}
