@@ -156,8 +156,9 @@ class Builder:
         return self.program.add(Pointwise(shapes, op=op, args=operands, attrs=attrs))
 
     def full(self, shapes: tuple[Shape, ...], value: float) -> Value:
-        """torch.full (zeros, ones) of a float32 tensor: every element `value`, which the kernels that read it
-        take as a number; a kernel of its own writes it where it is an output or a GEMM's operand."""
+        """torch.full (zeros, ones) of a float32 tensor: every element `value`, which elementwise code reads as a
+        number. Where it would have to be a tensor of its own (an output, a GEMM's operand) no kernel writes it:
+        emit_pointwise refuses it, having no tensor to take its device from."""
         return self.program.add(Pointwise(shapes, op="full", args=(Scalar(float(value)),)))
 
     # --- reductions ------------------------------------------------------------------------------

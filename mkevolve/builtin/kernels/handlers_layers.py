@@ -19,9 +19,9 @@ from .calls import Call, Handler, as_param, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .geometry import sliding_windows, transposed_size
 from .handlers_math import ValuesIndices, layer_norm
-from .recurrent import ATEN_CELLS, recurrent_cell_module, recurrent_module
 from .ir import (Arange, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
+from .recurrent import ATEN_CELLS, recurrent_cell_module, recurrent_module
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
