@@ -155,3 +155,31 @@ def test_zeros_built_in_forward_are_a_number_where_read_and_no_state_at_all_for_
                      "[torch.randn(4, 3)]")
     with pytest.raises(UnsupportedSubproblem, match="a tensor of one value .* written out alone"):
         generate_kernel(alone, 0, TARGET)
+
+
+@pytest.mark.parametrize(("name", "init", "call", "inputs"), [
+    ("lstm_exported", "nn.LSTM(8, 20, num_layers=2, batch_first=True)", "self.rnn(x)", "[torch.randn(3, 5, 8)]"),
+    ("gru_exported", "nn.GRU(8, 20, bidirectional=True, bias=False)", "self.rnn(x, h0)",
+     "[torch.randn(5, 3, 8), torch.randn(2, 3, 20)]"),
+])
+def test_layers_that_only_torch_export_can_trace_are_the_same_stack(tmp_path, name, init, call, inputs):
+    """Python on a shape defeats torch.fx; torch.export records the layer as aten.lstm / aten.gru with its
+    weights as a flat list (and nn.LSTM's zero state as aten.zeros, which is not read)."""
+    path = _problem(tmp_path, name, init, "result", inputs)
+    args = "x, h0" if "h0" in call else "x"
+    body = (f"result = {call}\n        if x.shape[0] > 2:\n            return result[0] * 2.0, result[1]\n"
+            "        return result[0], result[1]")
+    path.write_text(path.read_text().replace("def forward(self, x):", f"def forward(self, {args}):")
+                    .replace("return result", body))
+    generated = assert_variant_matches(path, 0, tmp_path)
+    assert generated.source.count("def _recurrence_kernel") >= 2
+
+
+def test_a_forward_argument_that_get_inputs_leaves_to_its_default_is_refused(tmp_path):
+    """KernelBench's 35_LSTM form: `h0=None` in forward, drawn inside it when not given. A kernel traced without
+    it would be specialised to the default yet require it in its signature: refused, naming it."""
+    path = _problem(tmp_path, "lstm_defaults", "nn.LSTM(8, 20, batch_first=True)", "self.rnn(x, h0)[0]",
+                    "[torch.randn(3, 5, 8)]")
+    path.write_text(path.read_text().replace("def forward(self, x):", "def forward(self, x, h0=None):"))
+    with pytest.raises(UnsupportedSubproblem, match="Model.forward's h0 are not given by get_inputs"):
+        generate_kernel(path, 0, TARGET)

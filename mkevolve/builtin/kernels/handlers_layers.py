@@ -21,7 +21,7 @@ from .geometry import sliding_windows, transposed_size
 from .handlers_math import ValuesIndices, layer_norm
 from .ir import (Arange, Gather, IntOp, Pad, Pool, PoolIndices, Reindex, Resize, Scalar, Shape, Unpool,
                  Value, View, is_integer)
-from .recurrent import ATEN_CELLS, recurrent_cell_module, recurrent_module
+from .recurrent import ATEN_RECURRENT, recurrent_cell_module, recurrent_module
 from .trace import TaggedInt
 
 # --- GEMMs ------------------------------------------------------------------------------------------
@@ -1189,7 +1189,7 @@ FUNCTIONS: dict[str, Handler] = {
     "chunk": _split_like("chunk"), "split": _split_like("split"), "tensor_split": _split_like("tensor_split"),
     "einsum": _einsum, "glu": _glu,
     "operator.getitem": _getitem, "getattr": _getattr, "size": _size, "sym_size": _size, "numel": _numel,
-    "dim": _dim, "ndimension": _dim, "copy": _copy, **ATEN_CELLS,
+    "dim": _dim, "ndimension": _dim, "copy": _copy, **ATEN_RECURRENT,
 }
 
 MODULES: dict[type, Handler] = {

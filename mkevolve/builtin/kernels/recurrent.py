@@ -8,12 +8,29 @@ layers' outputs, h_n and c_n are views and concatenations of the Recurrences' bu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from .builders import Builder
 from .calls import Call, module_param
 from .errors import UnsupportedInMode, UnsupportedSubproblem
 from .ir import Cell, IntOp, Pointwise, Recurrence, Value
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What a stack of recurrent layers is, however it is called: module attributes or aten arguments."""
+
+    cell: Cell
+    hidden: int
+    layers: int
+    bidirectional: bool
+    batch_first: bool
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
 
 
 def _cell(layer: nn.RNNBase) -> Cell:
@@ -24,37 +41,32 @@ def _cell(layer: nn.RNNBase) -> Cell:
     return Cell.RNN_RELU if layer.nonlinearity == "relu" else Cell.RNN_TANH
 
 
-def _check_supported(b: Builder, call: Call, x) -> None:
-    layer = call.module
+def _check_input(x, what: str) -> None:
     if not isinstance(x, Value):
-        raise UnsupportedSubproblem(f"{type(layer).__name__} of a {type(x).__name__} (a packed sequence?): "
-                                    "only a padded (T, B, features) tensor is supported")
+        raise UnsupportedSubproblem(f"{what} of a {type(x).__name__} (a packed sequence?): only a padded "
+                                    "(T, B, features) tensor is supported")
     if x.rank != 3:
-        raise UnsupportedSubproblem(f"{type(layer).__name__} of an unbatched {x.rank}-d input")
-    if getattr(layer, "proj_size", 0):
-        raise UnsupportedSubproblem("nn.LSTM with proj_size > 0")
-    for name in ("hidden_size", "num_layers", "bidirectional", "batch_first", "bias"):
-        call.module_attr(name)
-    if layer.training and layer.dropout and layer.num_layers > 1:
-        raise UnsupportedInMode(f"{type(layer).__name__} with dropout={layer.dropout} between its layers in "
-                                "training mode: the reference draws its random mask from torch's generator; "
-                                "run with --eval")
+        raise UnsupportedSubproblem(f"{what} of an unbatched {x.rank}-d input")
 
 
-def _initial_states(b: Builder, call: Call, cell: Cell) -> tuple[Value | None, Value | None]:
+def _dropout_refused(what: str, dropout: float) -> UnsupportedInMode:
+    return UnsupportedInMode(f"{what} with dropout={dropout} between its layers in training mode: the reference "
+                             "draws its random mask from torch's generator; run with --eval")
+
+
+def _initial_states(hx, cell: Cell, what: str) -> tuple[Value | None, Value | None]:
     """(h0, c0) as given to the layer, each (layers * directions, B, H), or None where it starts from zeros."""
-    hx = call.arg(1, "hx", None)
     if hx is None:
         return None, None
     if cell is Cell.LSTM:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise UnsupportedSubproblem("nn.LSTM's hx must be a (h0, c0) pair")
+            raise UnsupportedSubproblem(f"{what}'s hx must be a (h0, c0) pair")
         h0, c0 = hx
     else:
         h0, c0 = hx, None
     for state in (h0, c0):
         if state is not None and (not isinstance(state, Value) or state.rank != 3):
-            raise UnsupportedSubproblem(f"{type(call.module).__name__}'s initial state must be a 3-d tensor")
+            raise UnsupportedSubproblem(f"{what}'s initial state must be a 3-d tensor")
     if _is_zeros(h0) and (c0 is None or _is_zeros(c0)):
         return None, None       # torch.zeros given as the state: the same as none
     return h0, c0
@@ -72,28 +84,23 @@ def _row(b: Builder, x: Value | None, index) -> Value | None:
     return b.view(x, "select", (0, index), tuple(s[1:] for s in x.shapes))
 
 
-def recurrent_module(b: Builder, call: Call):
-    """nn.RNN / nn.LSTM / nn.GRU: (output, h_n), or (output, (h_n, c_n)) for an LSTM."""
-    layer, x = call.module, call.arg(0, "input")
-    _check_supported(b, call, x)
-    cell = _cell(layer)
-    h0, c0 = _initial_states(b, call, cell)
-    directions = 2 if layer.bidirectional else 1
-    time_dim = 1 if layer.batch_first else 0
+def recurrent_stack(b: Builder, stack: Stack, x: Value, h0, c0, weights: list[tuple]):
+    """The layers of `stack` over x from (h0, c0); weights[layer * directions + direction] is that direction's
+    (W_ih, W_hh, b_ih, b_hh), the biases None without them. (output, h_n), and c_n too for an LSTM."""
+    cell, time_dim = stack.cell, 1 if stack.batch_first else 0
     finals_h, finals_c = [], []
-    for index in range(layer.num_layers):
+    for index in range(stack.layers):
         outputs = []
-        for direction in range(directions):
-            suffix = f"_l{index}" + ("_reverse" if direction else "")
-            gates = b.linear(x, module_param(b, call, f"weight_ih{suffix}"), module_param(b, call, f"bias_ih{suffix}"))
-            state = index * directions + direction
-            shapes = tuple(s[time_dim:time_dim + 1] + s[1 - time_dim:2 - time_dim] + (layer.hidden_size,)
+        for direction in range(stack.directions):
+            state = index * stack.directions + direction
+            w_ih, w_hh, b_ih, b_hh = weights[state]
+            gates = b.linear(x, w_ih, b_ih)
+            shapes = tuple(s[time_dim:time_dim + 1] + s[1 - time_dim:2 - time_dim] + (stack.hidden,)
                            for s in gates.shapes)
             if cell is Cell.LSTM:      # the cell state's row after the hidden states'
                 shapes = tuple((s[0] + 1,) + s[1:] for s in shapes)
             steps = b.program.add(Recurrence(
-                shapes, cell=cell, gates=gates, w_hh=module_param(b, call, f"weight_hh{suffix}"),
-                b_hh=module_param(b, call, f"bias_hh{suffix}"), h0=_row(b, h0, state), c0=_row(b, c0, state),
+                shapes, cell=cell, gates=gates, w_hh=w_hh, b_hh=b_hh, h0=_row(b, h0, state), c0=_row(b, c0, state),
                 time_dim=time_dim, reverse=bool(direction)))
             hidden = steps
             if cell is Cell.LSTM:
@@ -105,12 +112,55 @@ def recurrent_module(b: Builder, call: Call):
             outputs.append(hidden)
         # the next layer reads time-major states (both directions side by side): its GEMM gives time-major gates
         x, time_dim = b.concat(outputs, 2), 0
-    output = b.swap01(x) if layer.batch_first else x
+    output = b.swap01(x) if stack.batch_first else x
     # (layers * directions, B, H) from each layer's and direction's (B, H)
     h_n = b.concat([b.unsqueeze(h, 0) for h in finals_h], 0)
     if cell is Cell.LSTM:
-        return output, (h_n, b.concat([b.unsqueeze(c, 0) for c in finals_c], 0))
+        return output, h_n, b.concat([b.unsqueeze(c, 0) for c in finals_c], 0)
     return output, h_n
+
+
+def recurrent_module(b: Builder, call: Call):
+    """nn.RNN / nn.LSTM / nn.GRU: (output, h_n), or (output, (h_n, c_n)) for an LSTM."""
+    layer, x, what = call.module, call.arg(0, "input"), type(call.module).__name__
+    _check_input(x, what)
+    if getattr(layer, "proj_size", 0):
+        raise UnsupportedSubproblem("nn.LSTM with proj_size > 0")
+    stack = Stack(_cell(layer), *(call.module_attr(name) for name in ("hidden_size", "num_layers",
+                                                                     "bidirectional", "batch_first")))
+    if layer.training and layer.dropout and layer.num_layers > 1:
+        raise _dropout_refused(what, layer.dropout)
+    weights = []
+    for index in range(stack.layers):
+        for direction in range(stack.directions):
+            suffix = f"_l{index}" + ("_reverse" if direction else "")
+            weights.append(tuple(module_param(b, call, f"{name}{suffix}")
+                                 for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))
+    h0, c0 = _initial_states(call.arg(1, "hx", None), stack.cell, what)
+    result = recurrent_stack(b, stack, x, h0, c0, weights)
+    return (result[0], result[1:]) if stack.cell is Cell.LSTM else result
+
+
+def aten_stack(cell: Cell):
+    """aten.lstm / gru / rnn_tanh / rnn_relu (input, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional, batch_first), as torch.export records the layers: params flat, per layer and direction
+    W_ih, W_hh (then b_ih, b_hh with biases); an LSTM's hx the list [h0, c0]. A flat (output, h_n[, c_n])."""
+    def handler(b: Builder, call: Call):
+        x, what = call.arg(0, "input"), call.name
+        _check_input(x, what)
+        params, has_biases = list(call.arg(2, "params")), bool(call.arg(3, "has_biases"))
+        layers, dropout, train = int(call.arg(4, "num_layers")), float(call.arg(5, "dropout")), call.arg(6, "train")
+        if train and dropout and layers > 1:
+            raise _dropout_refused(what, dropout)
+        per = 4 if has_biases else 2
+        if params and params[1].shapes[0][0] != params[1].shapes[0][1] * cell.gates:
+            raise UnsupportedSubproblem(f"{what} with projected hidden states (proj_size > 0)")
+        stack = Stack(cell, params[1].shapes[0][1], layers, bool(call.arg(7, "bidirectional")),
+                      bool(call.arg(8, "batch_first")))
+        weights = [tuple(params[i:i + per]) + (None,) * (4 - per) for i in range(0, len(params), per)]
+        h0, c0 = _initial_states(call.arg(1, "hx"), cell, what)
+        return recurrent_stack(b, stack, x, h0, c0, weights)
+    return handler
 
 
 # --- single steps: nn.RNNCell, nn.LSTMCell, nn.GRUCell and their aten ops ------------------------------
@@ -189,5 +239,8 @@ def aten_cell(cell: Cell):
     return handler
 
 
-ATEN_CELLS = {"aten.rnn_tanh_cell": aten_cell(Cell.RNN_TANH), "aten.rnn_relu_cell": aten_cell(Cell.RNN_RELU),
-              "aten.lstm_cell": aten_cell(Cell.LSTM), "aten.gru_cell": aten_cell(Cell.GRU)}
+ATEN_RECURRENT = {
+    "aten.lstm": aten_stack(Cell.LSTM), "aten.gru": aten_stack(Cell.GRU), "aten.rnn_tanh": aten_stack(Cell.RNN_TANH),
+    "aten.rnn_relu": aten_stack(Cell.RNN_RELU), "aten.rnn_tanh_cell": aten_cell(Cell.RNN_TANH),
+    "aten.rnn_relu_cell": aten_cell(Cell.RNN_RELU), "aten.lstm_cell": aten_cell(Cell.LSTM),
+    "aten.gru_cell": aten_cell(Cell.GRU)}

@@ -173,8 +173,21 @@ def _state_kept(models: list[nn.Module]):
                                     " = a tensor), which a kernel cannot write; update it in place with copy_")
 
 
+def _refuse_defaults_taken(built: list[_Built]) -> None:
+    """A forward parameter that get_inputs does not give (`h0=None`) takes its default in the reference, and a
+    kernel traced without it would be specialised to that default, yet called through a signature that requires
+    it: refused, naming the parameters."""
+    for b in built:
+        names = [p.name for p in inspect.signature(b.model.forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(b.inputs) < len(names):
+            raise UnsupportedSubproblem(f"Model.forward's {', '.join(names[len(b.inputs):])} are not given by "
+                                        "get_inputs (their defaults are used): give every argument in get_inputs")
+
+
 def _trace_mode(problem: Problem, built: list[_Built], mode: str) -> Trace:
     models = [b.model for b in built]
+    _refuse_defaults_taken(built)
     for model in models:
         model.train(mode == "train")
     try:
