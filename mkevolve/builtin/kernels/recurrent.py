@@ -1,9 +1,11 @@
-"""Lowering of nn.RNN, nn.LSTM and nn.GRU into the tensor program.
+"""Lowering of recurrent layers into the tensor program: nn.RNN, nn.LSTM and nn.GRU, their single-step cells, and
+the aten ops torch.export records for both.
 
 Each layer and direction is two kernels: a GEMM that computes the input's share of the gates for every step at
 once (x W_ih^T + b_ih: one large matrix product instead of T small ones), then a Recurrence whose launcher walks
 the steps, each step one launch that adds h W_hh^T + b_hh and applies the cell (emit_recurrence.py). The
-layers' outputs, h_n and c_n are views and concatenations of the Recurrences' buffers.
+layers' outputs, h_n and c_n are views and concatenations of the Recurrences' buffers. A cell is one step, so
+it needs no Recurrence: two GEMMs and the cell's formulas (`cell_step`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ class Stack:
         return 2 if self.bidirectional else 1
 
 
-def _cell(layer: nn.RNNBase) -> Cell:
-    if isinstance(layer, nn.LSTM):
+def _cell(layer: nn.Module) -> Cell:
+    """The cell of a layer (nn.RNN/LSTM/GRU) or of a single-step cell (nn.RNNCell/LSTMCell/GRUCell)."""
+    if isinstance(layer, (nn.LSTM, nn.LSTMCell)):
         return Cell.LSTM
-    if isinstance(layer, nn.GRU):
+    if isinstance(layer, (nn.GRU, nn.GRUCell)):
         return Cell.GRU
     return Cell.RNN_RELU if layer.nonlinearity == "relu" else Cell.RNN_TANH
 
@@ -219,8 +222,7 @@ def _plus(b: Builder, a: Value, other: Value | None) -> Value:
 def recurrent_cell_module(b: Builder, call: Call):
     """nn.RNNCell / nn.LSTMCell / nn.GRUCell on a (B, input) batch: h', or (h', c') for an LSTM cell."""
     layer = call.module
-    cell = (Cell.LSTM if isinstance(layer, nn.LSTMCell) else Cell.GRU if isinstance(layer, nn.GRUCell)
-            else Cell.RNN_RELU if layer.nonlinearity == "relu" else Cell.RNN_TANH)
+    cell = _cell(layer)
     call.module_attr("hidden_size")
     hx = call.arg(1, "hx", None)
     h, c = hx if cell is Cell.LSTM and isinstance(hx, (tuple, list)) else (hx, None)
