@@ -33,18 +33,19 @@ MAX_BLOCK_B = 64    # batch rows per program, at least 16 (tl.dot's smallest til
 
 
 def _cell_lines(cell: Cell) -> list[str]:
-    """The cell applied to its gates: `x_<gate>` the input's share, `h_<gate>` the hidden state's (b_hh added)."""
+    """The cell applied to its gates: `x_<gate>` the input's share, `hw_<gate>` the hidden state's (h W_hh^T +
+    b_hh)."""
     if cell is Cell.LSTM:
-        return ["i = _sigmoid(x_i + h_i)", "f = _sigmoid(x_f + h_f)", "g = _tanh(x_g + h_g)",
-                "o = _sigmoid(x_o + h_o)",
+        return ["i = _sigmoid(x_i + hw_i)", "f = _sigmoid(x_f + hw_f)", "g = _tanh(x_g + hw_g)",
+                "o = _sigmoid(x_o + hw_o)",
                 "c = f * c_prev + i * g",
                 "h = o * _tanh(c)"]
     if cell is Cell.GRU:
-        return ["r = _sigmoid(x_r + h_r)", "z = _sigmoid(x_z + h_z)", "n = _tanh(x_n + r * h_n)",
+        return ["r = _sigmoid(x_r + hw_r)", "z = _sigmoid(x_z + hw_z)", "n = _tanh(x_n + r * hw_n)",
                 "h = n + z * (h_prev - n)"]
     if cell is Cell.RNN_RELU:
-        return [f"h = {maximum('x_a + h_a', '0.0')}"]
-    return ["h = _tanh(x_a + h_a)"]
+        return [f"h = {maximum('x_a + hw_a', '0.0')}"]
+    return ["h = _tanh(x_a + hw_a)"]
 
 
 def _params(anchor: Recurrence, ops: dict[int, Operand]) -> list[KernelParam]:
@@ -100,8 +101,8 @@ def _body(anchor: Recurrence, precision: str) -> list[str]:
              "rmask, umask = rows < B, units < H",
              "mask = rmask[:, None] & umask[None, :]",
              *_previous_h(anchor),
-             "# h W_hh^T for this program's units, a gate at a time: gate q's unit j is row q * H + j of W_hh"]
-    lines += [f"h_{g} = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)" for g in names]
+             "# hw_<gate>: h W_hh^T for this program's units, gate by gate (gate q's unit j: row q * H + j of W_hh)"]
+    lines += [f"hw_{g} = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)" for g in names]
     loop = ["for k0 in range(0, H, BLOCK_K):",
             "    k = k0 + tl.arange(0, BLOCK_K)",
             "    kmask = k < H",
@@ -110,10 +111,10 @@ def _body(anchor: Recurrence, precision: str) -> list[str]:
             "    wmask = kmask[:, None] & umask[None, :]"]
     for q, g in enumerate(names):
         loop += [f"    w_{g} = tl.load(w_at{_gate(q, 'stride_wg')}, mask=wmask, other=0.0)",
-                 f'    h_{g} = tl.dot(hk, w_{g}, h_{g}, input_precision="{precision}")']
+                 f'    hw_{g} = tl.dot(hk, w_{g}, hw_{g}, input_precision="{precision}")']
     lines += loop if anchor.h0 is not None else ["if not FIRST:  # else h is zeros", *("    " + line for line in loop)]
     if anchor.b_hh is not None:
-        lines += [f"h_{g} += tl.load(bias_ptr + units{_gate(q)}, mask=umask, other=0.0)[None, :]"
+        lines += [f"hw_{g} += tl.load(bias_ptr + units{_gate(q)}, mask=umask, other=0.0)[None, :]"
                   for q, g in enumerate(names)]
     lines += ["x_at = x_ptr + t.to(tl.int64) * stride_xt + rows[:, None] * stride_xb + units[None, :] * stride_xg"]
     lines += [f"x_{g} = tl.load(x_at{_gate(q, 'stride_xg')}, mask=mask, other=0.0)" for q, g in enumerate(names)]
