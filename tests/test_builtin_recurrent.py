@@ -1,5 +1,6 @@
-"""nn.RNN, nn.LSTM and nn.GRU in the builtin generator: a GEMM for every step's input gates, then one launch per
-step (emit_recurrence.py). Small shapes, so the Triton interpreter runs them on a CPU."""
+"""Recurrent layers in the builtin generator: nn.RNN, nn.LSTM and nn.GRU (a GEMM for every step's input gates,
+then one launch per step, emit_recurrence.py), their single-step cells, and the aten ops torch.export records for
+both. Small shapes, so the Triton interpreter runs them on a CPU."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from mkevolve.builtin.kernels import UnsupportedSubproblem, generate_kernel, var
 from mkevolve.problem import load_problem
 
 from builtin_matching import TARGET, assert_variant_matches
+
 SUBPROBLEMS = Path(__file__).resolve().parent / "subproblems"
 
 
@@ -23,7 +25,7 @@ def _problem(tmp_path: Path, name: str, init: str, forward: str, inputs: str, co
 
 
         class Model(nn.Module):
-            def __init__(self, batch_first=True):
+            def __init__(self):
                 super().__init__()
                 self.rnn = {init}
 
