@@ -5,21 +5,19 @@ verifier; and a truthful decline where it has no kernel."""
 from __future__ import annotations
 
 import ast
-import os
 import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from mkevolve.agents.evolve import builtin_decline
 from mkevolve.builtin.kernels import UnsupportedOps, UnsupportedSubproblem, generate_kernel, variant_count
 from mkevolve.config import RunConfig
 from mkevolve.verify.verifier import Verifier
 
+from builtin_matching import ON_GPU, TARGET
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "attention_small"
-ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-TARGET = "cuda" if ON_GPU else "cpu"
 IEEE_VARIANT = 1 if ON_GPU else 0    # on a GPU, kernels with tl.dot try tf32x3 first (builtin/kernels/configs.py)
 
 ATTENTION = ["sdpa_causal", "sdpa_float_mask", "matmul_softmax", "causal_self_attention", "relu_self_attention",

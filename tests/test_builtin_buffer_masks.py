@@ -4,7 +4,6 @@ the score kernel instead of declining a constant baked in at trace time (KernelB
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -12,8 +11,7 @@ import torch
 from mkevolve.builtin.kernels import generate_kernel, variant_count
 from mkevolve.problem import call_inputs, import_file, load_problem
 
-ON_GPU = os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-TARGET, DEVICE = ("cuda", torch.device("cuda")) if ON_GPU else ("cpu", torch.device("cpu"))
+from builtin_matching import DEVICE, TARGET
 
 SCORES = '''
 import math
