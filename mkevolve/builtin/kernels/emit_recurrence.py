@@ -25,7 +25,7 @@ from .kernel_plan import KernelPlan
 from .pointwise_ops import maximum
 from .signature import KernelParam, constexpr, signature
 
-# Gate names in the order of W_hh's row blocks (PyTorch's order), per cell.
+# Gate names in the order of W_hh's row blocks (PyTorch's order), per cell: Cell.gates of them.
 _GATES = {Cell.LSTM: ("i", "f", "g", "o"), Cell.GRU: ("r", "z", "n"), Cell.RNN_TANH: ("a",), Cell.RNN_RELU: ("a",)}
 BLOCK_H = 32        # hidden units per program: H = 256 gives 8 programs per batch block
 BLOCK_K = 32        # hidden units of h_{t-1} per tl.dot step
@@ -49,7 +49,7 @@ def _cell_lines(cell: Cell) -> list[str]:
 
 
 def _params(anchor: Recurrence, ops: dict[int, Operand]) -> list[KernelParam]:
-    lstm, gates = anchor.cell is Cell.LSTM, len(_GATES[anchor.cell])
+    lstm, gates = anchor.cell is Cell.LSTM, anchor.cell.gates
     params = [ops[anchor.gates.id].pointer(f"x W_ih^T + b_ih of every step [T, B, {gates}H] (or [B, T, {gates}H])",
                                            "x_ptr"),
               ops[anchor.w_hh.id].pointer(f"W_hh [{gates}H, H]", "w_ptr")]
@@ -124,12 +124,9 @@ def _body(anchor: Recurrence, precision: str) -> list[str]:
         first = ("tl.load(c0_ptr + rows[:, None] * stride_c0b + units[None, :] * stride_c0h, mask=mask, other=0.0)"
                  if anchor.c0 is not None else "0.0")
         lines += ["if FIRST:", f"    c_prev = {first}", "else:", "    c_prev = tl.load(c_at, mask=mask, other=0.0)"]
-    if anchor.cell is Cell.GRU:
-        lines += ["h_prev = 0.0" if anchor.h0 is None else "h_prev = tl.load(h_rows + units[None, :] * h_unit, "
-                  "mask=mask, other=0.0)"]
-        if anchor.h0 is None:
-            lines = lines[:-1] + ["if FIRST:", "    h_prev = 0.0", "else:",
-                                  "    h_prev = tl.load(h_rows + units[None, :], mask=mask, other=0.0)"]
+    if anchor.cell is Cell.GRU:     # h itself joins the new state; h_rows points at it (_previous_h)
+        load = "h_prev = tl.load(h_rows + units[None, :] * h_unit, mask=mask, other=0.0)"
+        lines += [load] if anchor.h0 is not None else ["if FIRST:", "    h_prev = 0.0", "else:", "    " + load]
     lines += _cell_lines(anchor.cell)
     lines += ["tl.store(out_ptr + (t * B).to(tl.int64) * H + state, h, mask=mask)"]
     if anchor.cell is Cell.LSTM:
